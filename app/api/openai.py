@@ -1,0 +1,230 @@
+"""OpenAI chat-completions protocol models, with ragserve's RAG extensions.
+
+Requests keep unknown fields (``extra="allow"``) so that a passthrough request reaches the LLM with
+everything the client sent, minus the RAG-only fields listed in ``RAG_FIELDS``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# Fields that only ragserve understands; they are removed before a request goes upstream.
+RAG_FIELDS = frozenset({"index_name", "context_token_ratio", "top_k", "similarity_threshold", "metadata_filter"})
+
+
+class ContentPart(BaseModel):
+    """One part of an array-valued message content (text, image_url, input_audio, ...)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """A chat message. Role and content are checked by ``app.chat``, not here, so that a
+    malformed message gets a message-specific 400 instead of a generic schema error."""
+
+    model_config = ConfigDict(extra="allow")
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message's text: the string, or its text parts joined by newlines."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text or "" for p in self.content if p.type == "text")
+
+
+class ChatCompletionRequest(BaseModel):
+    """``POST /v1/chat/completions``: the OpenAI body plus the RAG extensions."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int | None = Field(default=None, ge=1, le=1, description="Only n=1 is supported.")
+    stop: str | list[str] | None = None
+    user: str | None = None
+    seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: Any = None
+
+    # RAG extensions
+    index_name: str | None = Field(default=None, min_length=1)
+    context_token_ratio: float | None = Field(default=None, ge=0.2, le=0.8)
+    top_k: int | None = Field(default=None, ge=1, le=100)
+    similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
+    metadata_filter: dict[str, Any] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list_size(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError("at most 4 stop sequences")
+        return v
+
+    def requested_max_tokens(self) -> int | None:
+        """``max_completion_tokens`` (the newer name) wins over ``max_tokens``."""
+        return self.max_completion_tokens or self.max_tokens
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def upstream_body(self) -> dict[str, Any]:
+        """The body to forward upstream: everything the client sent except the RAG fields."""
+        body = self.model_dump(exclude_unset=True, exclude_none=False)
+        for f in RAG_FIELDS:
+            body.pop(f, None)
+        return body
+
+
+class SamplingParams(BaseModel):
+    """What a generation engine needs from a request, engine-neutral."""
+
+    model_config = ConfigDict(extra="allow")
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ResponseMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    index: int = 0
+    message: ResponseMessage
+    finish_reason: str | None = "stop"
+
+
+def new_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+class ChatCompletionResponse(BaseModel):
+    """A full chat completion; ``source_nodes`` is set on RAG answers."""
+
+    model_config = ConfigDict(extra="allow")
+    id: str = Field(default_factory=new_completion_id)
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo | None = None
+    source_nodes: list[dict[str, Any]] | None = None
+
+
+class DeltaMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatCompletionChunkChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    index: int = 0
+    delta: DeltaMessage
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: UsageInfo | None = None
+    source_nodes: list[dict[str, Any]] | None = None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """The OpenAI error shape used on every ``/v1/*`` route."""
+
+    error: ErrorDetail
+
+
+class EmbeddingRequest(BaseModel):
+    """``POST /v1/embeddings``."""
+
+    model_config = ConfigDict(extra="allow")
+    input: str | list[str] = Field(description="A string or a list of strings (token arrays are not supported).")
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _non_empty(cls, v: str | list[str]) -> str | list[str]:
+        items = [v] if isinstance(v, str) else v
+        if not items:
+            raise ValueError("input must not be empty")
+        if any(not isinstance(s, str) or not s for s in items):
+            raise ValueError("every input must be a non-empty string")
+        return v
+
+    def inputs(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class EmbeddingData(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingData]
+    model: str
+    usage: UsageInfo
+
+
+class ModelCard(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "ragserve"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,94 @@
+"""The application's settings: the configuration contract of ARCHITECTURE §3.
+
+One model is the ``args`` of ``deployments.builder:build_app`` in every serve config file.
+Every field can be overridden by an environment variable ``RAGSERVE_<FIELD>`` (list and dict
+values as JSON), and the environment wins over the config file, so that one config file
+serves many environments (a KubeRay pod sets ``RAGSERVE_LLM_URL`` without editing YAML).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+LlmEngineName = Literal["transformers", "vllm", "openai"]
+
+
+class Settings(BaseSettings):
+    """Everything a ragserve application needs to know; defaults are the embedded CPU setup."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", validate_default=True)
+
+    # --- generation -------------------------------------------------------------------------
+    llm_engine: LlmEngineName = "transformers"
+    llm_model: str | None = Field(
+        default=None,
+        description="Model id or local path. None: the packaged Gemma 3 270M GGUF (transformers engine).",
+    )
+    llm_url: str | None = Field(default=None, description="Base URL of a remote OpenAI-compatible server.")
+    llm_api_key: str | None = None
+    llm_timeout_s: float = Field(default=120.0, gt=0)
+    llm_engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Extra engine arguments (vLLM AsyncEngineArgs, transformers).")
+    context_window: int | None = Field(default=None, gt=0, description="Overrides what the engine reports.")
+    default_max_tokens: int = Field(default=256, gt=0, description="Completion reserve when a request sets none.")
+    min_completion_tokens: int = Field(default=16, gt=0, description="Smallest completion worth sending.")
+
+    # --- embeddings -------------------------------------------------------------------------
+    embedding_model: str | None = Field(
+        default=None, description="sentence-transformers id or path. None: the packaged all-MiniLM-L6-v2.")
+    embedding_url: str | None = None
+    embedding_api_key: str | None = None
+    embedding_batch_size: int = Field(default=32, gt=0)
+    embedding_batch_wait_s: float = Field(default=0.005, ge=0)
+    embedding_cache_size: int = Field(default=10_000, ge=0)
+    embedding_cache_ttl_s: float = Field(default=24 * 3600.0, gt=0)
+
+    # --- storage and retrieval --------------------------------------------------------------
+    storage_dir: str = "./data"
+    num_shards: int = Field(default=2, ge=1, le=256)
+    faiss_device: Literal["cpu", "gpu", "auto"] = "cpu"
+    similarity_threshold: float = Field(default=0.5, ge=-1.0, le=1.0)
+    top_k: int = Field(default=5, ge=1, le=100)
+    chunk_size: int = Field(default=256, ge=16, description="Sentence chunk size in embedding-model tokens.")
+    chunk_overlap: int = Field(default=32, ge=0)
+
+    # --- token budget (ARCHITECTURE §5) -----------------------------------------------------
+    context_token_ratio: float = Field(default=0.5, ge=0.2, le=0.8)
+    history_min_messages: int = Field(default=0, ge=0)
+    history_max_messages: int = Field(default=200, ge=0)
+    budget_safety_ratio: float | None = Field(
+        default=None, gt=0, le=1.0,
+        description="Share of the free budget filled. None: 1.0 with an exact tokenizer, 0.8 if approximate.")
+
+    # --- access -----------------------------------------------------------------------------
+    api_keys: list[str] | None = None
+
+    @field_validator("api_keys")
+    @classmethod
+    def _no_empty_keys(cls, keys: list[str] | None) -> list[str] | None:
+        if keys is not None and any(not k for k in keys):
+            raise ValueError("api_keys must not contain empty strings")
+        return keys or None
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Settings:
+        if self.chunk_overlap >= self.chunk_size:
+            raise ValueError("chunk_overlap must be smaller than chunk_size")
+        if self.llm_engine == "openai" and not self.llm_url:
+            raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment first: RAGSERVE_<FIELD> wins over the config file's args (§3).
+        return env_settings, init_settings, dotenv_settings, file_secret_settings
