@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.api.documents import validate_index_name, validate_metadata_filter
+
 # Fields that only ragserve understands; they are removed before a request goes upstream.
 RAG_FIELDS = frozenset({"index_name", "context_token_ratio", "top_k", "similarity_threshold", "metadata_filter"})
 
@@ -70,6 +72,9 @@ class ChatCompletionRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=1, le=100)
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
     metadata_filter: dict[str, Any] | None = None
+
+    _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
+    _check_index = field_validator("index_name")(lambda cls, v: v if v is None else validate_index_name(v))
 
     @field_validator("stop")
     @classmethod

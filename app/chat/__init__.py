@@ -1,0 +1,25 @@
+"""Chat-completion planning: bypass decision and message split (ARCHITECTURE §4)."""
+
+from app.chat.plan import (
+    EMPTY_QUERY_MESSAGE,
+    ChatError,
+    ChatPlan,
+    Passthrough,
+    PassthroughReason,
+    RagParams,
+    RagPlan,
+    plan,
+    split_messages,
+)
+
+__all__ = [
+    "EMPTY_QUERY_MESSAGE",
+    "ChatError",
+    "ChatPlan",
+    "Passthrough",
+    "PassthroughReason",
+    "RagParams",
+    "RagPlan",
+    "plan",
+    "split_messages",
+]
