@@ -50,6 +50,8 @@ class Settings(BaseSettings):
     storage_dir: str = "./data"
     num_shards: int = Field(default=2, ge=1, le=256)
     faiss_device: Literal["cpu", "gpu", "auto"] = "cpu"
+    faiss_index_kind: str = Field(default="flat", description="FAISS index type of each shard: flat (exact).")
+    shard_num_cpus: float = Field(default=0.1, ge=0, description="CPUs reserved by each shard actor.")
     similarity_threshold: float = Field(default=0.5, ge=-1.0, le=1.0)
     top_k: int = Field(default=5, ge=1, le=100)
     chunk_size: int = Field(default=256, ge=16, description="Sentence chunk size in embedding-model tokens.")

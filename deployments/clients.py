@@ -1,0 +1,104 @@
+"""Adapters from deployment handles to the protocols the ``app.service`` layer expects.
+
+They translate Ray's wrapped exceptions back into the application's own (``EngineError``) so
+the services never see Ray types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from app.api.openai import SamplingParams
+from app.budget.tokenizers import Message, TokenCounter, counter_for_model
+from app.engines.base import EngineError, GenerationDelta, GenerationResult
+from deployments.common import log, unwrap_error
+
+
+def _reraise(exc: BaseException) -> None:
+    inner = unwrap_error(exc)
+    if isinstance(inner, EngineError):
+        raise EngineError(inner.status, inner.message, type_=inner.type, body=inner.body) from None
+    raise exc
+
+
+class HandleEmbedder:
+    """``app.service.documents.Embedder`` over the Embedder deployment."""
+
+    def __init__(self, handle: Any):
+        self._h = handle
+
+    async def embed_documents(self, texts: list[str]) -> np.ndarray:
+        return await self._h.embed_documents.remote(texts)
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        return await self._h.embed_query.remote(text)
+
+    async def count_tokens(self, texts: list[str]) -> int:
+        return await self._h.count_tokens.remote(texts)
+
+
+class HandleGenerator:
+    """``app.service.chat.Generator`` over the Generator deployment. Model id, window and the token
+    counter are fetched once and kept, so the budget is computed locally."""
+
+    def __init__(self, handle: Any):
+        self._h = handle
+        self.model_id = ""
+        self._window = 0
+        self._counter: TokenCounter | None = None
+        self._lock = asyncio.Lock()
+
+    async def ready(self) -> None:
+        async with self._lock:
+            if self._counter is not None:
+                return
+            info = await self._h.info.remote()
+            self.model_id, self._window = info["model_id"], info["context_window"]
+            try:
+                self._counter = await self._h.token_counter.remote()
+            except Exception as e:  # a tokenizer that does not pickle: count here instead
+                log.warning("generator token counter not transferable (%s); loading one locally", e)
+                self._counter = counter_for_model(self.model_id)
+
+    async def context_window(self) -> int:
+        await self.ready()
+        return self._window
+
+    async def token_counter(self) -> TokenCounter:
+        await self.ready()
+        assert self._counter is not None
+        return self._counter
+
+    async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
+        try:
+            return await self._h.chat.remote(list(messages), params)
+        except Exception as e:
+            _reraise(e)
+            raise
+
+    async def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
+        try:
+            async for delta in self._h.options(stream=True).chat_stream.remote(list(messages), params):
+                yield delta
+        except Exception as e:
+            _reraise(e)
+            raise
+
+    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self._h.passthrough.remote(body)
+        except Exception as e:
+            _reraise(e)
+            raise
+
+    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for chunk in self._h.options(stream=True).passthrough_stream.remote(body):
+                yield chunk
+        except Exception as e:
+            _reraise(e)
+            raise

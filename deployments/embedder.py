@@ -1,0 +1,83 @@
+"""Embedder deployment: sentence-transformers (or a remote /v1/embeddings), batched and cached.
+
+Queries from concurrent requests are gathered by ``@serve.batch`` into one model call; documents
+arrive already in batches. Every model call goes through one worker thread, so two batches never
+fight for the same cores. Query vectors are cached (LRU + TTL) by model and normalised text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from ray import serve
+from ray.serve import metrics
+
+from app.cache import TTLCache, normalise_query
+from app.config import Settings
+from app.embeddings import LocalEmbeddingModel, RemoteEmbeddingModel
+from deployments.common import as_settings, log
+
+
+@serve.deployment(name="Embedder", max_ongoing_requests=128, ray_actor_options={"num_cpus": 1})
+class Embedder:
+    def __init__(self, settings: Settings | dict[str, Any] | None = None):
+        s = as_settings(settings)
+        if s.embedding_url:
+            self.model: LocalEmbeddingModel | RemoteEmbeddingModel = RemoteEmbeddingModel(
+                s.embedding_url, s.embedding_model, s.embedding_api_key)
+        else:
+            self.model = LocalEmbeddingModel(s.embedding_model)
+        self.batch_size = s.embedding_batch_size
+        self._embed_query_batch.set_max_batch_size(s.embedding_batch_size)
+        self._embed_query_batch.set_batch_wait_timeout_s(s.embedding_batch_wait_s)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
+        self.cache: TTLCache[np.ndarray] = TTLCache(s.embedding_cache_size, s.embedding_cache_ttl_s)
+        self._hits = metrics.Counter("ragserve_embedding_cache_hits", "Query-embedding cache hits.")
+        self._misses = metrics.Counter("ragserve_embedding_cache_misses", "Query-embedding cache misses.")
+        self._latency = metrics.Histogram(
+            "ragserve_embedding_latency_ms", "Model time per embedding call.",
+            boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000], tag_keys=("kind",))
+        log.info("embedder ready: model=%s dim=%d", self.model.model_id, self.model.dim)
+
+    async def _encode(self, texts: list[str], kind: str) -> np.ndarray:
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        vecs = await loop.run_in_executor(self._executor, self.model.encode, texts, self.batch_size)
+        self._latency.observe((time.perf_counter() - t0) * 1000, tags={"kind": kind})
+        return vecs
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def _embed_query_batch(self, texts: list[str]) -> list[np.ndarray]:
+        return list(await self._encode(texts, "query"))
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        key = (self.model.model_id, normalise_query(text))
+        cached = self.cache.get(key)
+        if cached is not None:
+            self._hits.inc()
+            return cached
+        self._misses.inc()
+        vec = await self._embed_query_batch(text)
+        self.cache.put(key, vec)
+        return vec
+
+    async def embed_documents(self, texts: list[str]) -> np.ndarray:
+        return await self._encode(texts, "documents")
+
+    async def count_tokens(self, texts: list[str]) -> int:
+        tok = self.model.tokenizer
+        if tok is None:
+            return sum(max(1, len(t) // 4) for t in texts)
+        return sum(len(tok.encode(t, add_special_tokens=True)) for t in texts)
+
+    def info(self) -> dict[str, Any]:
+        return {"model_id": self.model.model_id, "dim": self.model.dim,
+                "cache_entries": len(self.cache), "cache_hits": self.cache.hits, "cache_misses": self.cache.misses}
+
+    def tokenizer(self) -> Any:
+        """The embedding model's tokenizer, for sizing chunks in the ingress (pickled once)."""
+        return self.model.tokenizer
