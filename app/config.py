@@ -8,6 +8,7 @@ serves many environments (a KubeRay pod sets ``RAGSERVE_LLM_URL`` without editin
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -32,6 +33,8 @@ class Settings(BaseSettings):
     llm_timeout_s: float = Field(default=120.0, gt=0)
     llm_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra engine arguments (vLLM AsyncEngineArgs, transformers).")
+    model_cache_dir: str | None = Field(
+        default=None, description="Where converted models are cached. None: <storage_dir>/models.")
     context_window: int | None = Field(default=None, gt=0, description="Overrides what the engine reports.")
     default_max_tokens: int = Field(default=256, gt=0, description="Completion reserve when a request sets none.")
     min_completion_tokens: int = Field(default=16, gt=0, description="Smallest completion worth sending.")
@@ -81,6 +84,10 @@ class Settings(BaseSettings):
             raise ValueError("chunk_overlap must be smaller than chunk_size")
         if self.llm_engine == "openai" and not self.llm_url:
             raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
+        # Resolve where the config is read: replicas may run with another working directory.
+        self.storage_dir = str(Path(self.storage_dir).expanduser().resolve())
+        if self.model_cache_dir:
+            self.model_cache_dir = str(Path(self.model_cache_dir).expanduser().resolve())
         return self
 
     @classmethod

@@ -68,7 +68,10 @@ class Services:
 
 
 def _is_openai_route(request: Request) -> bool:
-    return request.url.path.startswith("/v1/")
+    path, root = request.url.path, request.scope.get("root_path", "")
+    if root and path.startswith(root):  # mounted under a route prefix
+        path = path[len(root):]
+    return path.startswith("/v1/")
 
 
 def error_response(request: Request, status: int, message: str, *, type_: str | None = None,

@@ -126,7 +126,8 @@ class ChatService:
             outcome.response.setdefault("created", int(time.time()))
         return outcome
 
-    async def _timed(self, chunks: AsyncIterator[dict[str, Any]], outcome: ChatOutcome) -> AsyncIterator[dict[str, Any]]:
+    async def _timed(self, chunks: AsyncIterator[dict[str, Any]],
+                     outcome: ChatOutcome) -> AsyncIterator[dict[str, Any]]:
         t0 = time.perf_counter()
         cid, created = new_completion_id(), int(time.time())
         try:

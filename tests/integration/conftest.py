@@ -1,0 +1,61 @@
+"""Integration fixtures: one local Ray cluster per test session, one Serve application per module.
+
+The applications are built by the same ``deployments.builder:build_app`` that ``serve run`` uses.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_CACHE = REPO / "data" / "test-cache" / "models"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[int]:
+    """Ray with Serve's HTTP proxy on a free loopback port; yields the port."""
+    import ray
+    from ray import serve
+
+    port = free_port()
+    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False,
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                                       "TOKENIZERS_PARALLELISM": "false"}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield port
+    serve.shutdown()
+    ray.shutdown()
+
+
+def deploy(settings_args: dict, name: str, port: int, timeout_s: float = 600) -> str:
+    """Run the application and wait until /health answers; returns its base URL."""
+    from ray import serve
+
+    from deployments.builder import build_app
+
+    serve.run(build_app(settings_args), name=name, route_prefix=f"/{name}", blocking=False)
+    base = f"http://127.0.0.1:{port}/{name}"
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{base}/health", timeout=5)
+            if r.status_code == 200:
+                return base
+            last = r.text
+        except httpx.HTTPError as e:
+            last = repr(e)
+        time.sleep(1)
+    raise RuntimeError(f"application {name} did not become healthy: {last}")

@@ -1,0 +1,222 @@
+"""The HTTP layer in-process: real shards, real chunker and embedder, the real OpenAI engine adapter
+talking to a fake OpenAI-compatible upstream (the one edge we cannot run here)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.config import Settings
+from app.engines.openai_engine import OpenAIEngine
+from app.http import Services, create_app
+from app.ingest import DocumentChunker, hf_token_counter
+from app.service.chat import ChatService
+from app.service.documents import DocumentService
+from app.service.local import EngineGenerator
+from app.service.pool import LocalShardPool
+from app.service.shard_service import ShardService, check_layout
+from tests.fakes.fake_openai import FakeOpenAI
+
+WINDOW = 4096
+DOCS = [
+    {"text": "KAITO is a Kubernetes operator that automates AI model inference and fine-tuning on GPU nodes.",
+     "metadata": {"topic": "kaito"}},
+    {"text": "FAISS is a library for efficient similarity search and clustering of dense vectors.",
+     "metadata": {"topic": "faiss"}},
+]
+
+
+class RecordingTelemetry:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, int, str, str]] = []
+        self.latencies: dict[str, float] = {}
+        self.upstream: list[str] = []
+        self.tokens: list[tuple[int, int, int]] = []
+        self.indexed_docs = 0
+
+    def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None:
+        self.requests.append((route, status, mode, reason))
+
+    def latency(self, stage: str, seconds: float) -> None:
+        self.latencies[stage] = seconds
+
+    def chat_tokens(self, context_tokens: int, history_tokens: int, history_dropped: int) -> None:
+        self.tokens.append((context_tokens, history_tokens, history_dropped))
+
+    def indexed(self, documents: int) -> None:
+        self.indexed_docs += documents
+
+    def upstream_error(self, kind: str) -> None:
+        self.upstream.append(kind)
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI(answer="The answer is in the sources [1].", model="fake-model", max_model_len=WINDOW) as f:
+        yield f
+
+
+@pytest.fixture
+def env(tmp_path, embedder, fake: FakeOpenAI) -> Iterator[tuple[TestClient, FakeOpenAI, RecordingTelemetry]]:
+    settings = Settings(storage_dir=str(tmp_path), num_shards=2, llm_engine="openai", llm_url=fake.url,
+                        default_max_tokens=64)
+    check_layout(tmp_path, 2)
+    pool = LocalShardPool([ShardService(tmp_path, i, 2) for i in range(2)])
+    chunker = DocumentChunker(hf_token_counter(embedder.model.tokenizer), 128, 16)
+    documents = DocumentService(pool, embedder, chunker, storage_dir=tmp_path, embedding_model="all-MiniLM-L6-v2")
+    generator = EngineGenerator(OpenAIEngine(fake.url, "fake-model", None, 10.0))
+    tel = RecordingTelemetry()
+    app = create_app(Services(documents=documents, chat=ChatService(settings, documents, generator),
+                              embed_texts=embedder.embed_documents, count_embedding_tokens=embedder.count_tokens,
+                              embedding_model="all-MiniLM-L6-v2", telemetry=tel))
+    fake.requests.clear()
+    with TestClient(app) as client:
+        assert client.post("/index", json={"index_name": "kb", "documents": DOCS}).status_code == 200
+        yield client, fake, tel
+    pool.close()
+
+
+def chat(client: TestClient, **body: Any):
+    body.setdefault("messages", [{"role": "user", "content": "What does the KAITO operator automate?"}])
+    return client.post("/v1/chat/completions", json=body)
+
+
+def test_rag_answer_forwards_context_and_returns_sources(env) -> None:
+    client, fake, tel = env
+    r = chat(client, index_name="kb", max_tokens=32)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-rag-mode"] == "rag" and "x-rag-reason" not in r.headers
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == "The answer is in the sources [1]."
+    assert body["source_nodes"][0]["metadata"]["topic"] == "kaito"
+    sent = fake.requests[-1]
+    assert sent["messages"][0]["role"] == "system" and "[1]" in sent["messages"][0]["content"]
+    assert "KAITO is a Kubernetes operator" in sent["messages"][0]["content"]
+    assert sent["messages"][-1] == {"role": "user", "content": "What does the KAITO operator automate?"}
+    assert sent["max_tokens"] == 32
+    assert not {"index_name", "top_k", "context_token_ratio"} & sent.keys()
+    assert ("/v1/chat/completions", 200, "rag", "") in tel.requests
+    assert {"embed", "search", "generate"} <= tel.latencies.keys()
+    assert tel.tokens and tel.tokens[-1][0] > 0
+
+
+@pytest.mark.parametrize(("extra", "reason"), [
+    ({}, "no_index"),
+    ({"index_name": "kb", "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"index_name": "kb", "messages": [{"role": "tool", "content": "75F", "tool_call_id": "c1"},
+                                       {"role": "user", "content": "thanks"}]}, "unsupported_role"),
+    ({"index_name": "kb", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
+     "non_text_content"),
+    ({"index_name": "kb", "similarity_threshold": 0.99}, "no_context"),
+])
+def test_passthrough_forwards_body_without_rag_fields_and_with_clamped_max_tokens(env, extra, reason) -> None:
+    client, fake, _ = env
+    r = chat(client, max_tokens=100_000, top_k=3, context_token_ratio=0.5, logit_bias={"1": 2}, **extra)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-rag-mode"] == "passthrough" and r.headers["x-rag-reason"] == reason
+    sent = fake.requests[-1]
+    assert not {"index_name", "top_k", "context_token_ratio", "similarity_threshold"} & sent.keys()
+    assert 0 < sent["max_tokens"] < WINDOW  # clamped to what the window leaves
+    assert sent["logit_bias"] == {"1": 2}   # unknown fields are forwarded
+    if "tools" in extra:
+        assert sent["tools"] == extra["tools"]
+    assert "source_nodes" not in r.json()
+
+
+def test_streaming_rag_sends_sources_first_and_done_last(env) -> None:
+    client, _, _ = env
+    with client.stream("POST", "/v1/chat/completions", json={
+            "index_name": "kb", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "What is FAISS for?"}]}) as r:
+        assert r.status_code == 200 and r.headers["x-rag-mode"] == "rag"
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert events[0]["source_nodes"][0]["metadata"]["topic"] == "faiss"
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+    assert text == "The answer is in the sources [1]."
+    assert any(e.get("usage") for e in events)
+
+
+def test_streaming_passthrough_relays_upstream_chunks(env) -> None:
+    client, fake, _ = env
+    with client.stream("POST", "/v1/chat/completions", json={
+            "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as r:
+        assert r.headers["x-rag-reason"] == "no_index"
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == \
+        "The answer is in the sources [1]."
+    assert fake.requests[-1]["stream"] is True
+
+
+def test_openai_error_shapes(env) -> None:
+    client, _, _ = env
+    r = chat(client, index_name="missing")
+    assert r.status_code == 404
+    assert r.json()["error"]["message"] == "No such index: 'missing' exists."
+    r = chat(client, index_name="kb", messages=[{"role": "user", "content": "q"},
+                                                 {"role": "assistant", "content": "a"}])
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == "There must be a user prompt since the latest assistant message."
+    r = client.post("/v1/chat/completions", json={"model": "x"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = client.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json()
+
+
+def test_prompt_too_long_is_400(env) -> None:
+    client, _, _ = env
+    r = chat(client, messages=[{"role": "user", "content": "word " * (WINDOW * 2)}])
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("Prompt length exceeds context window")
+
+
+def test_upstream_errors_keep_status_and_message(env) -> None:
+    client, fake, tel = env
+    fake.fail_next(status=503, message="model is loading")
+    r = chat(client)
+    assert r.status_code == 503 and "model is loading" in r.json()["error"]["message"]
+    assert tel.upstream
+
+
+def test_stream_cut_mid_way_ends_with_error_event(env) -> None:
+    client, fake, _ = env
+    fake.cut_stream_next(after_chunks=2)
+    with client.stream("POST", "/v1/chat/completions", json={
+            "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    assert "error" in json.loads(lines[-2][6:])
+
+
+def test_document_api_errors(env) -> None:
+    client, _, _ = env
+    r = client.get("/indexes/bad%20name/documents")
+    assert r.status_code == 400 and "index names are" in r.json()["detail"]
+    r = client.post("/index", json={"index_name": "kb", "documents": []})
+    assert r.status_code == 422
+    r = client.post("/index", json={"index_name": "kb", "documents": [
+        {"text": "def f(): pass", "metadata": {"split_type": "code", "language": "cobol"}}]})
+    assert r.status_code == 400 and "cobol" in r.json()["detail"]
+    assert client.delete("/indexes/none").status_code == 404
+    assert client.get("/indexes/kb/documents", params={"limit": 101}).status_code == 422
+    assert client.post("/load/kb", params={"path": "../../etc"}).status_code == 400
+
+
+def test_models_embeddings_retrieve(env) -> None:
+    client, _, _ = env
+    m = client.get("/v1/models").json()
+    assert m["data"][0] == {**m["data"][0], "id": "fake-model", "max_model_len": WINDOW}
+    e = client.post("/v1/embeddings", json={"input": "hello", "encoding_format": "base64"}).json()
+    assert isinstance(e["data"][0]["embedding"], str)
+    assert client.post("/v1/embeddings", json={"input": []}).status_code == 400
+    r = client.post("/retrieve", json={"index_name": "kb", "query": "vector similarity search", "top_k": 1,
+                                       "similarity_threshold": 0.2}).json()
+    assert r["count"] == 1 and r["results"][0]["metadata"]["topic"] == "faiss"
+    assert client.get("/health").json()["status"] == "ok"

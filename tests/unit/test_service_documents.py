@@ -1,0 +1,190 @@
+"""DocumentService over real shards, the real chunker and the real embedding model, in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.api.documents import Document, UpdateDocument
+from app.ingest import DocumentChunker, hf_token_counter
+from app.routing import shard_for
+from app.service.documents import DocumentService
+from app.service.errors import BadRequestError, ConflictError, NotFoundError
+from app.service.pool import LocalShardPool
+from app.service.shard_service import LayoutMismatchError, ShardService, check_layout
+
+TEXTS = {
+    "kaito": "KAITO is a Kubernetes operator that automates AI model inference and fine-tuning on GPU nodes.",
+    "rag": "Retrieval Augmented Generation grounds a language model's answers in documents found by search.",
+    "faiss": "FAISS is a library for efficient similarity search and clustering of dense vectors.",
+    "bread": "To bake sourdough bread, feed the starter, mix flour and water, and let the dough rise overnight.",
+    "tides": "Ocean tides are caused by the gravitational pull of the moon and the sun on the earth's water.",
+}
+
+
+def make_service(tmp_path: Path, embedder, num_shards: int = 3) -> tuple[DocumentService, LocalShardPool]:
+    check_layout(tmp_path, num_shards)
+    pool = LocalShardPool([ShardService(tmp_path, i, num_shards) for i in range(num_shards)])
+    chunker = DocumentChunker(hf_token_counter(embedder.model.tokenizer), chunk_size=64, chunk_overlap=8)
+    return DocumentService(pool, embedder, chunker, storage_dir=tmp_path, embedding_model="all-MiniLM-L6-v2"), pool
+
+
+@pytest.fixture
+def service(tmp_path, embedder):
+    svc, pool = make_service(tmp_path, embedder)
+    yield svc
+    pool.close()
+
+
+def docs(*keys: str, **meta) -> list[Document]:
+    return [Document(text=TEXTS[k], metadata={"topic": k, **meta}) for k in keys]
+
+
+async def test_add_list_and_retrieve(service: DocumentService) -> None:
+    records = await service.add_documents("kb", docs("kaito", "rag", "faiss", "bread", "tides"))
+    assert len({r.doc_id for r in records}) == 5
+    assert all(len(r.hash_value) == 64 for r in records)
+    assert await service.list_indexes() == ["kb"]
+    page = await service.list_documents("kb", limit=10)
+    assert page.total_items == 5 and page.count == 5
+    nodes, timings = await service.retrieve("kb", "What does the KAITO operator do on Kubernetes?", 3)
+    assert nodes[0].metadata["topic"] == "kaito"
+    assert nodes[0].score > 0.5
+    assert [n.score for n in nodes] == sorted((n.score for n in nodes), reverse=True)
+    assert set(timings) == {"embed", "search"}
+
+
+async def test_documents_spread_over_shards_by_doc_id(service: DocumentService) -> None:
+    given = [Document(text=f"document number {i} about topic {i % 7}", doc_id=f"d{i}") for i in range(30)]
+    await service.add_documents("kb", given)
+    counts = await service.pool.call_all("count_documents", "kb")
+    assert sum(counts) == 30
+    assert all(c > 0 for c in counts)
+    for i in range(30):
+        owner = shard_for(f"d{i}", 3)
+        assert f"d{i}" in await service.pool.call(owner, "get_documents", "kb", [f"d{i}"])
+
+
+async def test_re_adding_same_content_is_idempotent(service: DocumentService, embedder) -> None:
+    first = await service.add_documents("kb", docs("kaito", "rag"))
+    calls = embedder.calls
+    again = await service.add_documents("kb", docs("kaito", "rag"))
+    assert [r.doc_id for r in again] == [r.doc_id for r in first]
+    assert embedder.calls == calls  # nothing embedded again
+    assert (await service.list_documents("kb")).total_items == 2
+
+
+async def test_duplicate_within_one_request_is_stored_once(service: DocumentService) -> None:
+    records = await service.add_documents("kb", docs("kaito", "kaito"))
+    assert records[0].doc_id == records[1].doc_id
+    assert (await service.list_documents("kb")).total_items == 1
+
+
+async def test_pagination_filter_and_truncation(service: DocumentService) -> None:
+    batch = [Document(text=f"note {i}: " + "word " * 50, metadata={"team": "a" if i % 3 == 0 else "b"},
+                      doc_id=f"n{i:02d}") for i in range(25)]
+    await service.add_documents("kb", batch)
+    seen = []
+    for offset in range(0, 25, 10):
+        page = await service.list_documents("kb", limit=10, offset=offset, max_text_length=20)
+        assert page.total_items == 25
+        assert all(len(d.text) <= 20 and d.is_truncated for d in page.documents)
+        seen += [d.doc_id for d in page.documents]
+    assert sorted(seen) == sorted(d.doc_id for d in batch)  # every document exactly once
+    team_a = await service.list_documents("kb", limit=100, metadata_filter={"team": "a"})
+    assert team_a.total_items == 9 and {d.metadata["team"] for d in team_a.documents} == {"a"}
+    beyond = await service.list_documents("kb", limit=10, offset=30)
+    assert beyond.count == 0 and beyond.total_items == 25
+
+
+async def test_update_outcomes_and_reembedding(service: DocumentService, embedder) -> None:
+    a, b = await service.add_documents("kb", docs("kaito", "bread"))
+    calls = embedder.calls
+    result = await service.update_documents("kb", [
+        UpdateDocument(doc_id=a.doc_id, text=TEXTS["kaito"], metadata={"topic": "kaito"}),   # unchanged
+        UpdateDocument(doc_id=b.doc_id, text=TEXTS["tides"], metadata={"topic": "tides"}),   # changed
+        UpdateDocument(doc_id="missing", text="x"),
+    ])
+    assert [d.doc_id for d in result.unchanged_documents] == [a.doc_id]
+    assert [d.doc_id for d in result.updated_documents] == [b.doc_id]
+    assert [d.doc_id for d in result.not_found_documents] == ["missing"]
+    assert embedder.calls == calls + 1  # only the changed document was embedded
+    nodes, _ = await service.retrieve("kb", "what causes ocean tides", 1)
+    assert nodes[0].doc_id == b.doc_id and nodes[0].metadata["topic"] == "tides"
+    nodes, _ = await service.retrieve("kb", "sourdough bread starter", 5)
+    assert all("sourdough" not in n.text for n in nodes)
+
+
+async def test_delete_and_drop(service: DocumentService) -> None:
+    a, _ = await service.add_documents("kb", docs("kaito", "rag"))
+    result = await service.delete_documents("kb", [a.doc_id, "ghost", a.doc_id])
+    assert result.deleted_doc_ids == [a.doc_id] and result.not_found_doc_ids == ["ghost"]
+    nodes, _ = await service.retrieve("kb", "Kubernetes operator", 5)
+    assert all(n.doc_id != a.doc_id for n in nodes)
+    assert await service.drop_index("kb") == "Successfully deleted index kb."
+    assert not await service.index_exists("kb")
+    with pytest.raises(NotFoundError):
+        await service.drop_index("kb")
+    with pytest.raises(NotFoundError):
+        await service.list_documents("kb")
+
+
+async def test_code_documents_and_unknown_language(service: DocumentService) -> None:
+    code = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
+    await service.add_documents("code", [Document(text=code, metadata={"split_type": "code", "language": "python"})])
+    nodes, _ = await service.retrieve("code", "add two numbers", 2)
+    assert any("def add" in n.text for n in nodes)
+    with pytest.raises(BadRequestError, match="documents\\[0\\]"):
+        await service.add_documents("code", [Document(text=code, metadata={"split_type": "code",
+                                                                            "language": "cobol"})])
+
+
+async def test_persist_and_load_into_a_different_shard_count(tmp_path: Path, embedder) -> None:
+    svc, pool = make_service(tmp_path / "a", embedder, num_shards=3)
+    records = await svc.add_documents("kb", docs("kaito", "rag", "faiss", "bread", "tides"))
+    message = await svc.persist("kb", "backups/kb1")
+    assert message == "Successfully persisted index kb to backups/kb1."
+    manifest = json.loads((tmp_path / "a" / "backups" / "kb1" / "manifest.json").read_text())
+    assert manifest["documents"] == 5 and manifest["embedding_model"] == "all-MiniLM-L6-v2"
+    with pytest.raises(ConflictError):
+        await svc.load("kb", "backups/kb1")
+    await svc.load("kb", "backups/kb1", overwrite=True)
+    assert (await svc.list_documents("kb")).total_items == 5
+    pool.close()
+
+    # the snapshot loads into a storage_dir with another number of shards
+    (tmp_path / "b").mkdir()
+    import shutil
+
+    shutil.copytree(tmp_path / "a" / "backups", tmp_path / "b" / "backups")
+    svc2, pool2 = make_service(tmp_path / "b", embedder, num_shards=2)
+    await svc2.load("kb", "backups/kb1")
+    page = await svc2.list_documents("kb", limit=100)
+    assert sorted(d.doc_id for d in page.documents) == sorted(r.doc_id for r in records)
+    nodes, _ = await svc2.retrieve("kb", "similarity search over vectors", 1)
+    assert nodes[0].metadata["topic"] == "faiss"
+    pool2.close()
+
+
+@pytest.mark.parametrize("path", ["../outside", "/etc", "%2e%2e/x", "snapshots/../../x", ""])
+async def test_persist_paths_are_confined(service: DocumentService, path: str) -> None:
+    await service.add_documents("kb", docs("kaito"))
+    if path == "":
+        assert "snapshots/kb" in await service.persist("kb", path or None)
+        return
+    with pytest.raises(BadRequestError):
+        await service.persist("kb", path)
+
+
+async def test_load_missing_snapshot_is_404(service: DocumentService) -> None:
+    with pytest.raises(NotFoundError):
+        await service.load("kb", "nowhere")
+
+
+def test_layout_guard(tmp_path: Path) -> None:
+    check_layout(tmp_path, 2)
+    check_layout(tmp_path, 2)
+    with pytest.raises(LayoutMismatchError, match="holds 2 shards"):
+        check_layout(tmp_path, 3)
