@@ -51,7 +51,8 @@ class LocalEmbeddingModel:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
         self._model = SentenceTransformer(path, device=device, local_files_only=True)
-        self.dim = int(self._model.get_sentence_embedding_dimension())
+        get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
         self.max_seq_length = int(self._model.max_seq_length)
 
     @property

@@ -1,0 +1,28 @@
+"""Token budget: counters, context windows, and fitting a request into the window (ARCHITECTURE §5)."""
+
+from app.budget.fit import FitResult, PromptTooLongError, fit, fit_passthrough
+from app.budget.tokenizers import (
+    ApproxTokenCounter,
+    HFTokenCounter,
+    TiktokenCounter,
+    TokenCounter,
+    counter_for_model,
+    load_tiktoken_encoding,
+)
+from app.budget.windows import KNOWN_CONTEXT_WINDOWS, lookup_context_window, resolve_context_window
+
+__all__ = [
+    "KNOWN_CONTEXT_WINDOWS",
+    "ApproxTokenCounter",
+    "FitResult",
+    "HFTokenCounter",
+    "PromptTooLongError",
+    "TiktokenCounter",
+    "TokenCounter",
+    "counter_for_model",
+    "fit",
+    "fit_passthrough",
+    "load_tiktoken_encoding",
+    "lookup_context_window",
+    "resolve_context_window",
+]

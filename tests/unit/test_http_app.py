@@ -132,7 +132,7 @@ def test_streaming_rag_sends_sources_first_and_done_last(env) -> None:
     client, _, _ = env
     with client.stream("POST", "/v1/chat/completions", json={
             "index_name": "kb", "stream": True, "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": "What is FAISS for?"}]}) as r:
+            "messages": [{"role": "user", "content": "What is the FAISS library for similarity search?"}]}) as r:
         assert r.status_code == 200 and r.headers["x-rag-mode"] == "rag"
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"

@@ -1,0 +1,392 @@
+"""A remote OpenAI-compatible server as the generation engine (e.g. KAITO's vLLM inference service).
+
+One shared ``httpx.AsyncClient`` per engine: connections are pooled and kept alive, so a chat
+costs one request on a warm connection rather than a TCP handshake. Every failure becomes an
+``EngineError`` that the ingress can show the client as it is (ARCHITECTURE §4: an upstream error
+keeps its status code and message):
+
+* the upstream answered with an HTTP error: its status and its ``error.message`` (or body text);
+* no answer in time: 504; the connection refused or dropped, a malformed answer: 502;
+* a stream cut part-way: 502, raised from the iterator at the point of the cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx
+
+from app.api.openai import SamplingParams
+from app.budget.tokenizers import (
+    HFTokenCounter,
+    Message,
+    TiktokenCounter,
+    TokenCounter,
+    counter_for_model,
+    message_text,
+)
+from app.engines.base import EngineError, GenerationDelta, GenerationEngine, GenerationResult
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_MODEL = "unknown"
+
+
+def normalise_base_url(url: str) -> str:
+    """The ``.../v1`` root of an OpenAI-compatible API, whichever form the URL was given in.
+
+    Accepts ``http://host:8000``, ``http://host:8000/v1`` and the full endpoint
+    ``http://host:8000/v1/chat/completions`` (the form KAITO's RAGEngine is configured with).
+    """
+    root = url.strip().rstrip("/")
+    for suffix in ("/chat/completions", "/completions", "/models"):
+        if root.endswith(suffix):
+            root = root[: -len(suffix)]
+            break
+    if not root.endswith("/v1"):
+        root += "/v1"
+    return root
+
+
+def _error_message(response: httpx.Response) -> tuple[str, str | None, Any]:
+    """``(message, type, parsed body)`` of an upstream error response, whatever its shape."""
+    text = response.text
+    try:
+        body: Any = response.json()
+    except ValueError:
+        return (text.strip() or response.reason_phrase or f"HTTP {response.status_code}"), None, None
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"]), err.get("type"), body
+        if isinstance(err, str):
+            return err, None, body
+        for key in ("message", "detail"):
+            if body.get(key):
+                detail = body[key]
+                return (detail if isinstance(detail, str) else json.dumps(detail)), None, body
+    return text.strip() or f"HTTP {response.status_code}", None, body
+
+
+def cap_window(configured: int | None, served: Any, model: str) -> int | None:
+    """The configured window, but never more than the served model's ``max_model_len``: a longer
+    prompt would only be rejected by the server after the budget let it through."""
+    served = served if isinstance(served, int) and served > 0 else None
+    if configured is None or served is None:
+        return configured or served
+    if configured > served:
+        log.warning("context_window %d is larger than max_model_len %d of %s; using %d", configured, served, model,
+                    served)
+    return min(configured, served)
+
+
+def _is_openai_model(model: str | None) -> bool:
+    """Whether tiktoken knows ``model`` by name, i.e. whether its counts are the model's own."""
+    if not model:
+        return False
+    try:
+        from tiktoken.model import encoding_name_for_model
+
+        encoding_name_for_model(model)
+        return True
+    except Exception:  # tiktoken absent or model unknown to it
+        return False
+
+
+class OpenAIEngine(GenerationEngine):
+    """Chat completions from a remote OpenAI-compatible server.
+
+    ``model=None`` takes the first model the server lists; ``context_window=None`` takes the model
+    card's ``max_model_len`` (vLLM reports it; a configured window is capped by it). ``timeout_s``
+    bounds each phase of a request: connecting (at most 10 s), the wait for a response, and each
+    gap between streamed chunks.
+    """
+
+    def __init__(self, base_url: str, model: str | None, api_key: str | None, timeout_s: float,
+                 context_window: int | None = None):
+        self.base_url = normalise_base_url(base_url)
+        self._configured_model = model
+        self.model_id = model or UNKNOWN_MODEL
+        self._api_key = api_key
+        self._timeout_s = float(timeout_s)
+        self._configured_window = context_window
+        self._window: int | None = context_window
+        self._counter: TokenCounter | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def _http(self) -> httpx.AsyncClient:
+        """The shared client, created on first use (inside the event loop that will use it)."""
+        if self._client is None or self._client.is_closed:
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            timeout = httpx.Timeout(connect=min(10.0, self._timeout_s), read=self._timeout_s,
+                                    write=self._timeout_s, pool=self._timeout_s)
+            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=30.0)
+            # Small writes (a request's headers, then its body) must not wait on Nagle's algorithm.
+            transport = httpx.AsyncHTTPTransport(
+                limits=limits, retries=0, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+            self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
+                                             transport=transport)
+        return self._client
+
+    async def start(self) -> None:
+        """Ask the upstream for its models: the model id when none is configured, and its window.
+
+        An upstream that is down or has no ``/v1/models`` is logged, not fatal: the server may come
+        up after us, and requests will report their own errors.
+        """
+        try:
+            response = await self._http().get("/models")
+            response.raise_for_status()
+            cards = [c for c in response.json().get("data", []) if isinstance(c, dict)]
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            log.warning("could not list models at %s/models (%s); continuing with model=%s", self.base_url,
+                        exc, self.model_id)
+            cards = []
+        if self._configured_model is None and cards:
+            self.model_id = str(cards[0].get("id"))
+        card = next((c for c in cards if c.get("id") == self.model_id), None)
+        if card is not None:
+            self._window = cap_window(self._configured_window, card.get("max_model_len"), self.model_id)
+        elif cards:
+            log.warning("upstream %s does not list model %r (it lists %s)", self.base_url, self.model_id,
+                        [c.get("id") for c in cards])
+        self._counter = await asyncio.to_thread(self._make_counter)
+        log.info("openai engine: upstream %s model=%s window=%s tokens counted by %s (exact=%s)", self.base_url,
+                 self.model_id, self._window, self._counter.name, self._counter.exact)
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def check_health(self) -> None:
+        """Nothing to check locally: an unreachable upstream is reported per request, and restarting
+        this replica would not bring it back."""
+
+    # --- engine facts -------------------------------------------------------------------------
+
+    def context_window(self) -> int | None:
+        return self._window
+
+    def _make_counter(self) -> TokenCounter:
+        model = None if self.model_id == UNKNOWN_MODEL else self.model_id
+        if model:
+            hf = _local_hf_tokenizer(model)
+            if hf is not None:
+                hf_counter = HFTokenCounter(hf)
+                if not getattr(hf, "chat_template", None):
+                    hf_counter.exact = False  # the right tokens, but the chat layout is a guess
+                return hf_counter
+        counter = counter_for_model(model)
+        if isinstance(counter, TiktokenCounter) and not _is_openai_model(model):
+            # A tiktoken encoding is only an estimate for another vendor's model: say so, so the
+            # budget keeps its safety margin (ARCHITECTURE §5.7).
+            counter.exact = False
+            counter.name = f"{counter.name}~{model}"
+            log.warning("token counts for model %r are ESTIMATED with %s (no local tokenizer); the budget "
+                        "keeps a safety margin", model, counter.name)
+        return counter
+
+    def token_counter(self) -> TokenCounter:
+        if self._counter is None:
+            self._counter = self._make_counter()
+        return self._counter
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def _with_model(self, body: dict[str, Any]) -> dict[str, Any]:
+        body = dict(body)
+        if not body.get("model") and self.model_id != UNKNOWN_MODEL:
+            body["model"] = self.model_id
+        return body
+
+    def _chat_body(self, messages: Sequence[Message], params: SamplingParams, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"messages": list(messages), "max_tokens": params.max_tokens, "stream": stream}
+        if params.temperature is not None:
+            body["temperature"] = params.temperature
+        if params.top_p is not None:
+            body["top_p"] = params.top_p
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        return self._with_model(body)
+
+    def _transport_error(self, exc: httpx.HTTPError) -> EngineError:
+        if isinstance(exc, httpx.TimeoutException):
+            return EngineError(504, f"upstream LLM at {self.base_url} timed out ({type(exc).__name__}, "
+                                    f"timeout {self._timeout_s:g}s)", type_="timeout")
+        if isinstance(exc, httpx.ConnectError):
+            return EngineError(502, f"cannot connect to upstream LLM at {self.base_url}: {exc}")
+        return EngineError(502, f"upstream LLM at {self.base_url} failed: {type(exc).__name__}: {exc}")
+
+    @staticmethod
+    def _http_error(response: httpx.Response) -> EngineError:
+        message, type_, body = _error_message(response)
+        return EngineError(response.status_code, message, type_=type_ or "upstream_error", body=body)
+
+    async def _post_json(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = await self._http().post("/chat/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from exc
+        if response.status_code >= 400:
+            raise self._http_error(response)
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise EngineError(502, f"upstream LLM returned a body that is not JSON: {response.text[:200]!r}") from exc
+        if not isinstance(data, dict):
+            raise EngineError(502, "upstream LLM returned JSON that is not an object")
+        if data.get("error") and not data.get("choices"):
+            _raise_error_object(data)
+        return data
+
+    async def _stream_chunks(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The upstream's SSE events as dicts, up to ``[DONE]``. Leaving early closes the response,
+        which drops the connection, so the upstream stops generating."""
+        try:
+            async with self._http().stream("POST", "/chat/completions", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise self._http_error(response)
+                data_lines: list[str] = []
+                finished = False
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        data_lines.append(line[5:].removeprefix(" "))
+                        continue
+                    if line or not data_lines:
+                        continue  # comments, event:/id: fields, blank keep-alives
+                    data = "\n".join(data_lines)
+                    data_lines = []
+                    if data.strip() == "[DONE]":
+                        return
+                    chunk = _parse_event(data)
+                    finished = finished or _has_finish(chunk)
+                    yield chunk
+                if data_lines:  # a last event not followed by a blank line
+                    data = "\n".join(data_lines)
+                    if data.strip() == "[DONE]":
+                        return
+                    chunk = _parse_event(data)
+                    finished = finished or _has_finish(chunk)
+                    yield chunk
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from exc
+        if not finished:  # a server that omits [DONE] is tolerated once the answer has finished
+            raise EngineError(502, "upstream LLM stream ended before the answer finished (no [DONE])")
+
+    async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
+        data = await self._post_json(self._chat_body(messages, params, stream=False))
+        choices = data.get("choices") or []
+        if not choices or not isinstance(choices[0], dict):
+            raise EngineError(502, "upstream LLM returned no choices")
+        message = choices[0].get("message") or {}
+        text = message_text(message) if isinstance(message, dict) else ""
+        usage = data.get("usage") or {}
+        prompt_tokens = usage.get("prompt_tokens")
+        completion_tokens = usage.get("completion_tokens")
+        if prompt_tokens is None:
+            prompt_tokens = self.token_counter().count_messages(messages)
+        if completion_tokens is None:
+            completion_tokens = self.token_counter().count_text(text)
+        return GenerationResult(text=text, finish_reason=choices[0].get("finish_reason") or "stop",
+                                prompt_tokens=int(prompt_tokens), completion_tokens=int(completion_tokens))
+
+    async def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
+        """Text deltas in arrival order; the last delta carries the finish reason and the usage
+        (the upstream's, asked for with ``stream_options.include_usage``; counted here if it sends none)."""
+        finish: str | None = None
+        usage: dict[str, Any] | None = None
+        parts: list[str] = []
+        async for chunk in self._stream_chunks(self._chat_body(messages, params, stream=True)):
+            if isinstance(chunk.get("usage"), dict):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta") or {}
+                text = delta.get("content") if isinstance(delta, dict) else None
+                if text:
+                    parts.append(text)
+                    yield GenerationDelta(text=text)
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+        usage = usage or {}
+        prompt_tokens = usage.get("prompt_tokens")
+        completion_tokens = usage.get("completion_tokens")
+        if prompt_tokens is None:
+            prompt_tokens = self.token_counter().count_messages(messages)
+        if completion_tokens is None:
+            completion_tokens = self.token_counter().count_text("".join(parts))
+        yield GenerationDelta(text="", finish_reason=finish or "stop", prompt_tokens=int(prompt_tokens),
+                              completion_tokens=int(completion_tokens))
+
+    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The body as the client sent it (RAG fields already removed), with ``model`` filled in if absent."""
+        return await self._post_json(self._with_model(body))
+
+    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The upstream's chunks, relayed one by one as they arrive."""
+        body = self._with_model(body)
+        body["stream"] = True
+        async for chunk in self._stream_chunks(body):
+            yield chunk
+
+
+def _parse_event(data: str) -> dict[str, Any]:
+    """One SSE ``data`` payload as a chunk dict; an in-band error event becomes an ``EngineError``."""
+    try:
+        chunk = json.loads(data)
+    except ValueError as exc:
+        raise EngineError(502, f"upstream LLM sent a malformed stream event: {data[:200]!r}") from exc
+    if not isinstance(chunk, dict):
+        raise EngineError(502, f"upstream LLM sent a stream event that is not an object: {data[:200]!r}")
+    if chunk.get("error") and not chunk.get("choices"):
+        _raise_error_object(chunk)
+    return chunk
+
+
+def _has_finish(chunk: dict[str, Any]) -> bool:
+    return any(isinstance(c, dict) and c.get("finish_reason") for c in chunk.get("choices") or [])
+
+
+def _raise_error_object(data: dict[str, Any]) -> None:
+    """An error reported in a 200 body or in-band in a stream (vLLM does the latter): its own status
+    if it carries one, else 502."""
+    err = data["error"]
+    message = err.get("message") if isinstance(err, dict) else str(err)
+    code = err.get("code") if isinstance(err, dict) else None
+    status = code if isinstance(code, int) and 400 <= code <= 599 else 502
+    type_ = err.get("type") if isinstance(err, dict) and err.get("type") else "upstream_error"
+    raise EngineError(status, str(message or "upstream LLM error"), type_=type_, body=data)
+
+
+def _local_hf_tokenizer(model: str) -> Any | None:
+    """The model's own tokenizer if it is on this machine (a local path or the HF cache), else None.
+
+    Never downloads: the remote model's name often is no HF id at all, and start-up must not hang.
+    Only names that can be one (a directory, or ``org/name``) are tried, so that a plain served-model
+    name does not cost a transformers import.
+    """
+    if not (os.path.isdir(model) or model.count("/") == 1):
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(model, local_files_only=True)
+    except Exception:  # not a local path, not cached, or not a tokenizer at all
+        return None

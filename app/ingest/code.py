@@ -1,0 +1,166 @@
+"""Code chunking over tree-sitter syntax trees.
+
+A chunk is a run of whole top-level syntax nodes (functions, classes, declarations), small
+neighbours (imports, comments, short statements) merged up to ``chunk_size`` tokens; a node too
+large is split into its children (a class into its methods), and only as a last resort by lines.
+The text before a node (its comments, decorators' blank lines) travels with the node.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import Any
+
+from app.ingest.chunks import Chunk, ChunkingError, TokenCount, number
+
+# language -> (grammar module, function returning the language pointer)
+_GRAMMARS: dict[str, tuple[str, str]] = {
+    "python": ("tree_sitter_python", "language"),
+    "javascript": ("tree_sitter_javascript", "language"),
+    "typescript": ("tree_sitter_typescript", "language_typescript"),
+    "tsx": ("tree_sitter_typescript", "language_tsx"),
+    "go": ("tree_sitter_go", "language"),
+    "java": ("tree_sitter_java", "language"),
+    "rust": ("tree_sitter_rust", "language"),
+    "c": ("tree_sitter_c", "language"),
+    "cpp": ("tree_sitter_cpp", "language"),
+}
+_ALIASES = {"py": "python", "python3": "python", "js": "javascript", "jsx": "javascript", "node": "javascript",
+            "ts": "typescript", "golang": "go", "rs": "rust", "c++": "cpp", "cxx": "cpp", "cc": "cpp", "h": "c",
+            "hpp": "cpp"}
+SUPPORTED_LANGUAGES: tuple[str, ...] = tuple(_GRAMMARS)
+
+
+class UnsupportedLanguageError(ChunkingError):
+    def __init__(self, language: str | None):
+        shown = "missing" if not language else repr(language)
+        super().__init__(f"code splitting needs metadata.language; {shown} is not supported. "
+                         f"Supported languages: {', '.join(SUPPORTED_LANGUAGES)}")
+
+
+def normalise_language(language: Any) -> str:
+    if not isinstance(language, str) or not language.strip():
+        raise UnsupportedLanguageError(None)
+    name = language.strip().lower()
+    name = _ALIASES.get(name, name)
+    if name not in _GRAMMARS:
+        raise UnsupportedLanguageError(language)
+    return name
+
+
+_parsers: dict[str, Any] = {}
+_parsers_lock = threading.Lock()
+
+
+def _parser(language: str) -> Any:
+    """A new parser (cheap; parsers are not shared between threads) over a language loaded once."""
+    with _parsers_lock:
+        if language not in _parsers:
+            from tree_sitter import Language
+
+            module, func = _GRAMMARS[language]
+            _parsers[language] = Language(getattr(importlib.import_module(module), func)())
+        lang = _parsers[language]
+    from tree_sitter import Parser
+
+    return Parser(lang)
+
+
+class CodeChunker:
+    def __init__(self, count_tokens: TokenCount, chunk_size: int = 256, chunk_overlap: int = 32):
+        from app.ingest.sentence import SentenceChunker
+
+        self.count = count_tokens
+        self.chunk_size = chunk_size
+        self._lines = SentenceChunker(count_tokens, chunk_size, min(chunk_overlap, chunk_size - 1))
+
+    def split(self, text: str, language: str) -> list[Chunk]:
+        lang = normalise_language(language)
+        if not text.strip():
+            return []
+        data = text.encode("utf-8")
+        tree = _parser(lang).parse(data)
+        to_char = _offset_mapper(text, data)
+        segments: list[tuple[int, int]] = []
+        self._segments(tree.root_node, 0, len(data), data, segments)
+        char_spans = [(to_char(s), to_char(e)) for s, e in segments]
+        spans: list[tuple[int, int]] = []
+        for s, e in self._merge(text, char_spans):
+            if self.count(text[s:e]) <= self.chunk_size:
+                spans.append((s, e))
+            else:  # an unsplittable node (a huge literal, a long leaf): by lines, then words
+                spans.extend((s + c.start_char, s + c.end_char) for c in self._by_lines(text[s:e]))
+        return number(spans, text)
+
+    def _segments(self, node: Any, start: int, end: int, data: bytes, out: list[tuple[int, int]]) -> None:
+        """Byte spans covering [start, end) along ``node``'s children; each child owns the text
+        before it; oversized children recurse into their own children."""
+        children = [c for c in node.children if c.end_byte > c.start_byte]
+        if not children:
+            out.append((start, end))
+            return
+        pos = start
+        for i, child in enumerate(children):
+            if "comment" in child.type and i < len(children) - 1:
+                continue  # a comment belongs with the node that follows it
+            seg_end = end if i == len(children) - 1 else child.end_byte
+            seg_end = max(seg_end, pos)
+            if child.child_count and self._tokens(data, pos, seg_end) > self.chunk_size:
+                self._segments(child, pos, seg_end, data, out)
+            else:
+                out.append((pos, seg_end))
+            pos = seg_end
+        if pos < end:
+            out.append((pos, end))
+
+    def _tokens(self, data: bytes, start: int, end: int) -> int:
+        return self.count(data[start:end].decode("utf-8", errors="ignore"))
+
+    def _merge(self, text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Adjacent segments merged greedily while the merged text fits the chunk size."""
+        merged: list[tuple[int, int]] = []
+        for s, e in spans:
+            if e <= s:
+                continue
+            if merged:
+                ms, _ = merged[-1]
+                if self.count(text[ms:e]) <= self.chunk_size:
+                    merged[-1] = (ms, e)
+                    continue
+            merged.append((s, e))
+        return merged
+
+    def _by_lines(self, text: str) -> list[Chunk]:
+        out: list[tuple[int, int]] = []
+        start, pos = 0, 0
+        for line in text.splitlines(keepends=True):
+            nxt = pos + len(line)
+            if pos > start and self.count(text[start:nxt]) > self.chunk_size:
+                out.append((start, pos))
+                start = pos
+            pos = nxt
+        out.append((start, len(text)))
+        chunks: list[Chunk] = []
+        for s, e in out:
+            if self.count(text[s:e]) <= self.chunk_size:
+                chunks.append(Chunk(text[s:e], len(chunks), s, e))
+            else:
+                chunks.extend(Chunk(c.text, len(chunks) + k, s + c.start_char, s + c.end_char)
+                              for k, c in enumerate(self._lines.split(text[s:e])))
+        return chunks
+
+
+def _offset_mapper(text: str, data: bytes):  # type: ignore[no-untyped-def]
+    """Byte offset → character offset (tree-sitter reports bytes)."""
+    if len(data) == len(text):
+        return lambda b: b
+    table = [0] * (len(data) + 1)
+    b = 0
+    for i, ch in enumerate(text):
+        n = len(ch.encode("utf-8"))
+        for k in range(n):
+            table[b + k] = i
+        b += n
+    table[len(data)] = len(text)
+    return lambda off: table[off]

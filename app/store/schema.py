@@ -1,0 +1,62 @@
+"""The shard's SQLite schema: the source of truth for documents, chunks and vectors.
+
+Chunk ids are AUTOINCREMENT so an id is never reused: it is the FAISS id, and the change log can
+replay adds and deletes after a snapshot without ambiguity.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+DDL = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS indexes (name TEXT PRIMARY KEY, dim INTEGER NOT NULL, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS documents (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    index_name TEXT NOT NULL,
+    doc_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    hash_value TEXT NOT NULL,
+    updated_at REAL NOT NULL,
+    UNIQUE (index_name, doc_id)
+);
+CREATE INDEX IF NOT EXISTS documents_by_hash ON documents (index_name, hash_value);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    index_name TEXT NOT NULL,
+    doc_id TEXT NOT NULL,
+    node_id TEXT NOT NULL,
+    chunk_index INTEGER NOT NULL,
+    text TEXT NOT NULL,
+    vector BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chunks_by_doc ON chunks (index_name, doc_id);
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    index_name TEXT NOT NULL,
+    op TEXT NOT NULL CHECK (op IN ('add', 'del')),
+    chunk_id INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS changes_by_index ON changes (index_name, seq);
+"""
+
+
+def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
+    """A connection in WAL mode with ``synchronous=FULL``: a committed write survives a crash of the
+    process and of the machine; readers never block the writer."""
+    conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    if readonly:
+        conn.execute("PRAGMA query_only=ON")
+    return conn
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    conn.executescript(DDL)
+    conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))

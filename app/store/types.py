@@ -1,0 +1,55 @@
+"""Records and errors of one shard's storage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ChunkWrite:
+    node_id: str
+    chunk_index: int
+    text: str
+    vector: np.ndarray  # float32 (dim,), L2-normalised by the caller
+
+
+@dataclass(frozen=True)
+class DocumentWrite:
+    doc_id: str
+    text: str
+    metadata: dict[str, Any]
+    hash_value: str
+    chunks: list[ChunkWrite] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StoredDocument:
+    doc_id: str
+    text: str
+    metadata: dict[str, Any]
+    hash_value: str
+    is_truncated: bool = False
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    doc_id: str
+    node_id: str
+    chunk_index: int
+    text: str
+    score: float
+    metadata: dict[str, Any]
+
+
+class IndexNotFoundError(KeyError):
+    """A per-index operation named an index this shard does not hold."""
+
+    def __str__(self) -> str:
+        return f"No such index: {self.args[0]!r}"
+
+
+class DimensionMismatchError(ValueError):
+    """Vectors of another dimension than the index's (a different embedding model)."""

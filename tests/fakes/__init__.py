@@ -1,0 +1,1 @@
+"""Fakes of the systems ragserve talks to, for unit and integration tests."""

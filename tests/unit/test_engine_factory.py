@@ -1,0 +1,75 @@
+"""Engine selection from the settings, and the local engines' pure helpers (no model loaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.config import Settings
+from app.engines import make_engine, model_cache_dir
+from app.engines.base import EngineError
+from app.engines.openai_engine import OpenAIEngine
+from app.engines.transformers_engine import (
+    TransformersEngine,
+    _safe_length,
+    _stop_index,
+    reject_unsupported_passthrough,
+)
+from app.engines.vllm_engine import VLLMEngine
+
+
+def test_transformers_is_the_default_and_caches_under_storage(tmp_path: Path) -> None:
+    engine = make_engine(Settings(storage_dir=str(tmp_path)))
+    assert isinstance(engine, TransformersEngine)
+    assert engine.cache_dir == tmp_path / "models"
+    assert engine.model_id == "gemma-3-270m-q4_k_m"
+    assert engine.converted_dir == tmp_path / "models" / "converted" / "gemma-3-270m-q4_k_m"
+    custom = Settings(storage_dir=str(tmp_path), model_cache_dir=str(tmp_path / "cache"))
+    assert model_cache_dir(custom) == tmp_path / "cache"
+
+
+def test_transformers_rejects_unknown_engine_args(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown engine_args"):
+        make_engine(Settings(storage_dir=str(tmp_path), llm_engine_args={"tensor_parallel_size": 2}))
+
+
+def test_openai_engine_from_settings(tmp_path: Path) -> None:
+    engine = make_engine(Settings(storage_dir=str(tmp_path), llm_engine="openai", llm_url="http://llm:8000",
+                                  llm_model="phi-4", llm_api_key="k", llm_timeout_s=9, context_window=2048))
+    assert isinstance(engine, OpenAIEngine)
+    assert (engine.base_url, engine.model_id, engine.context_window()) == ("http://llm:8000/v1", "phi-4", 2048)
+
+
+def test_vllm_engine_needs_a_model(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="llm_model"):
+        make_engine(Settings(storage_dir=str(tmp_path), llm_engine="vllm"))
+    engine = make_engine(Settings(storage_dir=str(tmp_path), llm_engine="vllm", llm_model="org/m",
+                                  llm_engine_args={"tensor_parallel_size": 2}))
+    assert isinstance(engine, VLLMEngine) and engine.model_id == "org/m"
+
+
+def test_stop_helpers() -> None:
+    assert _stop_index("hello world", ["wor", "lo"]) == 3
+    assert _stop_index("hello", ["x"]) is None
+    assert _safe_length("the answer is EN", ["END"]) == len("the answer is ")  # may become END
+    assert _safe_length("the answer", ["END"]) == len("the answer")
+    assert _safe_length("caf\ufffd", []) == 3  # an incomplete UTF-8 character waits for its last byte
+
+
+@pytest.mark.parametrize(("body", "what"), [
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ({"functions": [{"name": "f"}]}, "functions"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"},
+                                                {"type": "image_url", "image_url": {"url": "u"}}]}]}, "image_url"),
+])
+def test_local_engines_reject_what_they_cannot_serve(body: dict, what: str) -> None:
+    with pytest.raises(EngineError) as err:
+        reject_unsupported_passthrough({"messages": [{"role": "user", "content": "hi"}], **body}, "transformers")
+    assert err.value.status == 400 and err.value.type == "invalid_request_error"
+    assert what in err.value.message and "not supported by the embedded transformers engine" in err.value.message
+
+
+def test_text_only_bodies_pass() -> None:
+    reject_unsupported_passthrough({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                                    "tools": [], "functions": None}, "transformers")

@@ -1,0 +1,156 @@
+"""The embedded transformers engine with the REAL packaged Gemma 3 270M (slow: it loads a model).
+
+The conversion cache lives in ``<repo>/data/test-cache/models`` (git-ignored, shared with the
+integration tests), so the GGUF is converted once per machine. Assertions are on plumbing (token
+counts, finish reasons, streaming, cancellation), never on the wording of the small model's answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.api.openai import SamplingParams
+from app.engines.base import EngineError, GenerationDelta
+from app.engines.transformers_engine import TransformersEngine
+
+pytestmark = pytest.mark.slow
+
+MODEL_CACHE = Path(__file__).resolve().parents[2] / "data" / "test-cache" / "models"
+MESSAGES = [{"role": "system", "content": "Answer in one short sentence."},
+            {"role": "user", "content": "What does a vector database store?"}]
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[TransformersEngine]:
+    e = TransformersEngine(None, MODEL_CACHE)
+    asyncio.run(e.start())
+    yield e
+    asyncio.run(e.stop())
+
+
+def test_start_converts_once_and_caches_the_converted_model(engine: TransformersEngine) -> None:
+    assert engine.load_info["source"] in {"converted", "cache"}
+    cached = engine.converted_dir
+    assert cached is not None and (cached / "config.json").exists()
+    assert any(cached.glob("*.safetensors")) and (cached / "tokenizer.json").exists()
+    leftovers = [p.name for p in cached.parent.iterdir() if p.name.startswith(".tmp-")]
+    assert leftovers == []  # the cache was written to a temporary directory and renamed into place
+    assert engine.context_window() == 32768
+    assert engine.token_counter().exact
+
+
+def test_a_second_instance_starts_from_the_cache_fast(engine: TransformersEngine) -> None:
+    second = TransformersEngine(None, MODEL_CACHE)
+    t0 = time.perf_counter()
+    asyncio.run(second.start())
+    elapsed = time.perf_counter() - t0
+    try:
+        assert second.load_info["source"] == "cache"
+        assert elapsed < 60, f"a cached start took {elapsed:.1f}s"
+    finally:
+        asyncio.run(second.stop())
+
+
+async def test_chat_reports_real_usage(engine: TransformersEngine) -> None:
+    result = await engine.chat(MESSAGES, SamplingParams(max_tokens=8))
+    assert isinstance(result.text, str)
+    assert result.finish_reason in {"length", "stop"}
+    assert 0 < result.completion_tokens <= 8
+    assert result.prompt_tokens == engine.token_counter().count_messages(MESSAGES)
+    if result.finish_reason == "length":
+        assert result.completion_tokens == 8
+
+
+async def test_stream_is_the_same_greedy_answer_in_pieces(engine: TransformersEngine) -> None:
+    params = SamplingParams(max_tokens=8, temperature=0)
+    whole = await engine.chat(MESSAGES, params)
+    deltas: list[GenerationDelta] = [d async for d in engine.chat_stream(MESSAGES, params)]
+    assert len(deltas) >= 3
+    assert all(d.finish_reason is None and d.prompt_tokens is None for d in deltas[:-1])
+    assert "".join(d.text for d in deltas) == whole.text
+    last = deltas[-1]
+    assert (last.finish_reason, last.prompt_tokens, last.completion_tokens) == (
+        whole.finish_reason, whole.prompt_tokens, whole.completion_tokens)
+
+
+async def test_seeded_sampling_is_reproducible(engine: TransformersEngine) -> None:
+    params = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.95, seed=1234)
+    first = await engine.chat(MESSAGES, params)
+    second = await engine.chat(MESSAGES, params)
+    assert first.text == second.text
+
+
+async def test_stop_string_cuts_the_answer_there(engine: TransformersEngine) -> None:
+    base = await engine.chat(MESSAGES, SamplingParams(max_tokens=12))
+    words = [w for w in base.text.split() if len(w) >= 2]
+    if not words:
+        pytest.skip("the model answered with no word to stop on")
+    stop = words[min(1, len(words) - 1)][:2]
+    cut = await engine.chat(MESSAGES, SamplingParams(max_tokens=12, stop=[stop]))
+    assert cut.text == base.text[: base.text.index(stop)]
+    assert cut.finish_reason == "stop" and cut.completion_tokens <= base.completion_tokens
+
+
+async def test_a_consumer_leaving_early_stops_generation(engine: TransformersEngine) -> None:
+    stream = engine.chat_stream(MESSAGES, SamplingParams(max_tokens=400))
+    await anext(stream)
+    await stream.aclose()
+    t0 = time.perf_counter()
+    result = await engine.chat(MESSAGES, SamplingParams(max_tokens=2))  # queued behind the first if it ran on
+    assert result.completion_tokens <= 2
+    assert time.perf_counter() - t0 < 15, "the abandoned generation kept the generation thread busy"
+
+
+async def test_concurrent_requests_are_served_one_after_another(engine: TransformersEngine) -> None:
+    results = await asyncio.gather(*(engine.chat(MESSAGES, SamplingParams(max_tokens=3)) for _ in range(3)))
+    assert len({r.text for r in results}) == 1  # greedy, serialised: identical answers
+
+
+async def test_passthrough_serves_text_and_rejects_tools(engine: TransformersEngine) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 4}
+    response = await engine.passthrough(body)
+    assert response["model"] == engine.model_id
+    assert response["usage"]["prompt_tokens"] == engine.token_counter().count_messages(MESSAGES)
+    chunks = [c async for c in engine.passthrough_stream({**body, "stream": True})]
+    assert chunks[-1]["choices"][0]["finish_reason"] in {"length", "stop"}
+    with pytest.raises(EngineError) as err:
+        await engine.passthrough({**body, "tools": [{"type": "function", "function": {"name": "get_weather"}}]})
+    assert err.value.status == 400 and "not supported by the embedded transformers engine" in err.value.message
+
+
+async def test_prompt_longer_than_the_window_is_400(engine: TransformersEngine) -> None:
+    window = engine.context_window()
+    assert window is not None
+    with pytest.raises(EngineError) as err:
+        await engine.chat([{"role": "user", "content": "hello " * window}], SamplingParams(max_tokens=4))
+    assert err.value.status == 400 and "exceeds context window" in err.value.message
+
+
+async def test_openai_engine_counts_with_a_local_tokenizer_when_it_has_one(engine: TransformersEngine) -> None:
+    """A remote model whose tokenizer is on this machine is counted with it, not estimated."""
+    from app.engines.openai_engine import OpenAIEngine
+    from tests.fakes.fake_openai import FakeOpenAI
+
+    local = str(engine.converted_dir)
+    with FakeOpenAI(model=local, max_model_len=2048) as fake:
+        remote = OpenAIEngine(fake.url, None, None, 5.0)
+        await remote.start()
+        counter = remote.token_counter()
+        await remote.stop()
+    assert counter.name.startswith("hf:")
+    assert counter.count_text("hello world") == engine.token_counter().count_text("hello world")
+    assert counter.exact is False  # right tokens, but without a chat template the layout is a guess
+
+
+def test_token_counter_survives_pickling(engine: TransformersEngine) -> None:
+    """The generator ships its counter to the ingress (Ray pickles it)."""
+    counter = engine.token_counter()
+    clone = pickle.loads(pickle.dumps(counter))
+    assert clone.count_messages(MESSAGES) == counter.count_messages(MESSAGES)
+    assert clone.render(MESSAGES).startswith("<bos><start_of_turn>user\n")
