@@ -5,7 +5,7 @@ from __future__ import annotations
 from ray.serve import metrics
 
 _MS = [1, 2, 5, 10, 20, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000]
-_TOKENS = [0, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
+_TOKENS = [1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768]
 
 
 class ServeTelemetry:

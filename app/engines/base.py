@@ -44,6 +44,14 @@ class EngineError(Exception):
         self.type = type_
         self.body = body
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # exceptions cross process boundaries (Ray handles) by pickling; keep every field
+        return (_rebuild_engine_error, (self.status, self.message, self.type, self.body))
+
+
+def _rebuild_engine_error(status: int, message: str, type_: str, body: Any) -> EngineError:
+    return EngineError(status, message, type_=type_, body=body)
+
 
 class GenerationEngine(abc.ABC):
     """One LLM backend. ``start`` loads the model (or checks the upstream); the rest serves."""

@@ -15,6 +15,10 @@ class ServiceError(Exception):
         self.param = param
         self.code = code
 
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        # survives pickling across Ray handles with its status and fields
+        return (_rebuild, (type(self), self.__dict__.copy(), self.message))
+
 
 class BadRequestError(ServiceError):
     status = 400
@@ -34,3 +38,10 @@ class UpstreamError(ServiceError):
     def __init__(self, status: int, message: str, *, code: str | None = None):
         super().__init__(message, code=code)
         self.status = status
+
+
+def _rebuild(cls: type[ServiceError], state: dict, message: str) -> ServiceError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, message)
+    err.__dict__.update(state)
+    return err

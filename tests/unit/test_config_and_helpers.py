@@ -89,3 +89,17 @@ def test_ttl_cache_lru_and_expiry() -> None:
     empty: TTLCache[int] = TTLCache(max_entries=0, ttl_s=1)
     empty.put("x", 1)
     assert empty.get("x") is None and len(empty) == 0
+
+
+def test_errors_survive_pickling_across_processes() -> None:
+    import pickle
+
+    from app.engines.base import EngineError
+    from app.service.errors import NotFoundError, UpstreamError
+
+    e = pickle.loads(pickle.dumps(EngineError(400, "no tools here", type_="invalid_request_error", body={"a": 1})))
+    assert (e.status, e.message, e.type, e.body) == (400, "no tools here", "invalid_request_error", {"a": 1})
+    u = pickle.loads(pickle.dumps(UpstreamError(503, "loading")))
+    assert isinstance(u, UpstreamError) and (u.status, u.message) == (503, "loading")
+    n = pickle.loads(pickle.dumps(NotFoundError("gone", param="index_name")))
+    assert (n.status, n.message, n.param, str(n)) == (404, "gone", "index_name", "gone")
