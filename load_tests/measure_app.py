@@ -17,8 +17,11 @@ import time
 
 import httpx
 
-WORDS = ("retrieval index shard vector cluster kubernetes operator token budget window context history "
-         "latency throughput replica batch cache embedding model search answer source document chunk").split()
+WORDS = [
+    "retrieval", "index", "shard", "vector", "cluster", "kubernetes", "operator", "token", "budget", "window",
+    "context", "history", "latency", "throughput", "replica", "batch", "cache", "embedding", "model", "search",
+    "answer", "source", "document", "chunk",
+]
 
 
 def make_texts(n: int, words: int = 40) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from app.ingest import (
@@ -56,7 +58,7 @@ def _check(chunks, text: str, count, size: int, overlap: int) -> None:
     for c in chunks:
         covered.update(range(c.start_char, c.end_char))
     assert all(i in covered for i, ch in enumerate(text) if not ch.isspace())
-    for a, b in zip(chunks, chunks[1:], strict=False):
+    for a, b in itertools.pairwise(chunks):
         shared = text[b.start_char:a.end_char] if b.start_char < a.end_char else ""
         assert count(shared) <= overlap
 
@@ -68,7 +70,7 @@ def test_sentence_chunks_pack_whole_sentences_with_overlap() -> None:
     _check(chunks, text, words, 30, 8)
     assert len(chunks) > 5
     assert all(c.text.endswith(".") for c in chunks)                 # chunks end at sentence ends
-    assert sum(1 for a, b in zip(chunks, chunks[1:], strict=False) if b.start_char < a.end_char) >= len(chunks) - 1
+    assert sum(1 for a, b in itertools.pairwise(chunks) if b.start_char < a.end_char) >= len(chunks) - 1
 
 
 def test_long_sentence_and_long_word_are_split() -> None:
