@@ -44,6 +44,7 @@ class Settings(BaseSettings):
         default=None, description="sentence-transformers id or path. None: the packaged all-MiniLM-L6-v2.")
     embedding_url: str | None = None
     embedding_api_key: str | None = None
+    embedding_threads: int | None = Field(default=None, ge=1, description="torch threads. None: every usable core.")
     embedding_batch_size: int = Field(default=32, gt=0)
     embedding_batch_wait_s: float = Field(default=0.005, ge=0)
     embedding_cache_size: int = Field(default=10_000, ge=0)

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from app.hardware import usable_cores
+
 log = logging.getLogger(__name__)
 
 PACKAGED_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
@@ -41,13 +43,14 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
 class LocalEmbeddingModel:
     """sentence-transformers, on CUDA when present. ``encode`` is synchronous and CPU/GPU bound."""
 
-    def __init__(self, model: str | None = None, device: str | None = None):
+    def __init__(self, model: str | None = None, device: str | None = None, threads: int | None = None):
+        import torch
         from sentence_transformers import SentenceTransformer
 
+        # Ray sets OMP_NUM_THREADS to the actor's num_cpus (often 1): use the cores we can run on
+        torch.set_num_threads(threads or usable_cores())
         self.model_id, path = resolve_embedding_model(model)
         if device is None:
-            import torch
-
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
         self._model = SentenceTransformer(path, device=device, local_files_only=True)

@@ -30,7 +30,7 @@ class Embedder:
             self.model: LocalEmbeddingModel | RemoteEmbeddingModel = RemoteEmbeddingModel(
                 s.embedding_url, s.embedding_model, s.embedding_api_key)
         else:
-            self.model = LocalEmbeddingModel(s.embedding_model)
+            self.model = LocalEmbeddingModel(s.embedding_model, threads=s.embedding_threads)
         self.batch_size = s.embedding_batch_size
         self._embed_query_batch.set_max_batch_size(s.embedding_batch_size)
         self._embed_query_batch.set_batch_wait_timeout_s(s.embedding_batch_wait_s)

@@ -38,6 +38,7 @@ from app.api.openai import SamplingParams
 from app.budget.tokenizers import ChatRenderer, HFTokenCounter, Message, TokenCounter
 from app.engines.base import EngineError, GenerationDelta, GenerationEngine, GenerationResult
 from app.engines.gemma import render_gemma
+from app.hardware import usable_cores
 
 log = logging.getLogger(__name__)
 
@@ -217,8 +218,8 @@ class TransformersEngine(GenerationEngine):
     def _load(self) -> None:
         t0 = time.perf_counter()
         hf = _hf()
-        if self._args.get("torch_threads"):
-            hf.torch.set_num_threads(int(self._args["torch_threads"]))
+        # Ray sets OMP_NUM_THREADS to the actor's num_cpus (often 1); use the cores we can run on
+        hf.torch.set_num_threads(int(self._args.get("torch_threads") or usable_cores()))
         if self._gguf_name is None:
             assert self._model_ref is not None
             tokenizer, model = self._load_dir(self._model_ref)

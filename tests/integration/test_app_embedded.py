@@ -180,3 +180,16 @@ def test_killed_shard_restarts_with_every_acknowledged_document(client: httpx.Cl
         hit = client.post("/retrieve", json={"index_name": "logs", "query": f"Maintenance log entry {i}: "
                                              f"replaced filter on pump {i}.", "top_k": 1}).json()
         assert hit["results"][0]["doc_id"] == f"log-{i}"
+
+
+def test_prometheus_metrics_are_exported(client: httpx.Client) -> None:
+    deadline = time.monotonic() + 60
+    text = ""
+    while time.monotonic() < deadline:
+        text = client.get("/metrics").text
+        if "ray_ragserve_requests" in text and "ray_ragserve_embedding_cache_misses" in text:
+            break
+        time.sleep(2)
+    assert "ray_ragserve_requests" in text and 'route="/v1/chat/completions"' in text
+    assert "ray_ragserve_stage_latency_ms_bucket" in text
+    assert "ray_ragserve_embedding_cache_misses" in text
