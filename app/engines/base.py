@@ -111,6 +111,21 @@ class GenerationEngine(abc.ABC):
             yield chunk
 
 
+async def collect(deltas: AsyncIterator[GenerationDelta]) -> GenerationResult:
+    """A whole result from a stream of deltas (engines whose chat() is their stream, drained).
+    The stream is closed even if this is cancelled, so generation stops with it."""
+    parts: list[str] = []
+    last = GenerationDelta()
+    try:
+        async for delta in deltas:
+            parts.append(delta.text)
+            last = delta
+    finally:
+        await deltas.aclose()  # type: ignore[attr-defined]
+    return GenerationResult(text="".join(parts), finish_reason=last.finish_reason or "stop",
+                            prompt_tokens=last.prompt_tokens or 0, completion_tokens=last.completion_tokens or 0)
+
+
 def sampling_params_from_body(body: dict[str, Any]) -> SamplingParams:
     """Engine-neutral sampling parameters from an OpenAI body whose max_tokens is already set."""
     stop = body.get("stop")

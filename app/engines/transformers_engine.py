@@ -36,7 +36,7 @@ from typing import Any
 
 from app.api.openai import SamplingParams
 from app.budget.tokenizers import ChatRenderer, HFTokenCounter, Message, TokenCounter
-from app.engines.base import EngineError, GenerationDelta, GenerationEngine, GenerationResult
+from app.engines.base import EngineError, GenerationDelta, GenerationEngine, GenerationResult, collect
 from app.engines.gemma import render_gemma
 from app.hardware import usable_cores
 
@@ -459,14 +459,7 @@ class TransformersEngine(GenerationEngine):
                               completion_tokens=len(generated))
 
     async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
-        parts: list[str] = []
-        last = GenerationDelta()
-        async with contextlib.aclosing(self._generate(messages, params)) as deltas:
-            async for delta in deltas:
-                parts.append(delta.text)
-                last = delta
-        return GenerationResult(text="".join(parts), finish_reason=last.finish_reason or "stop",
-                                prompt_tokens=last.prompt_tokens or 0, completion_tokens=last.completion_tokens or 0)
+        return await collect(self._generate(messages, params))
 
     async def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
         # aclosing: a consumer that stops early closes the inner generator now, which stops generation.

@@ -27,7 +27,7 @@ from typing import Any
 
 from app.api.openai import SamplingParams
 from app.budget.tokenizers import ChatRenderer, HFTokenCounter, Message, TokenCounter
-from app.engines.base import EngineError, GenerationDelta, GenerationEngine, GenerationResult
+from app.engines.base import EngineError, GenerationDelta, GenerationEngine, GenerationResult, collect
 from app.engines.gemma import render_gemma
 from app.engines.openai_engine import cap_window
 from app.engines.transformers_engine import reject_unsupported_passthrough
@@ -185,14 +185,7 @@ class VLLMEngine(GenerationEngine):
                               completion_tokens=len(completion.token_ids or ()))
 
     async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
-        parts: list[str] = []
-        last = GenerationDelta()
-        async with contextlib.aclosing(self.chat_stream(messages, params)) as deltas:
-            async for delta in deltas:
-                parts.append(delta.text)
-                last = delta
-        return GenerationResult(text="".join(parts), finish_reason=last.finish_reason or "stop",
-                                prompt_tokens=last.prompt_tokens or 0, completion_tokens=last.completion_tokens or 0)
+        return await collect(self.chat_stream(messages, params))
 
     async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
         reject_unsupported_passthrough(body, "vLLM")
