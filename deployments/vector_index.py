@@ -18,7 +18,14 @@ from app.config import Settings
 from app.service.shard_service import ShardService, check_layout
 
 SHARD_NAMESPACE = "ragserve"
-ShardActor = ray.remote(ShardService)
+
+
+@ray.remote
+class ShardActor(ShardService):
+    """A shard in a Ray actor; adds what only Ray can tell."""
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
 
 
 def shard_actor_name(settings: Settings, index: int) -> str:
@@ -38,7 +45,8 @@ def get_or_create_shards(settings: Settings) -> list[Any]:
             name=shard_actor_name(settings, i), namespace=SHARD_NAMESPACE, get_if_exists=True,
             lifetime="detached", max_restarts=-1, max_task_retries=-1, max_concurrency=16,
             num_cpus=settings.shard_num_cpus, scheduling_strategy="SPREAD",
-        ).remote(settings.storage_dir, i, settings.num_shards, faiss_kind=settings.faiss_index_kind))
+        ).remote(settings.storage_dir, i, settings.num_shards, faiss_kind=settings.faiss_index_kind,
+                   faiss_device=settings.faiss_device))
     return actors
 
 

@@ -49,10 +49,12 @@ def check_layout(storage_dir: str | Path, num_shards: int) -> None:
 class ShardService:
     """The shard numbered ``shard_index`` of ``num_shards`` under ``storage_dir``."""
 
-    def __init__(self, storage_dir: str | Path, shard_index: int, num_shards: int, *, faiss_kind: str = "flat"):
+    def __init__(self, storage_dir: str | Path, shard_index: int, num_shards: int, *, faiss_kind: str = "flat",
+                 faiss_device: str = "cpu"):
         self.shard_index = shard_index
         self.num_shards = num_shards
-        self._shard = Shard(shard_directory(storage_dir, shard_index), faiss_kind=faiss_kind)
+        self._shard = Shard(shard_directory(storage_dir, shard_index), faiss_kind=faiss_kind,
+                            faiss_device=faiss_device)
 
     # --- indexes ------------------------------------------------------------------------------
     def ping(self) -> int:

@@ -32,6 +32,7 @@ from app.store.faiss_index import (
     vectors_from_blobs,
 )
 from app.store.filters import filter_sql
+from app.store.gpu import GpuMirror, resolve_faiss_device
 from app.store.schema import connect, create_schema
 from app.store.types import (
     DimensionMismatchError,
@@ -53,7 +54,8 @@ def _chunks(seq: list[Any], size: int = _SQL_VARS) -> Iterator[list[Any]]:
 
 
 class Shard:
-    def __init__(self, directory: str | Path, *, faiss_kind: str = "flat", snapshot_every: int = 1000):
+    def __init__(self, directory: str | Path, *, faiss_kind: str = "flat", snapshot_every: int = 1000,
+                 faiss_device: str = "cpu"):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.db_path = self.directory / DB_FILE
@@ -70,6 +72,8 @@ class Shard:
         self._faiss: dict[str, Any] = {}
         self._dims: dict[str, int] = {}
         self._pending: dict[str, int] = {}  # changes since the last snapshot, per index
+        self._versions: dict[str, int] = {}  # bumped on every FAISS mutation (GPU mirrors follow it)
+        self._gpu = GpuMirror() if resolve_faiss_device(faiss_device) == "gpu" else None
         self._closed = False
         for name, dim in self._write.execute("SELECT name, dim FROM indexes").fetchall():
             self._dims[name] = dim
@@ -198,6 +202,8 @@ class Shard:
         with self._faiss_lock:
             self._faiss.pop(index, None)
             self._dims.pop(index, None)
+            if self._gpu is not None:
+                self._gpu.drop(index)
             self._pending.pop(index, None)
         remove_snapshot(self.snapshot_dir, index)
         return True
@@ -263,6 +269,7 @@ class Shard:
                 fidx.remove_ids(np.asarray(old_ids, dtype=np.int64))
             if new_ids:
                 fidx.add_with_ids(np.vstack(vectors), np.asarray(new_ids, dtype=np.int64))
+            self._versions[index] = self._versions.get(index, 0) + 1
         self._note_changes(index, len(old_ids) + len(new_ids))
 
     def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
@@ -284,6 +291,7 @@ class Shard:
         if removed:
             with self._faiss_lock:
                 self._faiss[index].remove_ids(np.asarray(removed, dtype=np.int64))
+                self._versions[index] = self._versions.get(index, 0) + 1
             self._note_changes(index, len(removed))
         return [d for d in unique if d in present], [d for d in unique if d not in present]
 
@@ -361,7 +369,11 @@ class Shard:
             fidx = self._faiss[index]
             if fidx.ntotal == 0:
                 return []
-            scores, ids_found = fidx.search(query, min(k, fidx.ntotal), params=params)
+            if self._gpu is not None and params is None:
+                scores, ids_found = self._gpu.search(index, fidx, self._versions.get(index, 0), query,
+                                                     min(k, fidx.ntotal))
+            else:
+                scores, ids_found = fidx.search(query, min(k, fidx.ntotal), params=params)
         pairs = [(int(i), float(s)) for i, s in zip(ids_found[0], scores[0], strict=True) if i >= 0]
         if not pairs:
             return []
