@@ -23,9 +23,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[int]:
-    """Ray with Serve's HTTP proxy on a free loopback port; yields the port."""
+    """Ray with Serve's HTTP proxy on a free loopback port; yields the port. Module scope: the
+    multi-node test needs a cluster of its own, and one process holds one Ray connection."""
     import ray
     from ray import serve
 
