@@ -190,6 +190,9 @@ def test_prometheus_metrics_are_exported(client: httpx.Client) -> None:
         if "ray_ragserve_requests" in text and "ray_ragserve_embedding_cache_misses" in text:
             break
         time.sleep(2)
-    assert "ray_ragserve_requests" in text and 'route="/v1/chat/completions"' in text
+    ours = "\n".join(line for line in text.splitlines() if "ragserve_" in line and not line.startswith("#"))
+    assert "ray_ragserve_requests" in ours, ours[:2000]
+    assert any("chat/completions" in line and 'mode="rag"' in line
+               for line in ours.splitlines() if line.startswith("ray_ragserve_requests")), ours[:2000]
     assert "ray_ragserve_stage_latency_ms_bucket" in text
     assert "ray_ragserve_embedding_cache_misses" in text
