@@ -182,17 +182,22 @@ def test_killed_shard_restarts_with_every_acknowledged_document(client: httpx.Cl
         assert hit["results"][0]["doc_id"] == f"log-{i}"
 
 
+def _ragserve_samples(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("ray_ragserve_")]
+
+
 def test_prometheus_metrics_are_exported(client: httpx.Client) -> None:
-    deadline = time.monotonic() + 60
-    text = ""
+    """Metrics are exported every few seconds: wait for samples (HELP lines come first)."""
+    def ready(samples: list[str]) -> bool:
+        return any(s.startswith("ray_ragserve_requests") and "chat/completions" in s and 'mode="rag"' in s
+                   for s in samples) and any(s.startswith("ray_ragserve_embedding_cache_misses") for s in samples)
+
+    deadline = time.monotonic() + 90
+    samples: list[str] = []
     while time.monotonic() < deadline:
-        text = client.get("/metrics").text
-        if "ray_ragserve_requests" in text and "ray_ragserve_embedding_cache_misses" in text:
+        samples = _ragserve_samples(client.get("/metrics").text)
+        if ready(samples):
             break
         time.sleep(2)
-    ours = "\n".join(line for line in text.splitlines() if "ragserve_" in line and not line.startswith("#"))
-    assert "ray_ragserve_requests" in ours, ours[:2000]
-    assert any("chat/completions" in line and 'mode="rag"' in line
-               for line in ours.splitlines() if line.startswith("ray_ragserve_requests")), ours[:2000]
-    assert "ray_ragserve_stage_latency_ms_bucket" in text
-    assert "ray_ragserve_embedding_cache_misses" in text
+    assert ready(samples), "\n".join(samples)[:2000]
+    assert any(s.startswith("ray_ragserve_stage_latency_ms_bucket") for s in samples)
