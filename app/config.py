@@ -69,8 +69,15 @@ class Settings(BaseSettings):
         default=None, gt=0, le=1.0,
         description="Share of the free budget filled. None: 1.0 with an exact tokenizer, 0.8 if approximate.")
 
-    # --- access -----------------------------------------------------------------------------
-    api_keys: list[str] | None = None
+    # --- access and limits (every limit is a clear 4xx) ---------------------------------------
+    api_keys: list[str] | None = Field(
+        default=None, description="Bearer keys accepted on every route but /health and /metrics. None: open.")
+    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Request body size (413).")
+    max_documents_per_request: int = Field(default=1000, ge=1, description="Documents per /index or update call.")
+    max_document_chars: int = Field(default=1_000_000, ge=1, description="Characters of one document's text.")
+    max_chat_messages: int = Field(default=1000, ge=1, description="Messages in one chat completion request.")
+    max_top_k: int = Field(default=100, ge=1, le=1000, description="Largest top_k / max_node_count.")
+    max_list_limit: int = Field(default=100, ge=1, le=1000, description="Largest page of a document listing.")
 
     @field_validator("api_keys")
     @classmethod

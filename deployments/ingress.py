@@ -13,6 +13,7 @@ from ray import serve
 
 from app.config import Settings
 from app.http import Services, create_app
+from app.http.limits import RequestLimits
 from app.ingest import DocumentChunker, hf_token_counter
 from app.service.chat import ChatService
 from app.service.documents import DocumentService
@@ -63,7 +64,8 @@ class Ingress:
         return create_app(Services(
             documents=self.documents, chat=self.chat, embed_texts=self.embedder.embed_documents,
             count_embedding_tokens=self.embedder.count_tokens, embedding_model=self._embedding_model,
-            telemetry=ServeTelemetry(), health=self._health, metrics_text=self._metrics_text))
+            telemetry=ServeTelemetry(), health=self._health, metrics_text=self._metrics_text,
+            limits=RequestLimits.from_settings(self.settings), api_keys=self.settings.api_keys))
 
     async def check_health(self) -> None:
         await self.pool.wait_ready()

@@ -120,7 +120,7 @@ class QueryRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     index_name: str
     query: str = Field(min_length=1)
-    top_k: int = Field(default=5, ge=1, le=100)
+    top_k: int = Field(default=5, ge=1, le=1000)
     llm_params: dict[str, Any] = Field(default_factory=dict)
     metadata_filter: dict[str, Any] | None = None
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
@@ -141,7 +141,7 @@ class RetrieveRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     index_name: str
     query: str = Field(min_length=1)
-    max_node_count: int = Field(default=5, ge=1, le=100, validation_alias=AliasChoices("max_node_count", "top_k"))
+    max_node_count: int = Field(default=5, ge=1, le=1000, validation_alias=AliasChoices("max_node_count", "top_k"))
     metadata_filter: dict[str, Any] | None = None
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
 

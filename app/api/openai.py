@@ -69,7 +69,7 @@ class ChatCompletionRequest(BaseModel):
     # RAG extensions
     index_name: str | None = Field(default=None, min_length=1)
     context_token_ratio: float | None = Field(default=None, ge=0.2, le=0.8)
-    top_k: int | None = Field(default=None, ge=1, le=100)
+    top_k: int | None = Field(default=None, ge=1, le=1000)
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
     metadata_filter: dict[str, Any] | None = None
 

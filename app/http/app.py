@@ -45,6 +45,8 @@ from app.api.openai import (
     UsageInfo,
 )
 from app.engines.base import EngineError
+from app.http.limits import BodySizeMiddleware, RequestLimits
+from app.http.security import ApiKeyMiddleware
 from app.http.telemetry import NullTelemetry, Telemetry
 from app.service.chat import ChatOutcome, ChatService
 from app.service.documents import DocumentService
@@ -65,6 +67,8 @@ class Services:
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     health: Callable[[], Awaitable[dict[str, Any]]] | None = None
     metrics_text: Callable[[], Awaitable[str]] | None = None
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    api_keys: list[str] | None = None  # None: no authentication (the local default)
 
 
 def _is_openai_route(request: Request) -> bool:
@@ -113,6 +117,12 @@ def create_app(services: Services) -> FastAPI:
     docs = services.documents
     chat: ChatService = services.chat
     tel = services.telemetry
+    limits = services.limits
+    # Outermost last: authentication runs before a body is read, the size limit while it is read.
+    app.add_middleware(BodySizeMiddleware, max_bytes=limits.max_request_bytes)
+    if services.api_keys:
+        app.add_middleware(ApiKeyMiddleware, keys=services.api_keys,
+                           on_reject=lambda reason: tel.request("unauthenticated", 401, "", reason))
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -142,6 +152,8 @@ def create_app(services: Services) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         t0 = time.perf_counter()
+        limits.messages(len(body.messages))
+        limits.top_k(body.top_k)
         outcome = await chat.complete(body)
         headers = {"X-RAG-Mode": outcome.mode}
         if outcome.reason:
@@ -187,6 +199,7 @@ def create_app(services: Services) -> FastAPI:
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> EmbeddingResponse:
         texts = body.inputs()
+        limits.documents(texts, "input")
         vecs = await services.embed_texts(texts)
         tokens = await services.count_embedding_tokens(texts)
         data = []
@@ -204,6 +217,7 @@ def create_app(services: Services) -> FastAPI:
     # --- document API ------------------------------------------------------------------------
     @app.post("/index")
     async def index_documents(body: IndexRequest) -> list[DocumentRecord]:
+        limits.documents([d.text for d in body.documents])
         records = await docs.add_documents(body.index_name, body.documents)
         tel.indexed(len(records))
         return records
@@ -215,12 +229,13 @@ def create_app(services: Services) -> FastAPI:
     @app.get("/indexes/{index_name}/documents")
     async def list_documents(
         index_name: str,
-        limit: int = Query(10, ge=1, le=100),
+        limit: int = Query(10, ge=1, le=1000),
         offset: int = Query(0, ge=0),
         max_text_length: int | None = Query(1000, ge=1),
         metadata_filter: str | None = Query(None, description="JSON object of key: value pairs"),
     ) -> ListDocumentsResponse:
         name = _index_name(index_name)
+        limits.list_limit(limit)
         flt = None
         if metadata_filter:
             try:
@@ -233,10 +248,12 @@ def create_app(services: Services) -> FastAPI:
 
     @app.post("/indexes/{index_name}/documents")
     async def update_documents(index_name: str, body: UpdateDocumentsRequest) -> UpdateDocumentsResponse:
+        limits.documents([d.text for d in body.documents])
         return await docs.update_documents(_index_name(index_name), body.documents)
 
     @app.post("/indexes/{index_name}/documents/delete")
     async def delete_documents(index_name: str, body: DeleteDocumentsRequest) -> DeleteDocumentsResponse:
+        limits.document_count(len(body.doc_ids), "doc_ids")
         return await docs.delete_documents(_index_name(index_name), body.doc_ids)
 
     @app.delete("/indexes/{index_name}")
@@ -253,10 +270,12 @@ def create_app(services: Services) -> FastAPI:
 
     @app.post("/query")
     async def query(body: QueryRequest) -> QueryResponse:
+        limits.top_k(body.top_k)
         return await chat.query(body)
 
     @app.post("/retrieve")
     async def retrieve(body: RetrieveRequest) -> RetrieveResponse:
+        limits.top_k(body.max_node_count, "max_node_count")
         nodes, timings = await docs.retrieve(body.index_name, body.query, body.max_node_count, body.metadata_filter)
         for stage, seconds in timings.items():
             tel.latency(stage, seconds)

@@ -35,6 +35,7 @@ from app.service.pool import ShardPool
 from app.store import ChunkWrite, DocumentWrite, SearchHit, StoredDocument
 
 MANIFEST = "manifest.json"
+SNAPSHOTS = "snapshots"  # persist/load paths are relative to <storage_dir>/snapshots
 SNAPSHOT_FORMAT = 1
 
 
@@ -254,7 +255,8 @@ class DocumentService:
     # --- persistence --------------------------------------------------------------------------
     def _confine(self, path: str | None, index: str) -> Path:
         try:
-            return confine(self.storage_dir, path, default=f"snapshots/{index}")
+            # Snapshots live apart from the live data: a path can never name a shard or model folder.
+            return confine(Path(self.storage_dir) / SNAPSHOTS, path, default=index)
         except PathOutsideStorageError as e:
             raise BadRequestError(str(e), param="path") from e
 

@@ -145,8 +145,8 @@ async def test_persist_and_load_into_a_different_shard_count(tmp_path: Path, emb
     svc, pool = make_service(tmp_path / "a", embedder, num_shards=3)
     records = await svc.add_documents("kb", docs("kaito", "rag", "faiss", "bread", "tides"))
     message = await svc.persist("kb", "backups/kb1")
-    assert message == "Successfully persisted index kb to backups/kb1."
-    manifest = json.loads((tmp_path / "a" / "backups" / "kb1" / "manifest.json").read_text())
+    assert message == "Successfully persisted index kb to snapshots/backups/kb1."
+    manifest = json.loads((tmp_path / "a" / "snapshots" / "backups" / "kb1" / "manifest.json").read_text())
     assert manifest["documents"] == 5 and manifest["embedding_model"] == "all-MiniLM-L6-v2"
     with pytest.raises(ConflictError):
         await svc.load("kb", "backups/kb1")
@@ -158,7 +158,7 @@ async def test_persist_and_load_into_a_different_shard_count(tmp_path: Path, emb
     (tmp_path / "b").mkdir()
     import shutil
 
-    shutil.copytree(tmp_path / "a" / "backups", tmp_path / "b" / "backups")
+    shutil.copytree(tmp_path / "a" / "snapshots", tmp_path / "b" / "snapshots")
     svc2, pool2 = make_service(tmp_path / "b", embedder, num_shards=2)
     await svc2.load("kb", "backups/kb1")
     page = await svc2.list_documents("kb", limit=100)
@@ -168,14 +168,35 @@ async def test_persist_and_load_into_a_different_shard_count(tmp_path: Path, emb
     pool2.close()
 
 
-@pytest.mark.parametrize("path", ["../outside", "/etc", "%2e%2e/x", "snapshots/../../x", ""])
-async def test_persist_paths_are_confined(service: DocumentService, path: str) -> None:
+@pytest.mark.parametrize("path", ["../outside", "/etc", "%2e%2e/x", "%252e%252e/x", "..%2f..%2fx", "a/../../x",
+                                  "a/../../../shards", "x\x00y", "."])
+async def test_persist_and_load_paths_are_confined(service: DocumentService, path: str) -> None:
     await service.add_documents("kb", docs("kaito"))
-    if path == "":
-        assert "snapshots/kb" in await service.persist("kb", path or None)
-        return
     with pytest.raises(BadRequestError):
         await service.persist("kb", path)
+    with pytest.raises(BadRequestError):
+        await service.load("kb", path)
+
+
+async def test_default_and_nested_snapshot_paths_stay_in_the_snapshot_folder(service: DocumentService) -> None:
+    await service.add_documents("kb", docs("kaito"))
+    assert (await service.persist("kb", None)).endswith("to snapshots/kb.")
+    # a path that names a live-data folder lands in snapshots/, never on the shards
+    assert (await service.persist("kb", "shards")).endswith("to snapshots/shards.")
+    assert (service.storage_dir / "shards").is_dir() and (await service.list_documents("kb")).total_items == 1
+
+
+async def test_symlink_escaping_the_storage_dir_is_refused(service: DocumentService, tmp_path_factory) -> None:
+    await service.add_documents("kb", docs("kaito"))
+    outside = tmp_path_factory.mktemp("outside")
+    snapshots = service.storage_dir / "snapshots"
+    snapshots.mkdir(parents=True, exist_ok=True)
+    (snapshots / "link").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(BadRequestError, match="outside the storage directory"):
+        await service.persist("kb", "link/kb")
+    with pytest.raises(BadRequestError, match="outside the storage directory"):
+        await service.load("kb", "link")
+    assert not any(outside.iterdir())
 
 
 async def test_load_missing_snapshot_is_404(service: DocumentService) -> None:
