@@ -25,6 +25,33 @@ from app.service.pool import LocalShardPool
 from app.service.shard_service import ShardService, check_layout
 
 
+class RecordingTelemetry:
+    """Telemetry that keeps what it is told, for assertions."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, int, str, str]] = []
+        self.latencies: dict[str, float] = {}
+        self.upstream: list[str] = []
+        self.tokens: list[tuple[int, int, int]] = []
+        self.indexed_docs = 0
+
+    def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None:
+        self.requests.append((route, status, mode, reason))
+
+    def latency(self, stage: str, seconds: float) -> None:
+        self.latencies[stage] = seconds
+
+    def chat_tokens(self, context_tokens: int, history_tokens: int, history_dropped: int) -> None:
+        self.tokens.append((context_tokens, history_tokens, history_dropped))
+
+    def indexed(self, documents: int) -> None:
+        self.indexed_docs += documents
+
+    def upstream_error(self, kind: str) -> None:
+        self.upstream.append(kind)
+
+
+
 @contextmanager
 def inprocess_app(storage_dir: Path, embedder: Any, llm_url: str, *, telemetry: Any = None,
                   **settings: Any) -> Iterator[tuple[FastAPI, Settings]]:

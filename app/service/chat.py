@@ -208,10 +208,14 @@ class ChatService:
                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
 
         t0 = time.perf_counter()
+        deltas = aiter(self.generator.chat_stream(messages, sampling))
         try:
+            # Wait for the model's first output before the first chunk: an upstream that fails at once
+            # becomes an HTTP error status (as in passthrough), not a 200 with an error event.
+            first = await anext(deltas, None)
             yield chunk({"role": "assistant", "content": ""}, source_nodes=sources)
             usage: dict[str, int] | None = None
-            async for d in self.generator.chat_stream(messages, sampling):
+            async for d in _prepend(first, deltas):
                 if d.prompt_tokens is not None:
                     usage = _usage(d.prompt_tokens, d.completion_tokens or 0)
                 if d.text or d.finish_reason:
@@ -221,3 +225,14 @@ class ChatService:
                        "choices": [], "usage": usage}
         finally:
             outcome.timings["generate"] = time.perf_counter() - t0
+            close = getattr(deltas, "aclose", None)
+            if close is not None:
+                await close()
+
+
+async def _prepend(first: GenerationDelta | None,
+                   rest: AsyncIterator[GenerationDelta]) -> AsyncIterator[GenerationDelta]:
+    if first is not None:
+        yield first
+    async for item in rest:
+        yield item

@@ -20,6 +20,7 @@ from app.service.local import EngineGenerator
 from app.service.pool import LocalShardPool
 from app.service.shard_service import ShardService, check_layout
 from tests.fakes.fake_openai import FakeOpenAI
+from tests.inprocess import RecordingTelemetry
 
 WINDOW = 4096
 DOCS = [
@@ -28,30 +29,6 @@ DOCS = [
     {"text": "FAISS is a library for efficient similarity search and clustering of dense vectors.",
      "metadata": {"topic": "faiss"}},
 ]
-
-
-class RecordingTelemetry:
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, int, str, str]] = []
-        self.latencies: dict[str, float] = {}
-        self.upstream: list[str] = []
-        self.tokens: list[tuple[int, int, int]] = []
-        self.indexed_docs = 0
-
-    def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None:
-        self.requests.append((route, status, mode, reason))
-
-    def latency(self, stage: str, seconds: float) -> None:
-        self.latencies[stage] = seconds
-
-    def chat_tokens(self, context_tokens: int, history_tokens: int, history_dropped: int) -> None:
-        self.tokens.append((context_tokens, history_tokens, history_dropped))
-
-    def indexed(self, documents: int) -> None:
-        self.indexed_docs += documents
-
-    def upstream_error(self, kind: str) -> None:
-        self.upstream.append(kind)
 
 
 @pytest.fixture(scope="module")
