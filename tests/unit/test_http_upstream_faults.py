@@ -78,7 +78,7 @@ def test_upstream_5xx_keeps_status_and_message(env, fake: FakeOpenAI, body) -> N
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 500 and "device-side assert" in r.json()["error"]["message"]
     fake.fail_next(status=503, message="overloaded")
-    status, events, _ = sse_events(client, body)  # fails before the first chunk: a plain HTTP error
+    status, _, _ = sse_events(client, body)  # fails before the first chunk: a plain HTTP error
     assert status == 503
     assert len(tel.upstream) == 2
 
@@ -113,7 +113,7 @@ def test_refused_connection_is_502(tmp_path, embedder, stream: bool) -> None:
             TestClient(app) as client:
         t0 = time.monotonic()
         if stream:
-            status, events, _ = sse_events(client, PLAIN)
+            status, _, _ = sse_events(client, PLAIN)
             assert status == 502
         else:
             r = client.post("/v1/chat/completions", json=PLAIN)
