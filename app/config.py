@@ -14,6 +14,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from app.index_spec import IndexSpec
+
 LlmEngineName = Literal["transformers", "vllm", "openai"]
 
 
@@ -54,7 +56,11 @@ class Settings(BaseSettings):
     storage_dir: str = "./data"
     num_shards: int = Field(default=2, ge=1, le=256)
     faiss_device: Literal["cpu", "gpu", "auto"] = "cpu"
-    faiss_index_kind: str = Field(default="flat", description="FAISS index type of each shard: flat (exact).")
+    faiss_index_kind: Literal["flat", "ivf", "hnsw"] = Field(
+        default="flat", description="FAISS index of each shard: flat (exact), ivf or hnsw (approximate).")
+    faiss_index_params: dict[str, float] = Field(
+        default_factory=dict, description="ivf: nlist, nprobe, train_min, retrain_growth; "
+                                          "hnsw: m, ef_construction, ef_search, max_deleted_ratio.")
     shard_num_cpus: float = Field(default=0.1, ge=0, description="CPUs reserved by each shard actor.")
     similarity_threshold: float = Field(default=0.5, ge=-1.0, le=1.0)
     top_k: int = Field(default=5, ge=1, le=100)
@@ -90,6 +96,7 @@ class Settings(BaseSettings):
     def _check_combinations(self) -> Settings:
         if self.chunk_overlap >= self.chunk_size:
             raise ValueError("chunk_overlap must be smaller than chunk_size")
+        IndexSpec.parse(self.faiss_index_kind, self.faiss_index_params)  # names what the kind takes
         if self.llm_engine == "openai" and not self.llm_url:
             raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
         # Resolve where the config is read: replicas may run with another working directory.

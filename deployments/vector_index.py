@@ -46,7 +46,7 @@ def get_or_create_shards(settings: Settings) -> list[Any]:
             lifetime="detached", max_restarts=-1, max_task_retries=-1, max_concurrency=16,
             num_cpus=settings.shard_num_cpus, scheduling_strategy="SPREAD",
         ).remote(settings.storage_dir, i, settings.num_shards, faiss_kind=settings.faiss_index_kind,
-                   faiss_device=settings.faiss_device))
+                   faiss_device=settings.faiss_device, faiss_params=settings.faiss_index_params))
     return actors
 
 

@@ -50,11 +50,11 @@ class ShardService:
     """The shard numbered ``shard_index`` of ``num_shards`` under ``storage_dir``."""
 
     def __init__(self, storage_dir: str | Path, shard_index: int, num_shards: int, *, faiss_kind: str = "flat",
-                 faiss_device: str = "cpu"):
+                 faiss_device: str = "cpu", faiss_params: dict[str, Any] | None = None):
         self.shard_index = shard_index
         self.num_shards = num_shards
         self._shard = Shard(shard_directory(storage_dir, shard_index), faiss_kind=faiss_kind,
-                            faiss_device=faiss_device)
+                            faiss_device=faiss_device, faiss_params=faiss_params)
 
     # --- indexes ------------------------------------------------------------------------------
     def ping(self) -> int:

@@ -1,7 +1,8 @@
 """One shard's durable storage: SQLite (truth) + FAISS (derived, snapshotted)."""
 
+from app.index_spec import INDEX_KINDS, IndexSpec
 from app.store.export import read_export
-from app.store.faiss_index import make_faiss_index
+from app.store.faiss_index import VectorIndex
 from app.store.shard import Shard
 from app.store.types import (
     ChunkWrite,
@@ -13,13 +14,15 @@ from app.store.types import (
 )
 
 __all__ = [
+    "INDEX_KINDS",
     "ChunkWrite",
     "DimensionMismatchError",
     "DocumentWrite",
     "IndexNotFoundError",
+    "IndexSpec",
     "SearchHit",
     "Shard",
     "StoredDocument",
-    "make_faiss_index",
+    "VectorIndex",
     "read_export",
 ]

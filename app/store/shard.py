@@ -13,6 +13,7 @@ chunk was deleted concurrently is dropped rather than returned stale.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -21,12 +22,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 
+from app.index_spec import IndexSpec
 from app.store.faiss_index import (
+    VectorIndex,
     load_snapshot,
-    make_faiss_index,
     remove_snapshot,
     save_snapshot,
     vectors_from_blobs,
@@ -46,6 +47,7 @@ DB_FILE = "shard.sqlite"
 SNAPSHOT_DIR = "faiss"
 _REBUILD_BATCH = 10_000
 _SQL_VARS = 900  # stay under SQLite's host-parameter limit
+log = logging.getLogger("ragserve.store")
 
 
 def _chunks(seq: list[Any], size: int = _SQL_VARS) -> Iterator[list[Any]]:
@@ -55,12 +57,13 @@ def _chunks(seq: list[Any], size: int = _SQL_VARS) -> Iterator[list[Any]]:
 
 class Shard:
     def __init__(self, directory: str | Path, *, faiss_kind: str = "flat", snapshot_every: int = 1000,
-                 faiss_device: str = "cpu"):
+                 faiss_device: str = "cpu", faiss_params: dict[str, Any] | None = None):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.db_path = self.directory / DB_FILE
         self.snapshot_dir = self.directory / SNAPSHOT_DIR
         self.faiss_kind = faiss_kind
+        self.spec = IndexSpec.parse(faiss_kind, faiss_params)
         self.snapshot_every = snapshot_every
         self._write = connect(self.db_path)
         create_schema(self._write)
@@ -69,7 +72,7 @@ class Shard:
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
-        self._faiss: dict[str, Any] = {}
+        self._faiss: dict[str, VectorIndex] = {}
         self._dims: dict[str, int] = {}
         self._pending: dict[str, int] = {}  # changes since the last snapshot, per index
         self._versions: dict[str, int] = {}  # bumped on every FAISS mutation (GPU mirrors follow it)
@@ -101,9 +104,9 @@ class Shard:
             self._write.execute("COMMIT")
 
     # --- FAISS state --------------------------------------------------------------------------
-    def _open_faiss(self, index: str, dim: int) -> Any:
+    def _open_faiss(self, index: str, dim: int) -> VectorIndex:
         """Snapshot + change-log replay, or a full rebuild from SQLite."""
-        snap = load_snapshot(self.snapshot_dir, index, dim)
+        snap = load_snapshot(self.snapshot_dir, index, dim, self.spec)
         if snap is None:
             return self._rebuild(index, dim)
         fidx, seq = snap
@@ -119,18 +122,28 @@ class Shard:
             else:
                 dels.append(chunk_id)
         if dels:
-            fidx.remove_ids(np.asarray(dels, dtype=np.int64))
+            fidx.remove(dels)
         for part in _chunks(list(adds)):
             marks = ",".join("?" * len(part))
             found = self._write.execute(f"SELECT id, vector FROM chunks WHERE id IN ({marks})", part).fetchall()
             if found:
                 ids = np.asarray([r[0] for r in found], dtype=np.int64)
-                fidx.add_with_ids(vectors_from_blobs([r[1] for r in found], dim), ids)
+                fidx.add(vectors_from_blobs([r[1] for r in found], dim), ids)
         self._pending[index] = len(adds) + len(dels)
+        if fidx.needs_rebuild():
+            return self._rebuild(index, dim)
         return fidx
 
-    def _rebuild(self, index: str, dim: int) -> Any:
-        fidx = make_faiss_index(dim, self.faiss_kind)
+    def _rebuild(self, index: str, dim: int) -> VectorIndex:
+        """A new FAISS index from SQLite; IVF trains on a random sample first. Callers hold the write
+        lock (or are opening the shard), so no write lands between the read and the swap."""
+        fidx = VectorIndex(dim, self.spec)
+        n = self._write.execute("SELECT COUNT(*) FROM chunks WHERE index_name = ?", (index,)).fetchone()[0]
+        if fidx.wants_training(n):
+            size = min(n, max(fidx.spec.training_threshold(), 64 * fidx.spec.lists_for(n)))
+            sample = self._write.execute(
+                "SELECT vector FROM chunks WHERE index_name = ? ORDER BY RANDOM() LIMIT ?", (index, size)).fetchall()
+            fidx.train(vectors_from_blobs([r[0] for r in sample], dim), n)
         last = 0
         while True:
             rows = self._write.execute(
@@ -139,7 +152,7 @@ class Shard:
             if not rows:
                 break
             ids = np.asarray([r[0] for r in rows], dtype=np.int64)
-            fidx.add_with_ids(vectors_from_blobs([r[1] for r in rows], dim), ids)
+            fidx.add(vectors_from_blobs([r[1] for r in rows], dim), ids)
             last = rows[-1][0]
         self._pending[index] = 1 if fidx.ntotal else 0  # snapshot it at the next opportunity
         return fidx
@@ -166,6 +179,17 @@ class Shard:
             self._write.execute("DELETE FROM changes WHERE index_name = ? AND seq <= ?", (index, seq))
             self._pending[index] = 0
 
+    def _maybe_rebuild(self, index: str) -> None:
+        """IVF trains (or retrains) and HNSW drops its masked deletions when they are due."""
+        with self._write_lock, self._faiss_lock:
+            fidx = self._faiss.get(index)
+            if fidx is None or not fidx.needs_rebuild():
+                return
+            log.info("rebuilding the %s index of %r (%d vectors)", fidx.spec.kind, index, fidx.ntotal)
+            self._faiss[index] = self._rebuild(index, fidx.dim)
+            self._versions[index] = self._versions.get(index, 0) + 1
+        self._snapshot_one(index)
+
     # --- indexes ------------------------------------------------------------------------------
     def list_indexes(self) -> list[str]:
         return sorted(self._dims)
@@ -188,7 +212,7 @@ class Shard:
             db.execute("INSERT OR IGNORE INTO indexes (name, dim, created_at) VALUES (?, ?, ?)",
                        (index, dim, time.time()))
         with self._faiss_lock:
-            self._faiss[index] = make_faiss_index(dim, self.faiss_kind)
+            self._faiss[index] = VectorIndex(dim, self.spec)
             self._dims[index] = dim
             self._pending[index] = 0
 
@@ -266,10 +290,11 @@ class Shard:
         with self._faiss_lock:
             fidx = self._faiss[index]
             if old_ids:
-                fidx.remove_ids(np.asarray(old_ids, dtype=np.int64))
+                fidx.remove(old_ids)
             if new_ids:
-                fidx.add_with_ids(np.vstack(vectors), np.asarray(new_ids, dtype=np.int64))
+                fidx.add(np.vstack(vectors), np.asarray(new_ids, dtype=np.int64))
             self._versions[index] = self._versions.get(index, 0) + 1
+        self._maybe_rebuild(index)
         self._note_changes(index, len(old_ids) + len(new_ids))
 
     def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
@@ -290,8 +315,9 @@ class Shard:
                            [(index, i) for i in removed])
         if removed:
             with self._faiss_lock:
-                self._faiss[index].remove_ids(np.asarray(removed, dtype=np.int64))
+                self._faiss[index].remove(removed)
                 self._versions[index] = self._versions.get(index, 0) + 1
+            self._maybe_rebuild(index)
             self._note_changes(index, len(removed))
         return [d for d in unique if d in present], [d for d in unique if d not in present]
 
@@ -356,7 +382,7 @@ class Shard:
         query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, -1)
         if query.shape[1] != dim:
             raise DimensionMismatchError(f"index {index!r} holds {dim}-d vectors, query is {query.shape[1]}-d")
-        params = None
+        allowed = None
         if metadata_filter:
             cond, args = filter_sql(metadata_filter, "d.metadata")
             ids = [r[0] for r in self._reader().execute(
@@ -364,16 +390,16 @@ class Shard:
                 f"WHERE c.index_name = ? AND {cond}", (index, *args))]
             if not ids:
                 return []
-            params = faiss.SearchParameters(sel=faiss.IDSelectorBatch(np.asarray(ids, dtype=np.int64)))
+            allowed = ids
         with self._faiss_lock:
             fidx = self._faiss[index]
             if fidx.ntotal == 0:
                 return []
-            if self._gpu is not None and params is None:
-                scores, ids_found = self._gpu.search(index, fidx, self._versions.get(index, 0), query,
+            if self._gpu is not None and allowed is None and fidx.gpu_mirrorable:
+                scores, ids_found = self._gpu.search(index, fidx.index, self._versions.get(index, 0), query,
                                                      min(k, fidx.ntotal))
             else:
-                scores, ids_found = fidx.search(query, min(k, fidx.ntotal), params=params)
+                scores, ids_found = fidx.search(query, k, allowed)
         pairs = [(int(i), float(s)) for i, s in zip(ids_found[0], scores[0], strict=True) if i >= 0]
         if not pairs:
             return []

@@ -15,7 +15,6 @@ from app.store import (
     DocumentWrite,
     IndexNotFoundError,
     Shard,
-    make_faiss_index,
     read_export,
 )
 from app.store.filters import filter_sql
@@ -180,7 +179,7 @@ def test_dimension_checks(tmp_path: Path) -> None:
         s.search("ix", np.ones(DIM, dtype=np.float32), 0)
     assert s.search("ix", unit(np.ones(DIM)), 3) == []
     with pytest.raises(ValueError):
-        make_faiss_index(DIM, "annoy")
+        Shard(tmp_path / "other", faiss_kind="annoy")
 
 
 def test_export_round_trip(tmp_path: Path) -> None:
