@@ -274,11 +274,12 @@ def create_app(services: Services) -> FastAPI:
         return await chat.query(body)
 
     @app.post("/retrieve")
-    async def retrieve(body: RetrieveRequest) -> RetrieveResponse:
+    async def retrieve(body: RetrieveRequest, response: Response) -> RetrieveResponse:
         limits.top_k(body.max_node_count, "max_node_count")
         nodes, timings = await docs.retrieve(body.index_name, body.query, body.max_node_count, body.metadata_filter)
         for stage, seconds in timings.items():
             tel.latency(stage, seconds)
+        response.headers["Server-Timing"] = _server_timing(timings)
         if body.similarity_threshold is not None:
             nodes = [n for n in nodes if n.score >= body.similarity_threshold]
         return RetrieveResponse(query=body.query, results=nodes, count=len(nodes))

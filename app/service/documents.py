@@ -125,15 +125,18 @@ class DocumentService:
                                               vector=np.asarray(vec, dtype=np.float32)))
         return out
 
-    async def _write(self, index: str, prepared: Sequence[_Prepared]) -> None:
-        """Embed and write; returns once every shard has committed (the acknowledgement point)."""
+    async def _write(self, index: str, prepared: Sequence[_Prepared], only_existing: bool = False) -> set[str]:
+        """Embed and write; returns once every shard has committed (the acknowledgement point), with
+        the doc ids written (with ``only_existing``, those deleted meanwhile are not)."""
         if not prepared:
-            return
+            return set()
         chunks = await self._embed_chunks(prepared)
         writes = [DocumentWrite(doc_id=p.doc_id, text=p.text, metadata=p.metadata, hash_value=p.hash_value,
                                 chunks=chunks[p.doc_id]) for p in prepared]
         groups = group_by_shard(writes, lambda w: w.doc_id, self.pool.num_shards)
-        await asyncio.gather(*(self.pool.call(s, "upsert_documents", index, ws) for s, ws in groups.items()))
+        written = await asyncio.gather(*(self.pool.call(s, "upsert_documents", index, ws, only_existing)
+                                         for s, ws in groups.items()))
+        return {doc_id for part in written for doc_id in part}
 
     async def add_documents(self, index: str, docs: Sequence[Document]) -> list[DocumentRecord]:
         """Create or extend ``index``. Re-adding the same text and metadata is idempotent: the
@@ -192,7 +195,10 @@ class DocumentService:
                 continue
             texts = await asyncio.to_thread(self._chunk, d.text, d.metadata, f"documents[{i}]")
             updated.append(_Prepared(d.doc_id, d.text, dict(d.metadata), h, texts))
-        await self._write(index, updated)
+        written = await self._write(index, updated, only_existing=True)
+        by_id = {d.doc_id: d for d in docs}
+        not_found += [by_id[p.doc_id] for p in updated if p.doc_id not in written]  # deleted meanwhile
+        updated = [p for p in updated if p.doc_id in written]
         return UpdateDocumentsResponse(updated_documents=[_record(p) for p in updated],
                                        unchanged_documents=unchanged, not_found_documents=not_found)
 

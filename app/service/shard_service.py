@@ -88,9 +88,10 @@ class ShardService:
     def get_documents(self, index: str, doc_ids: list[str]) -> dict[str, StoredDocument]:
         return self._shard.get_documents(index, doc_ids) if self._shard.has_index(index) else {}
 
-    def upsert_documents(self, index: str, docs: list[DocumentWrite]) -> int:
-        self._shard.upsert_documents(index, docs)
-        return len(docs)
+    def upsert_documents(self, index: str, docs: list[DocumentWrite], only_existing: bool = False) -> list[str]:
+        if only_existing and not self._shard.has_index(index):
+            return []
+        return self._shard.upsert_documents(index, docs, only_existing=only_existing)
 
     def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
         if not self._shard.has_index(index):

@@ -241,10 +241,12 @@ class Shard:
         return self._reader().execute("SELECT COUNT(*) FROM chunks WHERE index_name = ?", (index,)).fetchone()[0]
 
     # --- writes -------------------------------------------------------------------------------
-    def upsert_documents(self, index: str, docs: list[DocumentWrite]) -> None:
-        """Insert or replace documents with their chunks, in one transaction."""
+    def upsert_documents(self, index: str, docs: list[DocumentWrite], *, only_existing: bool = False) -> list[str]:
+        """Insert or replace documents with their chunks, in one transaction; returns the doc ids
+        written. ``only_existing`` (updates) skips documents that are no longer there when the
+        transaction runs, so an update racing a delete cannot bring the document back."""
         if not docs:
-            return
+            return []
         dims = {int(np.asarray(c.vector).shape[-1]) for d in docs for c in d.chunks}
         if len(dims) > 1:
             raise DimensionMismatchError(f"vectors of several dimensions in one batch: {sorted(dims)}")
@@ -256,8 +258,15 @@ class Shard:
         if dims and dims != {dim}:
             raise DimensionMismatchError(f"index {index!r} holds {dim}-d vectors, got {dims.pop()}-d")
         now = time.time()
-        doc_ids = [d.doc_id for d in docs]
         with self._transaction() as db:
+            if only_existing:
+                present: set[str] = set()
+                for part in _chunks([d.doc_id for d in docs]):
+                    marks = ",".join("?" * len(part))
+                    present |= {r[0] for r in db.execute(
+                        f"SELECT doc_id FROM documents WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))}
+                docs = [d for d in docs if d.doc_id in present]
+            doc_ids = [d.doc_id for d in docs]
             old_ids: list[int] = []
             for part in _chunks(doc_ids):
                 marks = ",".join("?" * len(part))
@@ -296,6 +305,7 @@ class Shard:
             self._versions[index] = self._versions.get(index, 0) + 1
         self._maybe_rebuild(index)
         self._note_changes(index, len(old_ids) + len(new_ids))
+        return doc_ids
 
     def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
         self._require(index)

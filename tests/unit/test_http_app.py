@@ -193,7 +193,9 @@ def test_models_embeddings_retrieve(env) -> None:
     e = client.post("/v1/embeddings", json={"input": "hello", "encoding_format": "base64"}).json()
     assert isinstance(e["data"][0]["embedding"], str)
     assert client.post("/v1/embeddings", json={"input": []}).status_code == 400
-    r = client.post("/retrieve", json={"index_name": "kb", "query": "vector similarity search", "top_k": 1,
-                                       "similarity_threshold": 0.2}).json()
+    resp = client.post("/retrieve", json={"index_name": "kb", "query": "vector similarity search", "top_k": 1,
+                                          "similarity_threshold": 0.2})
+    assert "embed;dur=" in resp.headers["server-timing"] and "search;dur=" in resp.headers["server-timing"]
+    r = resp.json()
     assert r["count"] == 1 and r["results"][0]["metadata"]["topic"] == "faiss"
     assert client.get("/health").json()["status"] == "ok"

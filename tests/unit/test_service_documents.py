@@ -209,3 +209,33 @@ def test_layout_guard(tmp_path: Path) -> None:
     check_layout(tmp_path, 2)
     with pytest.raises(LayoutMismatchError, match="holds 2 shards"):
         check_layout(tmp_path, 3)
+
+
+class _DeleteBeforeWrite(LocalShardPool):
+    """A pool on which a delete lands between an update's read and its write (the race a soak found)."""
+
+    def __init__(self, shards, victim: str):
+        super().__init__(shards)
+        self.victim = victim
+
+    async def call(self, shard: int, method: str, *args, **kwargs):
+        if method == "upsert_documents" and self.victim:
+            victim, self.victim = self.victim, ""
+            await super().call(shard_for(victim, self.num_shards), "delete_documents", args[0], [victim])
+        return await super().call(shard, method, *args, **kwargs)
+
+
+async def test_an_update_racing_a_delete_does_not_bring_the_document_back(tmp_path: Path, embedder) -> None:
+    check_layout(tmp_path, 2)
+    pool = _DeleteBeforeWrite([ShardService(tmp_path, i, 2) for i in range(2)], victim="")
+    chunker = DocumentChunker(hf_token_counter(embedder.model.tokenizer), chunk_size=64, chunk_overlap=8)
+    svc = DocumentService(pool, embedder, chunker, storage_dir=tmp_path, embedding_model="all-MiniLM-L6-v2")
+    await svc.add_documents("kb", [Document(text="first", doc_id="a"), Document(text="second", doc_id="b")])
+    pool.victim = "a"
+    result = await svc.update_documents("kb", [UpdateDocument(doc_id="a", text="first, edited"),
+                                               UpdateDocument(doc_id="b", text="second, edited")])
+    assert [d.doc_id for d in result.not_found_documents] == ["a"]
+    assert [d.doc_id for d in result.updated_documents] == ["b"]
+    page = await svc.list_documents("kb")
+    assert page.total_items == 1 and page.documents[0].text == "second, edited"
+    pool.close()
