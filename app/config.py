@@ -37,6 +37,9 @@ class Settings(BaseSettings):
         default_factory=dict, description="Extra engine arguments (vLLM AsyncEngineArgs, transformers).")
     model_cache_dir: str | None = Field(
         default=None, description="Where converted models are cached. None: <storage_dir>/models.")
+    llm_in_ingress: bool | None = Field(
+        default=None, description="Run the remote (openai) engine inside the ingress, not in a Generator "
+        "deployment: it is only an HTTP client, and this saves an actor hop per request. None: yes for openai.")
     context_window: int | None = Field(default=None, gt=0, description="Overrides what the engine reports.")
     default_max_tokens: int = Field(default=256, gt=0, description="Completion reserve when a request sets none.")
     min_completion_tokens: int = Field(default=16, gt=0, description="Smallest completion worth sending.")
@@ -97,6 +100,10 @@ class Settings(BaseSettings):
         if self.chunk_overlap >= self.chunk_size:
             raise ValueError("chunk_overlap must be smaller than chunk_size")
         IndexSpec.parse(self.faiss_index_kind, self.faiss_index_params)  # names what the kind takes
+        if self.llm_in_ingress is None:
+            self.llm_in_ingress = self.llm_engine == "openai"
+        elif self.llm_in_ingress and self.llm_engine != "openai":
+            raise ValueError("llm_in_ingress is for the remote 'openai' engine; a local model needs its own deployment")
         if self.llm_engine == "openai" and not self.llm_url:
             raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
         # Resolve where the config is read: replicas may run with another working directory.

@@ -18,5 +18,6 @@ from deployments.ingress import Ingress
 def build_app(args: dict[str, Any] | Settings | None = None) -> Application:
     settings = args if isinstance(args, Settings) else Settings(**(args or {}))
     embedder = Embedder.bind(settings)
-    generator = Generator.bind(settings)
+    # A remote LLM is only an HTTP client: the ingress calls it itself, one actor hop less.
+    generator = None if settings.llm_in_ingress else Generator.bind(settings)
     return Ingress.bind(embedder, generator, settings)

@@ -12,11 +12,13 @@ import httpx
 from ray import serve
 
 from app.config import Settings
+from app.engines.factory import make_engine
 from app.http import Services, create_app
 from app.http.limits import RequestLimits
 from app.ingest import DocumentChunker, hf_token_counter
 from app.service.chat import ChatService
 from app.service.documents import DocumentService
+from app.service.local import EngineGenerator
 from deployments.clients import HandleEmbedder, HandleGenerator
 from deployments.common import as_settings, log
 from deployments.telemetry import ServeTelemetry
@@ -33,7 +35,12 @@ class Ingress:
     async def __init__(self, embedder: Any, generator: Any, settings: Settings | dict[str, Any] | None = None):
         self.settings = s = as_settings(settings)
         self.embedder = HandleEmbedder(embedder)
-        self.generator = HandleGenerator(generator)
+        if generator is not None:
+            self.generator: Any = HandleGenerator(generator)
+            generator_ready = self.generator.ready()
+        else:  # llm_in_ingress: the remote engine's HTTP client lives here
+            self.generator = EngineGenerator(make_engine(s), s.context_window)
+            generator_ready = self.generator.start()
         self.pool = RayShardPool(get_or_create_shards(s))
         info, tokenizer = await asyncio.gather(embedder.info.remote(), embedder.tokenizer.remote())
         count = hf_token_counter(tokenizer) if tokenizer is not None else _approx_count
@@ -41,7 +48,7 @@ class Ingress:
         self.documents = DocumentService(self.pool, self.embedder, chunker, storage_dir=s.storage_dir,
                                          embedding_model=info["model_id"])
         self.chat = ChatService(s, self.documents, self.generator)
-        await asyncio.gather(self.pool.wait_ready(), self.generator.ready())
+        await asyncio.gather(self.pool.wait_ready(), generator_ready)
         self._embedding_model = info["model_id"]
         log.info("ingress ready: shards=%d embedding=%s llm=%s", s.num_shards, info["model_id"],
                  self.generator.model_id)

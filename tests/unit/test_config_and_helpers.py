@@ -103,3 +103,13 @@ def test_errors_survive_pickling_across_processes() -> None:
     assert isinstance(u, UpstreamError) and (u.status, u.message) == (503, "loading")
     n = pickle.loads(pickle.dumps(NotFoundError("gone", param="index_name")))
     assert (n.status, n.message, n.param, str(n)) == (404, "gone", "index_name", "gone")
+
+
+def test_a_remote_llm_runs_in_the_ingress_by_default_and_only_a_remote_one() -> None:
+    from app.config import Settings
+
+    assert Settings(llm_engine="openai", llm_url="http://x/v1").llm_in_ingress is True
+    assert Settings(llm_engine="openai", llm_url="http://x/v1", llm_in_ingress=False).llm_in_ingress is False
+    assert Settings().llm_in_ingress is False
+    with pytest.raises(ValueError, match="llm_in_ingress is for the remote 'openai' engine"):
+        Settings(llm_engine="transformers", llm_in_ingress=True)

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Ingestion throughput through the HTTP API (``POST /index``: ingress → chunker → embedder
+deployment → shard actors, durable on SQLite) against raw ``SentenceTransformer.encode`` of the
+same chunks in this process (the baseline, measured in the same run).
+
+    python benchmarks/bench_ingest.py [--docs 2000] [--smoke] [--out docs/img/ingest.png]
+
+The chunks are made by the application's own chunker, so both sides embed exactly the same texts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import bar_plot, deploy_ragserve, machine, make_texts, ray_serve, table, write_json
+from tests.fakes.fake_openai import FakeOpenAI
+
+
+def chunk_texts(texts: list[str], model) -> list[str]:  # type: ignore[no-untyped-def]
+    from app.ingest import DocumentChunker, hf_token_counter
+
+    chunker = DocumentChunker(hf_token_counter(model.tokenizer), 256, 32)
+    out: list[str] = []
+    for t in texts:
+        out += [c.text for c in chunker.chunk(t, {})]
+    return out
+
+
+def raw_rate(model, chunks: list[str], batch: int) -> float:  # type: ignore[no-untyped-def]
+    model.encode(chunks[:batch], batch_size=batch)  # warm-up
+    t0 = time.perf_counter()
+    model.encode(chunks, batch_size=batch)
+    return len(chunks) / (time.perf_counter() - t0)
+
+
+def served_rate(base: str, texts: list[str], per_request: int, concurrency: int, index: str) -> float:
+    batches = [texts[i:i + per_request] for i in range(0, len(texts), per_request)]
+
+    def send(batch: list[str]) -> None:
+        with httpx.Client(base_url=base, timeout=600) as c:
+            r = c.post("/index", json={"index_name": index, "documents": [{"text": t} for t in batch]})
+            r.raise_for_status()
+
+    send(["warm-up document for the embedder and the shards."])
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(send, batches))
+    return len(texts) / (time.perf_counter() - t0)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=2000)
+    ap.add_argument("--per-request", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    n = 48 if args.smoke else args.docs
+
+    from app.embeddings import LocalEmbeddingModel
+
+    model = LocalEmbeddingModel(None, device="cpu")
+    texts = make_texts(n, sentences=6, seed=1)
+    chunks = chunk_texts(texts, model)
+    rows, results = [], []
+    with FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake, ray_serve() as port:
+        storage = Path(f"/tmp/ragserve-bench-ingest-{port}")
+        base = deploy_ragserve(port, "ingest", {"storage_dir": str(storage), "num_shards": 2,
+                                                "llm_engine": "openai", "llm_url": fake.url})
+        # alternate the two measurements so load drift on the machine hits both alike
+        for rnd in range(1 if args.smoke else 2):
+            raw = raw_rate(model, chunks, 32)
+            served_docs = served_rate(base, texts, args.per_request, args.concurrency, f"bench-{rnd}")
+            served = served_docs * len(chunks) / len(texts)
+            rows.append([f"round {rnd + 1}", len(texts), len(chunks), raw, served, served / raw])
+            results.append({"raw_chunks_per_s": raw, "served_chunks_per_s": served, "ratio": served / raw})
+    print(f"\n### Ingestion throughput ({machine()})\n")
+    print(table(["run", "documents", "chunks", "raw encode chunks/s", "POST /index chunks/s", "ratio"], rows))
+    best = max(r["ratio"] for r in results)
+    print(f"\nPOST /index reaches {best:.2f}x raw SentenceTransformer.encode (goal: >= 0.9x)")
+    bar_plot(args.out, "Ingestion throughput (chunks/s)", [f"round {i + 1}" for i in range(len(results))],
+             {"raw encode": [r["raw_chunks_per_s"] for r in results],
+              "POST /index": [r["served_chunks_per_s"] for r in results]}, "chunks/s")
+    payload = {"benchmark": "ingest", "machine": machine(), "documents": n, "chunks": len(chunks),
+               "results": results}
+    write_json(args.json, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Passthrough overhead: what ragserve's ingress and generator add to a chat completion that goes
+straight to the upstream LLM, against two baselines measured in the same run:
+
+- the fake upstream called directly (no Serve at all);
+- a trivial Serve deployment returning a constant body (the platform floor: proxy + one replica).
+
+    python benchmarks/bench_passthrough.py [--requests 300] [--smoke] [--out docs/img/passthrough.png]
+
+The upstream is the fake OpenAI server of the tests (uvicorn, TCP_NODELAY), answering at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (
+    bar_plot,
+    deploy_ragserve,
+    machine,
+    ray_serve,
+    summary_ms,
+    table,
+    wait_healthy,
+    write_json,
+)
+from tests.fakes.fake_openai import FakeOpenAI
+
+BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
+
+
+def deploy_floor(port: int) -> str:
+    """A Serve deployment that answers a constant chat completion: what Serve itself costs."""
+    from fastapi import FastAPI
+    from ray import serve
+
+    api = FastAPI()
+    answer = {"id": "x", "object": "chat.completion", "created": 0, "model": "floor",
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0.1})
+    @serve.ingress(api)
+    class Floor:
+        @api.post("/v1/chat/completions")
+        async def chat(self) -> dict:
+            return answer
+
+        @api.get("/health")
+        async def health(self) -> dict:
+            return {"status": "ok"}
+
+    serve.run(Floor.bind(), name="floor", route_prefix="/floor", blocking=False)
+    base = f"http://127.0.0.1:{port}/floor"
+    wait_healthy(base)
+    return base
+
+
+def timed_posts(url: str, n: int, warmup: int = 10) -> list[float]:
+    with httpx.Client(timeout=60) as client:
+        for _ in range(warmup):
+            client.post(url, json=BODY).raise_for_status()
+        out = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            r = client.post(url, json=BODY)
+            out.append(time.perf_counter() - t0)
+            r.raise_for_status()
+        return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    n = 20 if args.smoke else args.requests
+
+    with FakeOpenAI(answer="hello", model="fake-model", max_model_len=4096) as fake, ray_serve() as port:
+        floor = deploy_floor(port)
+        storage = Path(f"/tmp/ragserve-bench-passthrough-{port}")
+        rag = deploy_ragserve(port, "pass", {"storage_dir": str(storage), "num_shards": 1, "llm_engine": "openai",
+                                             "llm_url": fake.url})
+        paths = {"fake upstream, direct": f"{fake.url}/v1/chat/completions",
+                 "trivial Serve deployment (floor)": f"{floor}/v1/chat/completions",
+                 "ragserve passthrough": f"{rag}/v1/chat/completions"}
+        # interleave rounds so drift on a shared machine hits every path alike
+        samples: dict[str, list[float]] = {k: [] for k in paths}
+        rounds = 5
+        for _ in range(rounds):
+            for name, url in paths.items():
+                samples[name] += timed_posts(url, max(1, n // rounds), warmup=3)
+    stats = {k: summary_ms(v) for k, v in samples.items()}
+    floor_p50 = stats["trivial Serve deployment (floor)"]["p50"]
+    direct_p50 = stats["fake upstream, direct"]["p50"]
+    rows = [[k, len(samples[k]), s["p50"], s["p90"], s["p99"], s["p50"] - floor_p50, s["p50"] - direct_p50]
+            for k, s in stats.items()]
+    print(f"\n### Passthrough overhead, sequential requests ({machine()})\n")
+    print(table(["path", "requests", "p50 ms", "p90 ms", "p99 ms", "p50 over floor", "p50 over direct"], rows))
+    over = stats["ragserve passthrough"]["p50"] - floor_p50
+    print(f"\nragserve passthrough adds {over:.2f} ms p50 over the trivial-deployment floor (goal: <= 2 ms)")
+    bar_plot(args.out, "Passthrough chat latency (sequential)", list(stats),
+             {"p50 ms": [s["p50"] for s in stats.values()], "p99 ms": [s["p99"] for s in stats.values()]}, "ms")
+    payload = {"benchmark": "passthrough", "machine": machine(), "requests": n, "stats": stats,
+               "added_over_floor_p50_ms": over}
+    write_json(args.json, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Retrieval latency (``POST /retrieve``: embed the query + search every shard + fetch the chunks)
+at 10k and 100k chunks, against bare FAISS search over the same vectors in this process and raw
+query encoding in this process (the baselines, measured in the same run).
+
+    python benchmarks/bench_retrieval.py [--sizes 10000,100000] [--smoke] [--out docs/img/retrieval.png]
+
+The chunks are deterministic sentence-like texts, embedded once with MiniLM and cached under
+``data/bench-cache`` (the first 100k run spends several minutes there); the storage_dir is written
+through the application's own ``DocumentService`` and then served by the real Serve application.
+Cold queries are all different (the query-embedding cache misses); warm ones repeat (it hits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import (
+    bar_plot,
+    build_storage,
+    cached_embeddings,
+    deploy_ragserve,
+    machine,
+    make_queries,
+    make_texts,
+    ray_serve,
+    summary_ms,
+    table,
+    write_json,
+)
+from tests.fakes.fake_openai import FakeOpenAI
+
+
+def server_timing(header: str) -> dict[str, float]:
+    out = {}
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            out[name] = float(dur)
+    return out
+
+
+def query_http(base: str, index: str, queries: list[str], k: int = 5) -> tuple[list[float], dict[str, list[float]]]:
+    lat: list[float] = []
+    stages: dict[str, list[float]] = {}
+    with httpx.Client(base_url=base, timeout=60) as c:
+        for q in queries:
+            t0 = time.perf_counter()
+            r = c.post("/retrieve", json={"index_name": index, "query": q, "max_node_count": k})
+            lat.append(time.perf_counter() - t0)
+            r.raise_for_status()
+            for name, ms in server_timing(r.headers.get("server-timing", "")).items():
+                stages.setdefault(name, []).append(ms / 1000)
+    return lat, stages
+
+
+def bare_faiss(vectors: np.ndarray, queries: np.ndarray, k: int = 5) -> list[float]:
+    import faiss
+
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    out = []
+    for q in queries:
+        t0 = time.perf_counter()
+        index.search(q[None, :], k)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def raw_encode(model, queries: list[str]) -> list[float]:  # type: ignore[no-untyped-def]
+    out = []
+    for q in queries:
+        t0 = time.perf_counter()
+        model.encode([q], batch_size=1)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    sizes = [500] if args.smoke else [int(s) for s in args.sizes.split(",")]
+    nq = 20 if args.smoke else args.queries
+
+    from app.embeddings import LocalEmbeddingModel
+
+    model = LocalEmbeddingModel(None, device="cpu")
+    texts_all = make_texts(max(sizes), sentences=3, seed=7)
+    vectors_all = cached_embeddings(texts_all, "retrieval-s7x3")
+    cold = make_queries(nq)
+    warm = cold[: max(5, nq // 10)] * 10
+    query_vecs = model.encode(cold, batch_size=32)
+    rows, results = [], []
+    with FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake, ray_serve() as port:
+        from ray import serve
+
+        for n in sizes:
+            storage = Path(f"/tmp/ragserve-bench-retrieval-{n}-{args.shards}")
+            if not (storage / f".built-{n}").exists():
+                shutil.rmtree(storage, ignore_errors=True)
+                t0 = time.perf_counter()
+                build_storage(storage, args.shards, "bench", texts_all[:n], vectors_all[:n])
+                (storage / f".built-{n}").touch()
+                print(f"built {n:,} chunks in {time.perf_counter() - t0:.0f} s", flush=True)
+            base = deploy_ragserve(port, f"r{n}", {"storage_dir": str(storage), "num_shards": args.shards,
+                                                   "llm_engine": "openai", "llm_url": fake.url})
+            query_http(base, "bench", ["warm-up query"] * 5)
+            cold_lat, stages = query_http(base, "bench", cold)
+            warm_lat, _ = query_http(base, "bench", warm)
+            serve.delete(f"r{n}")
+            faiss_lat = bare_faiss(vectors_all[:n], query_vecs)
+            enc_lat = raw_encode(model, cold)
+            c, w, f, e = (summary_ms(x) for x in (cold_lat, warm_lat, faiss_lat, enc_lat))
+            st = {k: summary_ms(v)["p50"] for k, v in stages.items()}
+            rows.append([f"{n:,}", c["p50"], c["p99"], w["p50"], w["p99"], st.get("embed", 0), st.get("search", 0),
+                         f["p50"], f["p99"], e["p50"]])
+            results.append({"chunks": n, "cold": c, "warm": w, "stages_p50_ms": st, "bare_faiss": f, "raw_encode": e})
+    print(f"\n### Retrieval latency, {args.shards} shards, top 5, sequential ({machine()})\n")
+    print(table(["chunks", "cold p50 ms", "cold p99", "warm p50", "warm p99", "embed p50 (server)",
+                 "search p50 (server)", "bare FAISS p50", "bare FAISS p99", "raw encode p50"], rows))
+    big = results[-1]
+    print(f"\nat {big['chunks']:,} chunks: /retrieve p50 {big['cold']['p50']:.1f} ms cold, {big['warm']['p50']:.1f} ms "
+          "warm (goal: p50 <= 15 ms)")
+    bar_plot(args.out, "Retrieval latency p50", [f"{r['chunks']:,} chunks" for r in results],
+             {"/retrieve cold": [r["cold"]["p50"] for r in results],
+              "/retrieve warm": [r["warm"]["p50"] for r in results],
+              "bare FAISS": [r["bare_faiss"]["p50"] for r in results],
+              "raw encode": [r["raw_encode"]["p50"] for r in results]}, "ms")
+    payload = {"benchmark": "retrieval", "machine": machine(), "shards": args.shards, "results": results}
+    write_json(args.json, payload)
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""What every benchmark shares: deterministic text, percentiles, tables, plots, the machine's
+description, and starting the real Serve application (or loading a storage_dir) in-process.
+
+Absolute times on a shared 2-core machine are noise; every benchmark therefore reports its figure
+beside a baseline measured in the same run, and the ratio is what to read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("RAGSERVE_BENCH_CACHE", REPO / "data" / "bench-cache"))
+MODEL_CACHE = REPO / "data" / "test-cache" / "models"
+
+_SUBJECTS = ["The pump", "The operator", "A shard", "The embedding service", "The cluster autoscaler", "The ingress",
+             "The vector index", "A replica", "The scheduler", "The storage volume", "The GPU node", "The tokenizer"]
+_VERBS = ["restarts", "reports", "indexes", "balances", "replicates", "throttles", "caches", "retries",
+          "schedules", "compacts", "validates", "streams"]
+_OBJECTS = ["the request queue", "every acknowledged write", "the pressure readings", "the nightly backup",
+            "the model weights", "the search results", "the retrieval context", "the failed batch",
+            "the maintenance log", "the metadata filter", "the warm cache", "the chat history"]
+_TAILS = ["after a node failure", "within two seconds", "on line {n}", "when the load doubles", "at {n} kPa",
+          "before the deadline", "for tenant {n}", "during the rolling upgrade", "every {n} minutes",
+          "without losing data"]
+
+
+def sentence(rng: random.Random) -> str:
+    tail = rng.choice(_TAILS).format(n=rng.randint(1, 500))
+    return f"{rng.choice(_SUBJECTS)} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)} {tail}."
+
+
+def make_texts(n: int, sentences: int = 3, seed: int = 0) -> list[str]:
+    """``n`` deterministic, varied, sentence-like texts (the same on every run)."""
+    rng = random.Random(seed)
+    return [f"Record {i}. " + " ".join(sentence(rng) for _ in range(sentences)) for i in range(n)]
+
+
+def make_queries(n: int, seed: int = 99) -> list[str]:
+    rng = random.Random(seed)
+    return [f"Which {rng.choice(_OBJECTS).split()[-1]} {rng.choice(_VERBS)[:-1]}s {rng.choice(_TAILS).split()[0]} "
+            f"{rng.randint(1, 500)}?" for _ in range(n)]
+
+
+def pct(xs: Sequence[float], p: float) -> float:
+    """The p-th percentile (0-100), nearest rank."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(p / 100 * len(s) + 0.5) - 1))] if s else float("nan")
+
+
+def summary_ms(seconds: Sequence[float]) -> dict[str, float]:
+    ms = [x * 1000 for x in seconds]
+    return {"p50": pct(ms, 50), "p90": pct(ms, 90), "p99": pct(ms, 99), "mean": statistics.fmean(ms) if ms else 0.0}
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
+        return str(v)
+
+    rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|"
+    lines = ["| " + " | ".join(headers) + " |", rule]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f", {kb / 2**20:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    return (f"{os.cpu_count()} cores ({cpu}){mem}, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}")
+
+
+def bar_plot(path: str | None, title: str, labels: Sequence[str], series: dict[str, Sequence[float]],
+             ylabel: str, log: bool = False) -> None:
+    """Grouped bars, one group per label; written only when ``path`` is given."""
+    if not path:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    width = 0.8 / max(1, len(series))
+    x = np.arange(len(labels))
+    for i, (name, values) in enumerate(series.items()):
+        bars = ax.bar(x + i * width - 0.4 + width / 2, values, width, label=name)
+        ax.bar_label(bars, fmt="%.3g", fontsize=7)
+    ax.set_xticks(x, labels)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if log:
+        ax.set_yscale("log")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_json(path: str | None, payload: dict[str, Any]) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(payload, indent=2))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(base: str, timeout_s: float = 600) -> None:
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{base}/health", timeout=5)
+            if r.status_code == 200:
+                return
+            last = r.text
+        except httpx.HTTPError as e:
+            last = repr(e)
+        time.sleep(0.5)
+    raise RuntimeError(f"{base} did not become healthy: {last}")
+
+
+@contextmanager
+def ray_serve(num_cpus: int = 4) -> Iterator[int]:
+    """A private local Ray with Serve's proxy on a free loopback port; yields the port."""
+    import ray
+    from ray import serve
+
+    port = free_port()
+    ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False, log_to_driver=False,
+             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                                       "TOKENIZERS_PARALLELISM": "false"}})
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        yield port
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def deploy_ragserve(port: int, name: str, settings: dict[str, Any]) -> str:
+    """Run the real application (``deployments.builder:build_app``) under ``/name``; its base URL."""
+    from ray import serve
+
+    from deployments.builder import build_app
+
+    serve.run(build_app({"model_cache_dir": str(MODEL_CACHE), "shard_num_cpus": 0.1, **settings}),
+              name=name, route_prefix=f"/{name}", blocking=False)
+    base = f"http://127.0.0.1:{port}/{name}"
+    wait_healthy(base)
+    return base
+
+
+def cached_embeddings(texts: list[str], tag: str) -> np.ndarray:
+    """MiniLM embeddings of ``texts``, computed once and kept under ``CACHE``. ``tag`` must name the
+    text generator's parameters: a cache of more texts with the same tag is a prefix-compatible
+    superset (the generator is sequential), so it is sliced instead of recomputed."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    for path in sorted(CACHE.glob(f"{tag}-*.npy"), key=lambda p: int(p.stem.rsplit("-", 1)[1])):
+        if int(path.stem.rsplit("-", 1)[1]) >= len(texts):
+            return np.load(path, mmap_mode="r")[: len(texts)].copy()
+    from app.embeddings import LocalEmbeddingModel
+
+    vecs = LocalEmbeddingModel(None, device="cpu").encode(texts, batch_size=64)
+    np.save(CACHE / f"{tag}-{len(texts)}.npy", vecs)
+    return vecs
+
+
+class PrecomputedEmbedder:
+    """An embedder for ``DocumentService`` that returns vectors computed earlier, so a large
+    storage_dir can be built through the service's own chunking, routing and storage code."""
+
+    def __init__(self, texts: list[str], vectors: np.ndarray, model: Any):
+        self._by_text = {t: v for t, v in zip(texts, vectors, strict=True)}
+        self.model = model
+
+    async def embed_documents(self, texts: list[str]) -> np.ndarray:
+        return np.stack([self._by_text[t] for t in texts])
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        return self._by_text[text]
+
+    async def count_tokens(self, texts: list[str]) -> int:
+        return sum(len(t.split()) for t in texts)
+
+
+def build_storage(storage_dir: Path, num_shards: int, index: str, texts: list[str], vectors: np.ndarray,
+                  batch: int = 1000) -> None:
+    """Write ``texts`` (one chunk each) into ``storage_dir`` exactly as the application lays it out."""
+    import asyncio
+
+    from app.api.documents import Document
+    from app.embeddings import LocalEmbeddingModel
+    from app.ingest import DocumentChunker, hf_token_counter
+    from app.service.documents import DocumentService
+    from app.service.pool import LocalShardPool
+    from app.service.shard_service import ShardService, check_layout
+
+    check_layout(storage_dir, num_shards)
+    tokenizer = LocalEmbeddingModel(None, device="cpu").tokenizer
+    pool = LocalShardPool([ShardService(storage_dir, i, num_shards) for i in range(num_shards)])
+    chunker = DocumentChunker(hf_token_counter(tokenizer), 256, 32)
+    svc = DocumentService(pool, PrecomputedEmbedder(texts, vectors, None), chunker, storage_dir=storage_dir,
+                          embedding_model="all-MiniLM-L6-v2")
+
+    async def load() -> None:
+        for i in range(0, len(texts), batch):
+            await svc.add_documents(index, [Document(text=t, doc_id=f"doc-{i + j}")
+                                            for j, t in enumerate(texts[i:i + batch])])
+
+    asyncio.run(load())
+    pool.close()

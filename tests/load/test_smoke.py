@@ -1,0 +1,86 @@
+"""Seconds-long smoke runs of the Locust file and of every benchmark, so none of them can rot.
+
+They check plumbing (the scripts run, talk to a real server and print their tables), never speed.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from benchmarks.common import free_port
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.inprocess import inprocess_app
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, embedding_model) -> Iterator[str]:
+    """The in-process application (real shards and embedder, fake upstream LLM) on a real socket."""
+    from tests.conftest import InProcessEmbedder
+
+    embedder = InProcessEmbedder(embedding_model)
+    with FakeOpenAI(answer="Line 3's pump was serviced in week 22 [1].", model="fake-model",
+                    max_model_len=4096) as fake, \
+            inprocess_app(tmp_path_factory.mktemp("locust"), embedder, fake.url, similarity_threshold=0.0) as (app, _):
+        port = free_port()
+        srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=srv.run, daemon=True)
+        thread.start()
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield base
+        srv.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("shape", ["none", "step"])
+def test_locustfile_runs_headless_with_every_user_and_writes_reports(server: str, tmp_path: Path,
+                                                                     shape: str) -> None:
+    prefix = tmp_path / "run"
+    cmd = [sys.executable, "-m", "locust", "-f", str(REPO / "load_tests" / "locustfile.py"), "--host", server,
+           "--headless", "--csv", str(prefix), "--html", str(tmp_path / "report.html"), "--only-summary",
+           "--max-tokens", "16", "--exit-code-on-error", "1"]
+    cmd += ["-u", "5", "-r", "5", "-t", "8s"] if shape == "none" else ["--peak-users", "10", "--step-users", "5",
+                                                                        "--step-s", "3"]
+    env = {**os.environ, "RAGSERVE_SHAPE": shape}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(f"{prefix}_stats.csv") as f:
+        rows = {r["Name"]: r for r in csv.DictReader(f)}
+    for name in ("chat rag", "chat rag stream", "chat passthrough", "index", "retrieve", "ttft_ms"):
+        assert name in rows, sorted(rows)
+        assert int(rows[name]["Request Count"]) > 0 and int(rows[name]["Failure Count"]) == 0, rows[name]
+    assert "99.9%" in rows["ttft_ms"] and float(rows["ttft_ms"]["50%"]) > 0
+    assert (tmp_path / "report.html").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("script", ["bench_index_types", "bench_ingest", "bench_retrieval", "bench_passthrough",
+                                    "bench_shards"])
+def test_benchmark_smoke_prints_its_table(script: str, tmp_path: Path) -> None:
+    env = {**os.environ, "RAGSERVE_BENCH_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--smoke",
+                           "--json", str(tmp_path / "out.json"), "--out", str(tmp_path / "plot.png")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    assert len(table) >= 3 and table[1].startswith("|---"), done.stdout[-2000:]
+    assert (tmp_path / "out.json").stat().st_size > 0 and (tmp_path / "plot.png").stat().st_size > 1000
