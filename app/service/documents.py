@@ -250,9 +250,9 @@ class DocumentService:
     async def retrieve(self, index: str, query: str, k: int,
                        metadata_filter: dict[str, Any] | None = None) -> tuple[list[NodeWithScore], dict[str, float]]:
         """Nodes for ``query`` and the time spent embedding and searching (seconds)."""
-        await self.require_index(index)
         t0 = time.perf_counter()
-        vector = await self.embedder.embed_query(query)
+        # the existence check and the query embedding do not depend on each other: overlap them
+        _, vector = await asyncio.gather(self.require_index(index), self.embedder.embed_query(query))
         t1 = time.perf_counter()
         nodes = await self.search(index, vector, k, metadata_filter)
         t2 = time.perf_counter()
