@@ -11,9 +11,11 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import numpy as np
+from ray.serve import metrics
 
 from app.api.openai import SamplingParams
 from app.budget.tokenizers import Message, TokenCounter, counter_for_model
+from app.cache import TTLCache, normalise_query
 from app.engines.base import EngineError, GenerationDelta, GenerationResult
 from deployments.common import log, unwrap_error
 
@@ -26,16 +28,33 @@ def _reraise(exc: BaseException) -> None:
 
 
 class HandleEmbedder:
-    """``app.service.documents.Embedder`` over the Embedder deployment."""
+    """``app.service.documents.Embedder`` over the Embedder deployment.
 
-    def __init__(self, handle: Any):
+    Query vectors are also kept here, in the ingress replica (a first-level cache in front of the
+    embedder's shared one): a repeated query then costs no call to another actor, which on a
+    small machine is most of a warm retrieval's time."""
+
+    def __init__(self, handle: Any, cache_size: int = 0, cache_ttl_s: float = 3600.0):
         self._h = handle
+        self._cache: TTLCache[np.ndarray] = TTLCache(cache_size, cache_ttl_s)
+        self._hits = metrics.Counter("ragserve_ingress_query_cache_hits",
+                                     "Query embeddings found in the ingress replica's cache.")
+        self._misses = metrics.Counter("ragserve_ingress_query_cache_misses",
+                                       "Query embeddings asked of the embedder deployment.")
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         return await self._h.embed_documents.remote(texts)
 
     async def embed_query(self, text: str) -> np.ndarray:
-        return await self._h.embed_query.remote(text)
+        key = normalise_query(text)
+        vec = self._cache.get(key)
+        if vec is not None:
+            self._hits.inc()
+            return vec
+        self._misses.inc()
+        vec = await self._h.embed_query.remote(text)
+        self._cache.put(key, vec)
+        return vec
 
     async def count_tokens(self, texts: list[str]) -> int:
         return await self._h.count_tokens.remote(texts)

@@ -34,7 +34,7 @@ def _approx_count(text: str) -> int:
 class Ingress:
     async def __init__(self, embedder: Any, generator: Any, settings: Settings | dict[str, Any] | None = None):
         self.settings = s = as_settings(settings)
-        self.embedder = HandleEmbedder(embedder)
+        self.embedder = HandleEmbedder(embedder, s.embedding_cache_size, s.embedding_cache_ttl_s)
         if generator is not None:
             self.generator: Any = HandleGenerator(generator)
             generator_ready = self.generator.ready()

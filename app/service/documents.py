@@ -242,17 +242,19 @@ class DocumentService:
 
     async def search(self, index: str, vector: np.ndarray, k: int,
                      metadata_filter: dict[str, Any] | None = None) -> list[NodeWithScore]:
-        """Scatter to every shard, gather, merge the top ``k`` by cosine score."""
+        """Scatter to every shard, gather, merge the top ``k`` by cosine score. A shard without the
+        index answers None; when every shard does, the index does not exist."""
         parts = await self.pool.call_all("search", index, vector, k, metadata_filter)
-        hits = sorted((h for p in parts for h in p), key=lambda h: h.score, reverse=True)[:k]
+        if all(p is None for p in parts):
+            raise NotFoundError(f"No such index: '{index}' exists.")
+        hits = sorted((h for p in parts if p for h in p), key=lambda h: h.score, reverse=True)[:k]
         return [hit_to_node(h) for h in hits]
 
     async def retrieve(self, index: str, query: str, k: int,
                        metadata_filter: dict[str, Any] | None = None) -> tuple[list[NodeWithScore], dict[str, float]]:
         """Nodes for ``query`` and the time spent embedding and searching (seconds)."""
         t0 = time.perf_counter()
-        # the existence check and the query embedding do not depend on each other: overlap them
-        _, vector = await asyncio.gather(self.require_index(index), self.embedder.embed_query(query))
+        vector = await self.embedder.embed_query(query)  # the search itself tells a missing index
         t1 = time.perf_counter()
         nodes = await self.search(index, vector, k, metadata_filter)
         t2 = time.perf_counter()

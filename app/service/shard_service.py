@@ -106,9 +106,10 @@ class ShardService:
                                           metadata_filter=metadata_filter)
 
     def search(self, index: str, vector: np.ndarray, k: int,
-               metadata_filter: dict[str, Any] | None = None) -> list[SearchHit]:
+               metadata_filter: dict[str, Any] | None = None) -> list[SearchHit] | None:
+        """Hits, or None when this shard has no such index (so a search needs no existence check)."""
         if not self._shard.has_index(index):
-            return []
+            return None
         return self._shard.search(index, vector, k, metadata_filter=metadata_filter)
 
     # --- persistence --------------------------------------------------------------------------
