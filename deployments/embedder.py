@@ -1,8 +1,10 @@
 """Embedder deployment: sentence-transformers (or a remote /v1/embeddings), batched and cached.
 
-Queries from concurrent requests are gathered by ``@serve.batch`` into one model call; documents
-arrive already in batches. Every model call goes through one worker thread, so two batches never
-fight for the same cores. Query vectors are cached (LRU + TTL) by model and normalised text.
+Queries from concurrent requests are gathered by ``@serve.batch`` into one model call; a query
+that arrives alone skips the batch queue (waiting for company that is not coming would only add
+the batch wait to its latency). Documents arrive already in batches. Every model call goes through
+one worker thread, so two batches never fight for the same cores. Query vectors are cached
+(LRU + TTL) by model and normalised text.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Embedder:
         self._embed_query_batch.set_max_batch_size(s.embedding_batch_size)
         self._embed_query_batch.set_batch_wait_timeout_s(s.embedding_batch_wait_s)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
+        self._queries_in_flight = 0
         self.cache: TTLCache[np.ndarray] = TTLCache(s.embedding_cache_size, s.embedding_cache_ttl_s)
         self._hits = metrics.Counter("ragserve_embedding_cache_hits", "Query-embedding cache hits.")
         self._misses = metrics.Counter("ragserve_embedding_cache_misses", "Query-embedding cache misses.")
@@ -61,7 +64,15 @@ class Embedder:
             self._hits.inc()
             return cached
         self._misses.inc()
-        vec = await self._embed_query_batch(text)
+        alone = self._queries_in_flight == 0
+        self._queries_in_flight += 1
+        try:
+            if alone:  # nothing to batch with: encode now rather than wait out the batch timeout
+                vec = (await self._encode([text], "query"))[0]
+            else:
+                vec = await self._embed_query_batch(text)
+        finally:
+            self._queries_in_flight -= 1
         self.cache.put(key, vec)
         return vec
 

@@ -22,7 +22,7 @@ from app.service.local import EngineGenerator
 from deployments.clients import HandleEmbedder, HandleGenerator
 from deployments.common import as_settings, log
 from deployments.telemetry import ServeTelemetry
-from deployments.vector_index import RayShardPool, get_or_create_shards
+from deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
 
 
 def _approx_count(text: str) -> int:
@@ -41,7 +41,7 @@ class Ingress:
         else:  # llm_in_ingress: the remote engine's HTTP client lives here
             self.generator = EngineGenerator(make_engine(s), s.context_window)
             generator_ready = self.generator.start()
-        self.pool = RayShardPool(get_or_create_shards(s))
+        self.pool = RayShardPool(await reconcile_shards(s, get_or_create_shards(s)))
         info, tokenizer = await asyncio.gather(embedder.info.remote(), embedder.tokenizer.remote())
         count = hf_token_counter(tokenizer) if tokenizer is not None else _approx_count
         chunker = DocumentChunker(count, s.chunk_size, s.chunk_overlap)

@@ -4,18 +4,25 @@ Shards are named, detached Ray actors (so every ingress replica shares the same 
 restarted by Ray when they die (``max_restarts=-1``) and reopening their SQLite file, with calls
 retried across the restart (``max_task_retries=-1``; every shard write is idempotent). They are
 placed with the SPREAD strategy so that shards land on different nodes of a cluster.
+
+Because the shards outlive the application (a redeploy, ``serve run`` again on a running Ray),
+``reconcile_shards`` compares how each opened its vectors with the settings now deployed and
+replaces a shard opened under other ones: changing ``faiss_index_kind`` and redeploying takes
+effect instead of being silently ignored. Nothing is lost: every acknowledged write is in SQLite.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from typing import Any
 
 import ray
 
 from app.config import Settings
 from app.service.shard_service import ShardService, check_layout
+from deployments.common import log
 
 SHARD_NAMESPACE = "ragserve"
 
@@ -36,18 +43,53 @@ def shard_actor_name(settings: Settings, index: int) -> str:
     return f"ragserve-shard-{tag}-{index:03d}-of-{settings.num_shards:03d}"
 
 
+def shard_open_options(settings: Settings) -> dict[str, Any]:
+    """What ``ShardService.open_options`` answers for a shard opened under ``settings``."""
+    return {"faiss_kind": settings.faiss_index_kind, "faiss_device": settings.faiss_device,
+            "faiss_params": dict(settings.faiss_index_params or {})}
+
+
+def _get_or_create_shard(settings: Settings, i: int) -> Any:
+    return ShardActor.options(
+        name=shard_actor_name(settings, i), namespace=SHARD_NAMESPACE, get_if_exists=True,
+        lifetime="detached", max_restarts=-1, max_task_retries=-1, max_concurrency=16,
+        num_cpus=settings.shard_num_cpus, scheduling_strategy="SPREAD",
+    ).remote(settings.storage_dir, i, settings.num_shards, faiss_kind=settings.faiss_index_kind,
+             faiss_device=settings.faiss_device, faiss_params=settings.faiss_index_params)
+
+
 def get_or_create_shards(settings: Settings) -> list[Any]:
-    """The shard actors for ``settings``, created on first use."""
+    """The shard actors for ``settings``, created on first use (see ``reconcile_shards``)."""
     check_layout(settings.storage_dir, settings.num_shards)
-    actors = []
-    for i in range(settings.num_shards):
-        actors.append(ShardActor.options(
-            name=shard_actor_name(settings, i), namespace=SHARD_NAMESPACE, get_if_exists=True,
-            lifetime="detached", max_restarts=-1, max_task_retries=-1, max_concurrency=16,
-            num_cpus=settings.shard_num_cpus, scheduling_strategy="SPREAD",
-        ).remote(settings.storage_dir, i, settings.num_shards, faiss_kind=settings.faiss_index_kind,
-                   faiss_device=settings.faiss_device, faiss_params=settings.faiss_index_params))
-    return actors
+    return [_get_or_create_shard(settings, i) for i in range(settings.num_shards)]
+
+
+async def reconcile_shards(settings: Settings, actors: list[Any], timeout_s: float = 60.0) -> list[Any]:
+    """``actors`` with every shard opened under other vector options replaced by one opened under
+    ``settings`` (killed, its name waited free, created again; it reopens the same files)."""
+    want = shard_open_options(settings)
+    have = await asyncio.gather(*(a.open_options.remote() for a in actors))
+    out = list(actors)
+    for i, opened in enumerate(have):
+        if opened == want:
+            continue
+        log.warning("shard %d opened with %s; the settings ask for %s: replacing it", i, opened, want)
+        killed = actors[i]._actor_id
+        ray.kill(actors[i], no_restart=True)
+        name, deadline = shard_actor_name(settings, i), time.monotonic() + timeout_s
+        while True:  # get_if_exists would hand back the dying actor until its name is released
+            try:
+                if ray.get_actor(name, namespace=SHARD_NAMESPACE)._actor_id != killed:
+                    break  # another replica of this deployment replaced it first
+            except ValueError:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"shard actor {name} did not go away within {timeout_s:.0f} s")
+            await asyncio.sleep(0.1)
+        out[i] = _get_or_create_shard(settings, i)
+        if await out[i].open_options.remote() != want:  # another replica raced us with other settings
+            raise RuntimeError(f"shard {i} is held open under other vector options by another deployment")
+    return out
 
 
 class RayShardPool:

@@ -53,12 +53,19 @@ class ShardService:
                  faiss_device: str = "cpu", faiss_params: dict[str, Any] | None = None):
         self.shard_index = shard_index
         self.num_shards = num_shards
+        self._open_options = {"faiss_kind": faiss_kind, "faiss_device": faiss_device,
+                              "faiss_params": dict(faiss_params or {})}
         self._shard = Shard(shard_directory(storage_dir, shard_index), faiss_kind=faiss_kind,
                             faiss_device=faiss_device, faiss_params=faiss_params)
 
     # --- indexes ------------------------------------------------------------------------------
     def ping(self) -> int:
         return self.shard_index
+
+    def open_options(self) -> dict[str, Any]:
+        """How this shard opened its vectors (kind, device, params): a long-lived shard process
+        opened under other settings must be replaced to apply new ones."""
+        return dict(self._open_options)
 
     def list_indexes(self) -> list[str]:
         return self._shard.list_indexes()

@@ -1,0 +1,71 @@
+"""The Embedder deployment's query path, run as a plain class (no Ray Serve): a query alone is
+encoded at once, concurrent queries share model calls, and repeats come from the cache."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import deployments.embedder as embedder_mod
+from app.config import Settings
+
+
+class CountingModel:
+    """Stands in for sentence-transformers: records every model call and takes a few ms."""
+
+    model_id = "counting"
+    dim = 4
+    tokenizer = None
+
+    def __init__(self, *args: object, **kwargs: object):
+        self.calls: list[list[str]] = []
+        self._lock = threading.Lock()
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        with self._lock:
+            self.calls.append(list(texts))
+        time.sleep(0.02)
+        return np.array([[float(len(t)), 1.0, 0.0, 0.0] for t in texts], dtype=np.float32)
+
+
+@pytest.fixture
+def embedder(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(embedder_mod, "LocalEmbeddingModel", CountingModel)
+    # @serve.batch reads the replica's max_ongoing_requests when its queue starts; outside a
+    # replica, give it what the deployment declares
+    from ray import serve
+
+    replica = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=128))
+    monkeypatch.setattr(serve, "get_replica_context", lambda: replica)
+    cls = embedder_mod.Embedder.func_or_class
+    return cls(Settings(embedding_batch_wait_s=0.05, embedding_batch_size=32))
+
+
+async def test_a_query_alone_does_not_wait_for_the_batch_timeout(embedder) -> None:  # type: ignore[no-untyped-def]
+    t0 = time.perf_counter()
+    vec = await embedder.embed_query("how do shards restart?")
+    took = time.perf_counter() - t0
+    assert vec.shape == (4,)
+    assert embedder.model.calls == [["how do shards restart?"]]
+    assert took < 0.05, f"a lone query waited {took * 1000:.0f} ms: it went through the batch queue"
+
+
+async def test_concurrent_queries_share_model_calls(embedder) -> None:  # type: ignore[no-untyped-def]
+    texts = [f"question number {i}" for i in range(12)]
+    vecs = await asyncio.gather(*(embedder.embed_query(t) for t in texts))
+    assert [v[0] for v in vecs] == [float(len(t)) for t in texts]  # each caller got its own vector
+    encoded = [t for call in embedder.model.calls for t in call]
+    assert sorted(encoded) == sorted(texts)
+    assert len(embedder.model.calls) <= 3, embedder.model.calls  # the first alone, the rest batched
+
+
+async def test_repeated_query_is_served_from_the_cache(embedder) -> None:  # type: ignore[no-untyped-def]
+    await embedder.embed_query("What is  RAG?")
+    await embedder.embed_query("what is rag?")
+    assert len(embedder.model.calls) == 1
+    assert embedder.info()["cache_hits"] == 1
