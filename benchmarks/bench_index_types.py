@@ -7,7 +7,9 @@ time, at up to 1M vectors. The baseline is the flat index over the same vectors 
 It builds each kind with the shard's own ``app.store.faiss_index.VectorIndex`` (IVF trained the
 way a shard trains it, on a sample). The vectors are synthetic 384-d unit vectors drawn around
 cluster centres, like sentence embeddings: embedding a million real texts with MiniLM would take
-hours on 2 cores. Queries are held-out points from the same distribution.
+hours on 2 cores. Queries are held-out points from the same distribution. Synthetic clusters are
+kinder to IVF than real text is, so ``--vectors FILE.npy`` runs the same table on real embeddings
+(the retrieval benchmark's cached MiniLM vectors, with its questions embedded as queries).
 """
 
 from __future__ import annotations
@@ -76,9 +78,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--kinds", default="flat,ivf,hnsw")
     ap.add_argument("--out", default=None, help="PNG plot")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--nlist", type=int, default=None, help="IVF lists (default 1024; 32 with --smoke)")
+    ap.add_argument("--vectors", default=None, help="real embeddings (.npy, unit rows) instead of synthetic ones")
     args = ap.parse_args(argv)
     n, nq = (4000, 20) if args.smoke else (args.n, args.queries)
-    nlist = 32 if args.smoke else 1024
+    source = "synthetic clustered"
+    nlist = args.nlist or (32 if args.smoke else 1024)
     configs = [("flat", {}, "flat (exact)")]
     if "ivf" in args.kinds:
         configs += [("ivf", {"nlist": nlist, "nprobe": p, "train_min": 1000}, f"ivf nlist={nlist} nprobe={p}")
@@ -88,10 +93,19 @@ def main(argv: list[str] | None = None) -> dict:
                     for ef in (32, 128)]
 
     t0 = time.perf_counter()
-    vectors = clustered(n, seed=2)
-    queries = clustered(nq, seed=3)
-    print(f"{n:,} vectors x {DIM} dims generated in {time.perf_counter() - t0:.1f} s; {nq} queries; {machine()}",
-          flush=True)
+    if args.vectors:
+        from app.embeddings import LocalEmbeddingModel
+        from benchmarks.common import make_queries
+
+        vectors = np.ascontiguousarray(np.load(args.vectors)[:n], dtype=np.float32)
+        n = len(vectors)
+        queries = LocalEmbeddingModel(None, device="cpu").encode(make_queries(nq), batch_size=32)
+        source = f"real MiniLM embeddings from {Path(args.vectors).name}"
+    else:
+        vectors = clustered(n, seed=2)
+        queries = clustered(nq, seed=3)
+    print(f"{source}: {n:,} vectors x {DIM} dims ready in {time.perf_counter() - t0:.1f} s; {nq} queries; "
+          f"{machine()}", flush=True)
 
     built: dict[tuple[str, str], tuple[VectorIndex, float]] = {}
     rows, results = [], []
@@ -112,12 +126,13 @@ def main(argv: list[str] | None = None) -> dict:
                         "speedup_vs_flat": flat_p50 / m["p50"], "build_s": build_s})
         print(f"  {label}: recall {m['recall']:.3f}, p50 {m['p50']:.2f} ms", flush=True)
 
-    print(f"\n### Index types at {n:,} vectors (384-d), 1 query at a time, top 10\n")
+    print(f"\n### Index types at {n:,} vectors (384-d, {source}), 1 query at a time, top 10\n")
     print(table(["index", "recall@10 vs flat", "p50 ms", "p99 ms", "speed-up vs flat p50", "build s"], rows))
     bar_plot(args.out, f"Query latency p50 at {n:,} vectors (recall@10 in labels)",
              [f"{r['index']}\nR={r['recall_at_10']:.2f}" for r in results],
              {"p50 ms": [r["p50_ms"] for r in results]}, "ms", log=True)
-    payload = {"benchmark": "index_types", "n": n, "dim": DIM, "machine": machine(), "results": results}
+    payload = {"benchmark": "index_types", "n": n, "dim": DIM, "vectors": source, "machine": machine(),
+               "results": results}
     write_json(args.json, payload)
     return payload
 

@@ -47,7 +47,7 @@ from app.api.openai import (
 from app.engines.base import EngineError
 from app.http.limits import BodySizeMiddleware, RequestLimits
 from app.http.security import ApiKeyMiddleware
-from app.http.telemetry import NullTelemetry, Telemetry
+from app.http.telemetry import NullTelemetry, RequestCountingMiddleware, Telemetry
 from app.service.chat import ChatOutcome, ChatService
 from app.service.documents import DocumentService
 from app.service.errors import BadRequestError, ServiceError
@@ -123,20 +123,13 @@ def create_app(services: Services) -> FastAPI:
     if services.api_keys:
         app.add_middleware(ApiKeyMiddleware, keys=services.api_keys,
                            on_reject=lambda reason: tel.request("unauthenticated", 401, "", reason))
+    app.add_middleware(RequestCountingMiddleware, telemetry=tel)  # outermost: sees every response
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
         status = 400 if _is_openai_route(request) else 422
         return error_response(request, status, message, param=param)
-
-    @app.middleware("http")
-    async def _count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        response = await call_next(request)
-        route = request.scope.get("route")
-        tel.request(getattr(route, "path", "unmatched"), response.status_code,
-                    response.headers.get("X-RAG-Mode", ""), response.headers.get("X-RAG-Reason", ""))
-        return response
 
     @app.exception_handler(ServiceError)
     async def _on_service_error(request: Request, exc: ServiceError) -> JSONResponse:
