@@ -89,8 +89,13 @@ def main(argv: list[str] | None = None) -> dict:
         configs += [("ivf", {"nlist": nlist, "nprobe": p, "train_min": 1000}, f"ivf nlist={nlist} nprobe={p}")
                     for p in (8, 32)]
     if "hnsw" in args.kinds:
-        configs += [("hnsw", {"m": 16, "ef_construction": 40, "ef_search": ef}, f"hnsw M=16 ef={ef}")
+        configs += [("hnsw", {"m": 16, "ef_construction": 40, "ef_search": ef}, f"hnsw M=16 efC=40 ef={ef}")
                     for ef in (32, 128)]
+    # what a shard builds when the setting names only the kind
+    if "ivf" in args.kinds:
+        configs.append(("ivf", {"train_min": 1000}, "ivf defaults (nlist=4·√n, nprobe=nlist/8)"))
+    if "hnsw" in args.kinds:
+        configs.append(("hnsw", {}, "hnsw defaults (M=32 efC=200 ef=64)"))
 
     t0 = time.perf_counter()
     if args.vectors:

@@ -20,7 +20,17 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import bar_plot, deploy_ragserve, machine, make_texts, ray_serve, table, write_json
+from benchmarks.common import (
+    bar_plot,
+    cpu_by_role,
+    cpu_delta,
+    deploy_ragserve,
+    machine,
+    make_texts,
+    ray_serve,
+    table,
+    write_json,
+)
 from tests.fakes.fake_openai import FakeOpenAI
 
 
@@ -78,9 +88,14 @@ def main(argv: list[str] | None = None) -> dict:
         base = deploy_ragserve(port, "ingest", {"storage_dir": str(storage), "num_shards": 2,
                                                 "llm_engine": "openai", "llm_url": fake.url})
         # alternate the two measurements so load drift on the machine hits both alike
+        cpu: dict[str, float] = {}
         for rnd in range(1 if args.smoke else 2):
             raw = raw_rate(model, chunks, 32)
+            t0, before = time.perf_counter(), cpu_by_role()
             served_docs = served_rate(base, texts, args.per_request, args.concurrency, f"bench-{rnd}")
+            wall = time.perf_counter() - t0
+            for role, secs in cpu_delta(before, cpu_by_role()).items():
+                cpu[role] = cpu.get(role, 0.0) + secs / wall / (1 if args.smoke else 2)
             served = served_docs * len(chunks) / len(texts)
             rows.append([f"round {rnd + 1}", len(texts), len(chunks), raw, served, served / raw])
             results.append({"raw_chunks_per_s": raw, "served_chunks_per_s": served, "ratio": served / raw})
@@ -88,11 +103,14 @@ def main(argv: list[str] | None = None) -> dict:
     print(table(["run", "documents", "chunks", "raw encode chunks/s", "POST /index chunks/s", "ratio"], rows))
     best = max(r["ratio"] for r in results)
     print(f"\nPOST /index reaches {best:.2f}x raw SentenceTransformer.encode (goal: >= 0.9x)")
+    print("\n#### Where the cores went while POST /index ran (CPU seconds per wall second, 2.0 = both cores)\n")
+    print(table(["process", "cores busy"], [[k, v] for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])]
+                + [["total", sum(cpu.values())]]))
     bar_plot(args.out, "Ingestion throughput (chunks/s)", [f"round {i + 1}" for i in range(len(results))],
              {"raw encode": [r["raw_chunks_per_s"] for r in results],
               "POST /index": [r["served_chunks_per_s"] for r in results]}, "chunks/s")
     payload = {"benchmark": "ingest", "machine": machine(), "documents": n, "chunks": len(chunks),
-               "results": results}
+               "results": results, "cores_busy_while_serving": cpu}
     write_json(args.json, payload)
     return payload
 

@@ -241,3 +241,39 @@ def build_storage(storage_dir: Path, num_shards: int, index: str, texts: list[st
 
     asyncio.run(load())
     pool.close()
+
+
+_ROLES = [("Embedder", "embedder replica"), ("Ingress", "ingress replica"), ("ShardActor", "shard actors"),
+          ("ServeController", "Serve controller"), ("ProxyActor", "Serve HTTP proxy"),
+          ("Generator", "generator replica"), ("raylet", "Ray system (raylet, GCS, agents)"),
+          ("gcs_server", "Ray system (raylet, GCS, agents)"), ("ray/", "Ray system (raylet, GCS, agents)")]
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds used so far by each part of the running application (and by this process):
+    sampled before and after a phase, the difference says where a benchmark's cores went."""
+    import psutil
+
+    me = os.getpid()
+    out: dict[str, float] = {}
+    for p in psutil.process_iter(["pid", "cmdline", "name", "cpu_times"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or []) or (p.info["name"] or "")
+            times = p.info["cpu_times"]
+        except (psutil.Error, TypeError):
+            continue
+        if times is None:
+            continue
+        if p.info["pid"] == me:
+            role = "benchmark process (client, fake upstream)"
+        else:
+            role = next((r for key, r in _ROLES if key in cmd), None)
+            if role is None:
+                continue
+        out[role] = out.get(role, 0.0) + times.user + times.system
+    return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after if after.get(k, 0.0) - before.get(k, 0.0) > 0.05}
+

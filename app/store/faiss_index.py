@@ -83,7 +83,7 @@ class VectorIndex:
         quantizer = faiss.IndexFlatIP(self.dim)
         ivf = faiss.IndexIVFFlat(quantizer, self.dim, nlist, faiss.METRIC_INNER_PRODUCT)
         ivf.train(np.ascontiguousarray(sample, dtype=np.float32))
-        ivf.nprobe = min(self.spec.nprobe, nlist)
+        ivf.nprobe = self.spec.probes_for(nlist)
         self.index = ivf
         self.trained_size = n
 
@@ -117,7 +117,7 @@ class VectorIndex:
         if self.spec.kind == "hnsw":
             params = faiss.SearchParametersHNSW(efSearch=max(self.spec.ef_search, k), sel=selector)
         elif self.is_ivf:
-            params = faiss.SearchParametersIVF(nprobe=min(self.spec.nprobe, self.index.nlist), sel=selector)
+            params = faiss.SearchParametersIVF(nprobe=self.spec.probes_for(self.index.nlist), sel=selector)
         else:
             params = faiss.SearchParameters(sel=selector) if selector is not None else None
         return self.index.search(np.ascontiguousarray(query, dtype=np.float32), k, params=params)

@@ -64,6 +64,9 @@ def test_spec_parsing_names_what_each_kind_takes() -> None:
     with pytest.raises(ValueError, match="below 1"):
         IndexSpec.parse("hnsw", {"max_deleted_ratio": 1.5})
     assert IndexSpec().lists_for(1_000_000) == 4000 and IndexSpec().lists_for(1000) == 25
+    # lists scanned per query: an eighth by default (at least 16, never more than there are)
+    assert [IndexSpec().probes_for(n) for n in (1265, 64, 8)] == [158, 16, 8]
+    assert IndexSpec.parse("ivf", {"nprobe": 4}).probes_for(1265) == 4
     with pytest.raises(ValidationError, match="takes nlist"):
         Settings(faiss_index_kind="ivf", faiss_index_params={"m": 8})
     assert Settings(faiss_index_kind="hnsw", faiss_index_params={"m": 8}).faiss_index_params == {"m": 8}
