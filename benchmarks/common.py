@@ -13,6 +13,7 @@ import platform
 import random
 import socket
 import statistics
+import textwrap
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -107,13 +108,14 @@ def bar_plot(path: str | None, title: str, labels: Sequence[str], series: dict[s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    labels = ["\n".join(textwrap.fill(part, 16) for part in str(label).split("\n")) for label in labels]
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * len(labels)), 4.2), dpi=110)
     width = 0.8 / max(1, len(series))
     x = np.arange(len(labels))
     for i, (name, values) in enumerate(series.items()):
         bars = ax.bar(x + i * width - 0.4 + width / 2, values, width, label=name)
         ax.bar_label(bars, fmt="%.3g", fontsize=7)
-    ax.set_xticks(x, labels)
+    ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     if log:
