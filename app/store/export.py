@@ -7,6 +7,7 @@ taken with N shards can be loaded into any number of shards (each document is ro
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,13 +52,26 @@ def export_index(db_path: Path, index: str, dim: int, dest: Path) -> int:
         conn.execute("DETACH DATABASE exp")
     finally:
         conn.close()
+    # one self-contained file in rollback-journal mode: readers then need no -wal/-shm files and no
+    # write lock (every shard reads every part of a snapshot at once on /load)
+    out = sqlite3.connect(str(tmp), isolation_level=None)
+    try:
+        out.execute("PRAGMA journal_mode=DELETE")
+    finally:
+        out.close()
     tmp.replace(dest)
     return count
 
 
 def read_export(src_file: str | Path) -> tuple[int, Iterator[DocumentWrite]]:
-    """(dim, documents in their original order) of an export file."""
-    conn = connect(src_file, readonly=True)
+    """(dim, documents in their original order) of an export file.
+
+    Opened read-only and immutable (an export never changes once written): no locks and no pragma
+    that writes, so any number of shards can read the same part at once. Opening it like a shard
+    database (WAL, ``journal_mode`` set on open) made concurrent readers fail with "database is
+    locked"."""
+    conn = sqlite3.connect(f"{Path(src_file).resolve().as_uri()}?mode=ro&immutable=1", uri=True,
+                           check_same_thread=False)
     info = dict(conn.execute("SELECT key, value FROM info").fetchall())
     if int(info.get("format", 0)) != EXPORT_FORMAT:
         conn.close()

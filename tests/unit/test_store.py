@@ -3,6 +3,8 @@ idempotence helpers, deletes, export, and concurrent readers during writes."""
 
 from __future__ import annotations
 
+import multiprocessing
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -180,6 +182,31 @@ def test_dimension_checks(tmp_path: Path) -> None:
     assert s.search("ix", unit(np.ones(DIM)), 3) == []
     with pytest.raises(ValueError):
         Shard(tmp_path / "other", faiss_kind="annoy")
+
+
+def _count_export(args: tuple[str, object]) -> int:
+    path, barrier = args
+    barrier.wait()  # type: ignore[attr-defined]
+    _, it = read_export(path)
+    return sum(1 for _ in it)
+
+
+def test_an_export_is_one_file_that_many_processes_read_at_once(tmp_path: Path) -> None:
+    """/load has every shard read every part at the same moment; opening a part like a shard
+    database (WAL pragma on open) failed with "database is locked" in about a third of tries."""
+    s = Shard(tmp_path / "s")
+    s.upsert_documents("ix", [doc(i) for i in range(20)])
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Manager() as manager, ctx.Pool(4) as pool:
+        for trial in range(8):
+            part = tmp_path / f"snap{trial}" / "part.sqlite"
+            assert s.export_index("ix", part) == 20
+            assert sorted(p.name for p in part.parent.iterdir()) == ["part.sqlite"]  # no -wal/-shm
+            conn = sqlite3.connect(part)
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+            conn.close()
+            barrier = manager.Barrier(4)
+            assert pool.map(_count_export, [(str(part), barrier)] * 4) == [20] * 4
 
 
 def test_export_round_trip(tmp_path: Path) -> None:
