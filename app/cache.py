@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
 V = TypeVar("V")
@@ -50,6 +50,15 @@ class TTLCache(Generic[V]):
             self._data.move_to_end(key)
             while len(self._data) > self.max_entries:
                 self._data.popitem(last=False)
+
+    async def get_or_compute(self, key: Hashable, compute: Callable[[], Awaitable[V]]) -> tuple[V, bool]:
+        """``(value, hit)``: the cached value, or ``compute()``'s, which is then cached."""
+        value = self.get(key)
+        if value is not None:
+            return value, True
+        value = await compute()
+        self.put(key, value)
+        return value, False
 
     def __len__(self) -> int:
         return len(self._data)

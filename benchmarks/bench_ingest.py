@@ -89,13 +89,14 @@ def main(argv: list[str] | None = None) -> dict:
                                                 "llm_engine": "openai", "llm_url": fake.url})
         # alternate the two measurements so load drift on the machine hits both alike
         cpu: dict[str, float] = {}
-        for rnd in range(1 if args.smoke else 2):
+        rounds = 1 if args.smoke else 2
+        for rnd in range(rounds):
             raw = raw_rate(model, chunks, 32)
             t0, before = time.perf_counter(), cpu_by_role()
             served_docs = served_rate(base, texts, args.per_request, args.concurrency, f"bench-{rnd}")
             wall = time.perf_counter() - t0
             for role, secs in cpu_delta(before, cpu_by_role()).items():
-                cpu[role] = cpu.get(role, 0.0) + secs / wall / (1 if args.smoke else 2)
+                cpu[role] = cpu.get(role, 0.0) + secs / wall / rounds
             served = served_docs * len(chunks) / len(texts)
             rows.append([f"round {rnd + 1}", len(texts), len(chunks), raw, served, served / raw])
             results.append({"raw_chunks_per_s": raw, "served_chunks_per_s": served, "ratio": served / raw})

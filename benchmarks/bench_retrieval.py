@@ -111,18 +111,9 @@ def main(argv: list[str] | None = None) -> dict:
     with FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake, ray_serve() as port:
         from ray import serve
 
-        from benchmarks.bench_passthrough import deploy_floor
+        from benchmarks.bench_passthrough import deploy_floor, timed_posts
 
-        floor_url = deploy_floor(port)
-        with httpx.Client(timeout=60) as c:
-            for _ in range(10):
-                c.post(f"{floor_url}/v1/chat/completions")
-            floor = []
-            for _ in range(nq):
-                t0 = time.perf_counter()
-                c.post(f"{floor_url}/v1/chat/completions").raise_for_status()
-                floor.append(time.perf_counter() - t0)
-        floor_p50 = summary_ms(floor)["p50"]
+        floor_p50 = summary_ms(timed_posts(f"{deploy_floor(port)}/v1/chat/completions", nq))["p50"]
         for n, kind in [(n, k) for n in sizes for k in kinds]:
             storage = Path(f"/tmp/ragserve-bench-retrieval-{n}-{args.shards}")
             if not (storage / f".built-{n}").exists():

@@ -46,14 +46,8 @@ class HandleEmbedder:
         return await self._h.embed_documents.remote(texts)
 
     async def embed_query(self, text: str) -> np.ndarray:
-        key = normalise_query(text)
-        vec = self._cache.get(key)
-        if vec is not None:
-            self._hits.inc()
-            return vec
-        self._misses.inc()
-        vec = await self._h.embed_query.remote(text)
-        self._cache.put(key, vec)
+        vec, hit = await self._cache.get_or_compute(normalise_query(text), lambda: self._h.embed_query.remote(text))
+        (self._hits if hit else self._misses).inc()
         return vec
 
     async def count_tokens(self, texts: list[str]) -> int:

@@ -59,22 +59,19 @@ class Embedder:
 
     async def embed_query(self, text: str) -> np.ndarray:
         key = (self.model.model_id, normalise_query(text))
-        cached = self.cache.get(key)
-        if cached is not None:
-            self._hits.inc()
-            return cached
-        self._misses.inc()
+        vec, hit = await self.cache.get_or_compute(key, lambda: self._encode_query(text))
+        (self._hits if hit else self._misses).inc()
+        return vec
+
+    async def _encode_query(self, text: str) -> np.ndarray:
         alone = self._queries_in_flight == 0
         self._queries_in_flight += 1
         try:
             if alone:  # nothing to batch with: encode now rather than wait out the batch timeout
-                vec = (await self._encode([text], "query"))[0]
-            else:
-                vec = await self._embed_query_batch(text)
+                return (await self._encode([text], "query"))[0]
+            return await self._embed_query_batch(text)
         finally:
             self._queries_in_flight -= 1
-        self.cache.put(key, vec)
-        return vec
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         return await self._encode(texts, "documents")

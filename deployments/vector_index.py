@@ -21,7 +21,7 @@ from typing import Any
 import ray
 
 from app.config import Settings
-from app.service.shard_service import ShardService, check_layout
+from app.service.shard_service import ShardService, check_layout, vector_options
 from deployments.common import log
 
 SHARD_NAMESPACE = "ragserve"
@@ -45,8 +45,7 @@ def shard_actor_name(settings: Settings, index: int) -> str:
 
 def shard_open_options(settings: Settings) -> dict[str, Any]:
     """What ``ShardService.open_options`` answers for a shard opened under ``settings``."""
-    return {"faiss_kind": settings.faiss_index_kind, "faiss_device": settings.faiss_device,
-            "faiss_params": dict(settings.faiss_index_params or {})}
+    return vector_options(settings.faiss_index_kind, settings.faiss_device, settings.faiss_index_params)
 
 
 def _get_or_create_shard(settings: Settings, i: int) -> Any:
@@ -54,8 +53,7 @@ def _get_or_create_shard(settings: Settings, i: int) -> Any:
         name=shard_actor_name(settings, i), namespace=SHARD_NAMESPACE, get_if_exists=True,
         lifetime="detached", max_restarts=-1, max_task_retries=-1, max_concurrency=16,
         num_cpus=settings.shard_num_cpus, scheduling_strategy="SPREAD",
-    ).remote(settings.storage_dir, i, settings.num_shards, faiss_kind=settings.faiss_index_kind,
-             faiss_device=settings.faiss_device, faiss_params=settings.faiss_index_params)
+    ).remote(settings.storage_dir, i, settings.num_shards, **shard_open_options(settings))
 
 
 def get_or_create_shards(settings: Settings) -> list[Any]:

@@ -46,6 +46,13 @@ def check_layout(storage_dir: str | Path, num_shards: int) -> None:
     tmp.replace(path)
 
 
+def vector_options(faiss_kind: str = "flat", faiss_device: str = "cpu",
+                   faiss_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """How a shard opens its vectors, as ``ShardService``'s keyword arguments: what a running shard
+    reports (``open_options``) and what settings ask for compare equal exactly when they agree."""
+    return {"faiss_kind": faiss_kind, "faiss_device": faiss_device, "faiss_params": dict(faiss_params or {})}
+
+
 class ShardService:
     """The shard numbered ``shard_index`` of ``num_shards`` under ``storage_dir``."""
 
@@ -53,8 +60,7 @@ class ShardService:
                  faiss_device: str = "cpu", faiss_params: dict[str, Any] | None = None):
         self.shard_index = shard_index
         self.num_shards = num_shards
-        self._open_options = {"faiss_kind": faiss_kind, "faiss_device": faiss_device,
-                              "faiss_params": dict(faiss_params or {})}
+        self._open_options = vector_options(faiss_kind, faiss_device, faiss_params)
         self._shard = Shard(shard_directory(storage_dir, shard_index), faiss_kind=faiss_kind,
                             faiss_device=faiss_device, faiss_params=faiss_params)
 

@@ -36,6 +36,9 @@ def export_index(db_path: Path, index: str, dim: int, dest: Path) -> int:
     conn = connect(db_path)
     try:
         conn.execute("ATTACH DATABASE ? AS exp", (str(tmp),))
+        # one self-contained file in rollback-journal mode: readers then need no -wal/-shm files and
+        # no write lock (every shard reads every part of a snapshot at once on /load)
+        conn.execute("PRAGMA exp.journal_mode=DELETE")
         conn.executescript(_EXPORT_DDL)
         conn.execute("BEGIN")
         conn.executemany("INSERT INTO exp.info (key, value) VALUES (?, ?)",
@@ -52,13 +55,6 @@ def export_index(db_path: Path, index: str, dim: int, dest: Path) -> int:
         conn.execute("DETACH DATABASE exp")
     finally:
         conn.close()
-    # one self-contained file in rollback-journal mode: readers then need no -wal/-shm files and no
-    # write lock (every shard reads every part of a snapshot at once on /load)
-    out = sqlite3.connect(str(tmp), isolation_level=None)
-    try:
-        out.execute("PRAGMA journal_mode=DELETE")
-    finally:
-        out.close()
     tmp.replace(dest)
     return count
 

@@ -91,6 +91,19 @@ def test_ttl_cache_lru_and_expiry() -> None:
     assert empty.get("x") is None and len(empty) == 0
 
 
+async def test_ttl_cache_get_or_compute_computes_once() -> None:
+    cache: TTLCache[int] = TTLCache(max_entries=4, ttl_s=10)
+    calls: list[str] = []
+
+    async def compute() -> int:
+        calls.append("x")
+        return 7
+
+    assert await cache.get_or_compute("k", compute) == (7, False)
+    assert await cache.get_or_compute("k", compute) == (7, True)
+    assert calls == ["x"] and (cache.hits, cache.misses) == (1, 1)
+
+
 def test_errors_survive_pickling_across_processes() -> None:
     import pickle
 
