@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.index_spec import IndexSpec
@@ -31,7 +31,7 @@ class Settings(BaseSettings):
         description="Model id or local path. None: the packaged Gemma 3 270M GGUF (transformers engine).",
     )
     llm_url: str | None = Field(default=None, description="Base URL of a remote OpenAI-compatible server.")
-    llm_api_key: str | None = None
+    llm_api_key: SecretStr | None = Field(default=None, description="Bearer key of the remote LLM (never logged).")
     llm_timeout_s: float = Field(default=120.0, gt=0)
     llm_engine_args: dict[str, Any] = Field(
         default_factory=dict, description="Extra engine arguments (vLLM AsyncEngineArgs, transformers).")
@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     embedding_model: str | None = Field(
         default=None, description="sentence-transformers id or path. None: the packaged all-MiniLM-L6-v2.")
     embedding_url: str | None = None
-    embedding_api_key: str | None = None
+    embedding_api_key: SecretStr | None = None
     embedding_threads: int | None = Field(default=None, ge=1, description="torch threads. None: every usable core.")
     embedding_batch_size: int = Field(default=32, gt=0)
     embedding_batch_wait_s: float = Field(default=0.005, ge=0)
@@ -79,7 +79,7 @@ class Settings(BaseSettings):
         description="Share of the free budget filled. None: 1.0 with an exact tokenizer, 0.8 if approximate.")
 
     # --- access and limits (every limit is a clear 4xx) ---------------------------------------
-    api_keys: list[str] | None = Field(
+    api_keys: list[SecretStr] | None = Field(
         default=None, description="Bearer keys accepted on every route but /health and /metrics. None: open.")
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Request body size (413).")
     max_documents_per_request: int = Field(default=1000, ge=1, description="Documents per /index or update call.")
@@ -90,8 +90,8 @@ class Settings(BaseSettings):
 
     @field_validator("api_keys")
     @classmethod
-    def _no_empty_keys(cls, keys: list[str] | None) -> list[str] | None:
-        if keys is not None and any(not k for k in keys):
+    def _no_empty_keys(cls, keys: list[SecretStr] | None) -> list[SecretStr] | None:
+        if keys is not None and any(not k.get_secret_value() for k in keys):
             raise ValueError("api_keys must not contain empty strings")
         return keys or None
 
@@ -123,3 +123,8 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Environment first: RAGSERVE_<FIELD> wins over the config file's args (§3).
         return env_settings, init_settings, dotenv_settings, file_secret_settings
+
+
+def secret(value: SecretStr | None) -> str | None:
+    """The clear value of an optional secret, for the one call that sends it."""
+    return value.get_secret_value() if value is not None else None

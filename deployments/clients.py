@@ -1,6 +1,6 @@
 """Adapters from deployment handles to the protocols the ``app.service`` layer expects.
 
-They translate Ray's wrapped exceptions back into the application's own (``EngineError``) so
+They translate Ray's wrapped exceptions back into the application's own (``ServiceError``) so
 the services never see Ray types.
 """
 
@@ -13,22 +13,24 @@ from typing import Any
 import numpy as np
 from ray.serve import metrics
 
-from app.api.openai import SamplingParams
+from app.api.openai import ChatCompletionChunk, ChatCompletionResponse
 from app.budget.tokenizers import Message, TokenCounter, counter_for_model
 from app.cache import TTLCache, normalise_query
-from app.engines.base import EngineError, GenerationDelta, GenerationResult
+from app.engines.base import GenerationDelta, GenerationResult
+from app.engines.sampling import SamplingParams
+from app.errors import ServiceError
 from deployments.common import log, unwrap_error
 
 
 def _reraise(exc: BaseException) -> None:
     inner = unwrap_error(exc)
-    if isinstance(inner, EngineError):
-        raise EngineError(inner.status, inner.message, type_=inner.type, body=inner.body) from None
+    if isinstance(inner, ServiceError):
+        raise inner from None
     raise exc
 
 
 class HandleEmbedder:
-    """``app.service.documents.Embedder`` over the Embedder deployment.
+    """``app.service.documents.TextEmbedder`` over the Embedder deployment.
 
     Query vectors are also kept here, in the ingress replica (a first-level cache in front of the
     embedder's shared one): a repeated query then costs no call to another actor, which on a
@@ -55,7 +57,7 @@ class HandleEmbedder:
 
 
 class HandleGenerator:
-    """``app.service.chat.Generator`` over the Generator deployment. Model id, window and the token
+    """``app.service.chat.LanguageModel`` over the Generator deployment. Model id, window and the token
     counter are fetched once and kept, so the budget is computed locally."""
 
     def __init__(self, handle: Any):
@@ -101,14 +103,14 @@ class HandleGenerator:
             _reraise(e)
             raise
 
-    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse:
         try:
             return await self._h.passthrough.remote(body)
         except Exception as e:
             _reraise(e)
             raise
 
-    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatCompletionChunk]:
         try:
             async for chunk in self._h.options(stream=True).passthrough_stream.remote(body):
                 yield chunk

@@ -18,8 +18,9 @@ import numpy as np
 from ray import serve
 from ray.serve import metrics
 
+from app.budget.tokenizers import ApproxTokenCounter
 from app.cache import TTLCache, normalise_query
-from app.config import Settings
+from app.config import Settings, secret
 from app.embeddings import LocalEmbeddingModel, RemoteEmbeddingModel
 from deployments.common import as_settings, log
 
@@ -30,7 +31,7 @@ class Embedder:
         s = as_settings(settings)
         if s.embedding_url:
             self.model: LocalEmbeddingModel | RemoteEmbeddingModel = RemoteEmbeddingModel(
-                s.embedding_url, s.embedding_model, s.embedding_api_key)
+                s.embedding_url, s.embedding_model, secret(s.embedding_api_key))
         else:
             self.model = LocalEmbeddingModel(s.embedding_model, threads=s.embedding_threads)
         self.batch_size = s.embedding_batch_size
@@ -38,6 +39,7 @@ class Embedder:
         self._embed_query_batch.set_batch_wait_timeout_s(s.embedding_batch_wait_s)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
         self._queries_in_flight = 0
+        self._approx = ApproxTokenCounter("the remote embedding model's tokenizer is not available here")
         self.cache: TTLCache[np.ndarray] = TTLCache(s.embedding_cache_size, s.embedding_cache_ttl_s)
         self._hits = metrics.Counter("ragserve_embedding_cache_hits", "Query-embedding cache hits.")
         self._misses = metrics.Counter("ragserve_embedding_cache_misses", "Query-embedding cache misses.")
@@ -53,7 +55,7 @@ class Embedder:
         self._latency.observe((time.perf_counter() - t0) * 1000, tags={"kind": kind})
         return vecs
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    @serve.batch  # its size and wait are the settings', set in __init__
     async def _embed_query_batch(self, texts: list[str]) -> list[np.ndarray]:
         return list(await self._encode(texts, "query"))
 
@@ -79,7 +81,7 @@ class Embedder:
     async def count_tokens(self, texts: list[str]) -> int:
         tok = self.model.tokenizer
         if tok is None:
-            return sum(max(1, len(t) // 4) for t in texts)
+            return sum(self._approx.count_text(t) for t in texts)
         return sum(len(tok.encode(t, add_special_tokens=True)) for t in texts)
 
     def info(self) -> dict[str, Any]:

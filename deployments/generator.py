@@ -13,12 +13,13 @@ from typing import Any
 from ray import serve
 from ray.serve import metrics
 
-from app.api.openai import SamplingParams
-from app.budget import resolve_context_window
+from app.api.openai import ChatCompletionChunk, ChatCompletionResponse
 from app.budget.tokenizers import Message, TokenCounter
 from app.config import Settings
-from app.engines import make_engine
 from app.engines.base import GenerationDelta, GenerationResult
+from app.engines.factory import make_engine
+from app.engines.sampling import SamplingParams
+from app.service.local import EngineClient
 from deployments.common import as_settings, log
 
 
@@ -27,10 +28,10 @@ class Generator:
     async def __init__(self, settings: Settings | dict[str, Any] | None = None):
         self.settings = as_settings(settings)
         self.engine = make_engine(self.settings)
+        client = EngineClient(self.engine, self.settings.context_window)
         t0 = time.perf_counter()
-        await self.engine.start()
-        self.window = resolve_context_window(configured=self.settings.context_window,
-                                             engine=self.engine.context_window(), model=self.engine.model_id)
+        await client.start()
+        self.window = await client.context_window()
         self._latency = metrics.Histogram(
             "ragserve_generation_latency_ms", "Time to generate a whole completion.",
             boundaries=[50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000], tag_keys=("kind",))
@@ -55,18 +56,17 @@ class Generator:
         async for delta in self.engine.chat_stream(messages, params):
             yield delta
 
-    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse:
         t0 = time.perf_counter()
         try:
             return await self.engine.passthrough(body)
         finally:
             self._latency.observe((time.perf_counter() - t0) * 1000, tags={"kind": "passthrough"})
 
-    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatCompletionChunk]:
         async for chunk in self.engine.passthrough_stream(body):
             yield chunk
 
     async def check_health(self) -> None:
         """Serve calls this periodically; a failing engine gets the replica restarted."""
-        if hasattr(self.engine, "check_health"):
-            await self.engine.check_health()
+        await self.engine.check_health()

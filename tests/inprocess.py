@@ -15,14 +15,11 @@ from fastapi import FastAPI
 
 from app.config import Settings
 from app.engines.openai_engine import OpenAIEngine
-from app.http import Services, create_app
-from app.http.limits import RequestLimits
-from app.ingest import DocumentChunker, hf_token_counter
-from app.service.chat import ChatService
-from app.service.documents import DocumentService
-from app.service.local import EngineGenerator
+from app.http import create_app
+from app.service.local import EngineClient
 from app.service.pool import LocalShardPool
 from app.service.shard_service import ShardService, check_layout
+from app.service.wiring import build_services
 
 
 class RecordingTelemetry:
@@ -51,25 +48,18 @@ class RecordingTelemetry:
         self.upstream.append(kind)
 
 
-
 @contextmanager
 def inprocess_app(storage_dir: Path, embedder: Any, llm_url: str, *, telemetry: Any = None,
                   **settings: Any) -> Iterator[tuple[FastAPI, Settings]]:
     """Yield ``(app, settings)``; the shards are closed on exit. ``settings`` override Settings fields."""
     s = Settings(storage_dir=str(storage_dir), llm_engine="openai", llm_url=llm_url,
-                 **{"num_shards": 2, "default_max_tokens": 64, **settings})
+                 **{"num_shards": 2, "default_max_tokens": 64, "chunk_size": 128, "chunk_overlap": 16, **settings})
     check_layout(s.storage_dir, s.num_shards)
     pool = LocalShardPool([ShardService(s.storage_dir, i, s.num_shards) for i in range(s.num_shards)])
-    chunker = DocumentChunker(hf_token_counter(embedder.model.tokenizer), 128, 16)
-    documents = DocumentService(pool, embedder, chunker, storage_dir=s.storage_dir,
-                                embedding_model="all-MiniLM-L6-v2")
-    generator = EngineGenerator(OpenAIEngine(llm_url, s.llm_model or "fake-model", None, s.llm_timeout_s))
-    extra = {"telemetry": telemetry} if telemetry is not None else {}
-    app = create_app(Services(documents=documents, chat=ChatService(s, documents, generator),
-                              embed_texts=embedder.embed_documents, count_embedding_tokens=embedder.count_tokens,
-                              embedding_model="all-MiniLM-L6-v2", limits=RequestLimits.from_settings(s),
-                              api_keys=s.api_keys, **extra))
+    llm = EngineClient(OpenAIEngine(llm_url, s.llm_model or "fake-model", None, s.llm_timeout_s))
+    services = build_services(s, pool=pool, embedder=embedder, llm=llm, embedding_model="all-MiniLM-L6-v2",
+                              embedding_tokenizer=embedder.model.tokenizer, telemetry=telemetry)
     try:
-        yield app, s
+        yield create_app(services), s
     finally:
         pool.close()

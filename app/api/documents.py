@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
+from app.engines.sampling import SamplingParams
+
 INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 INDEX_NAME_RULE = (
     "index names are 1-128 characters: letters, digits, '_', '-' and '.', starting with a letter or digit"
@@ -114,19 +116,42 @@ class NodeWithScore(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-class QueryRequest(BaseModel):
-    """``POST /query``: retrieve and answer (KAITO's shape)."""
+class _RetrievalRequest(BaseModel):
+    """The fields ``/query`` and ``/retrieve`` share: which index, what to look for, how relevant."""
 
     model_config = ConfigDict(extra="forbid")
     index_name: str
     query: str = Field(min_length=1)
-    top_k: int = Field(default=5, ge=1, le=1000)
-    llm_params: dict[str, Any] = Field(default_factory=dict)
     metadata_filter: dict[str, Any] | None = None
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
 
     _check_name = field_validator("index_name")(lambda cls, v: validate_index_name(v))
     _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
+
+
+class LLMParams(BaseModel):
+    """``/query``'s ``llm_params``: the sampling fields the engines serve, strictly typed (a string
+    where a number belongs is the client's mistake to hear about, not the engine's to choke on);
+    any other key is refused by name rather than dropped."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
+    stop: str | list[str] | None = Field(default=None, max_length=4)
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, stop=stop,
+                              seed=self.seed)
+
+
+class QueryRequest(_RetrievalRequest):
+    """``POST /query``: retrieve and answer (KAITO's shape)."""
+
+    top_k: int = Field(default=5, ge=1, le=1000)
+    llm_params: LLMParams = Field(default_factory=LLMParams)
 
 
 class QueryResponse(BaseModel):
@@ -135,21 +160,24 @@ class QueryResponse(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-class RetrieveRequest(BaseModel):
+class RetrieveRequest(_RetrievalRequest):
     """``POST /retrieve``: nodes only, no generation."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    index_name: str
-    query: str = Field(min_length=1)
     max_node_count: int = Field(default=5, ge=1, le=1000, validation_alias=AliasChoices("max_node_count", "top_k"))
-    metadata_filter: dict[str, Any] | None = None
-    similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
-
-    _check_name = field_validator("index_name")(lambda cls, v: validate_index_name(v))
-    _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
 
 
 class RetrieveResponse(BaseModel):
     query: str
     results: list[NodeWithScore]
     count: int
+
+
+class HealthResponse(BaseModel):
+    """``GET /health``: ``ok`` once every shard and the model are ready, with what is served."""
+
+    model_config = ConfigDict(extra="allow")
+    status: str = "ok"
+    model: str | None = None
+    embedding_model: str | None = None
+    shards: int | None = None

@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.api.documents import validate_index_name, validate_metadata_filter
+from app.api.documents import NodeWithScore, validate_index_name, validate_metadata_filter
+from app.engines.sampling import SamplingParams
 
 # Fields that only ragserve understands; they are removed before a request goes upstream.
 RAG_FIELDS = frozenset({"index_name", "context_token_ratio", "top_k", "similarity_threshold", "metadata_filter"})
@@ -92,6 +93,11 @@ class ChatCompletionRequest(BaseModel):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        """What an engine needs to generate for this request, once the budget has fixed ``max_tokens``."""
+        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                              stop=tuple(self.stop_list()), seed=self.seed)
+
     def upstream_body(self) -> dict[str, Any]:
         """The body to forward upstream: everything the client sent except the RAG fields."""
         body = self.model_dump(exclude_unset=True, exclude_none=False)
@@ -100,26 +106,25 @@ class ChatCompletionRequest(BaseModel):
         return body
 
 
-class SamplingParams(BaseModel):
-    """What a generation engine needs from a request, engine-neutral."""
+class UsageInfo(BaseModel):
+    """Token usage; upstreams may add detail fields (``prompt_tokens_details``), which are kept."""
 
     model_config = ConfigDict(extra="allow")
-    max_tokens: int
-    temperature: float | None = None
-    top_p: float | None = None
-    stop: list[str] = Field(default_factory=list)
-    seed: int | None = None
-
-
-class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
 
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens)
+
 
 class ResponseMessage(BaseModel):
+    """The answer's message; an upstream's extra fields (``tool_calls``, ``refusal``) are kept."""
+
     model_config = ConfigDict(extra="allow")
-    role: Literal["assistant"] = "assistant"
+    role: str = "assistant"
     content: str | None = None
 
 
@@ -135,16 +140,18 @@ def new_completion_id() -> str:
 
 
 class ChatCompletionResponse(BaseModel):
-    """A full chat completion; ``source_nodes`` is set on RAG answers."""
+    """A full chat completion; ``source_nodes`` is set on RAG answers. Written with ``exclude_unset``
+    like the chunks, so a relayed upstream body keeps its own shape."""
 
     model_config = ConfigDict(extra="allow")
     id: str = Field(default_factory=new_completion_id)
-    object: Literal["chat.completion"] = "chat.completion"
+    object: str = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo | None = None
-    source_nodes: list[dict[str, Any]] | None = None
+    source_nodes: list[NodeWithScore] | None = Field(
+        default=None, description="RAG answers: the retrieved chunks the answer was given, with their scores.")
 
 
 class DeltaMessage(BaseModel):
@@ -161,27 +168,18 @@ class ChatCompletionChunkChoice(BaseModel):
 
 
 class ChatCompletionChunk(BaseModel):
+    """One streamed piece. Fields a sender left unset are not sent (bodies are written with
+    ``exclude_unset``), so a relayed upstream chunk keeps its own shape."""
+
     model_config = ConfigDict(extra="allow")
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
+    id: str = ""
+    object: str = "chat.completion.chunk"
+    created: int = 0
+    model: str = ""
     choices: list[ChatCompletionChunkChoice]
     usage: UsageInfo | None = None
-    source_nodes: list[dict[str, Any]] | None = None
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str = "invalid_request_error"
-    param: str | None = None
-    code: str | int | None = None
-
-
-class ErrorResponse(BaseModel):
-    """The OpenAI error shape used on every ``/v1/*`` route."""
-
-    error: ErrorDetail
+    source_nodes: list[NodeWithScore] | None = Field(
+        default=None, description="RAG streams: on the first chunk, the retrieved chunks the answer was given.")
 
 
 class EmbeddingRequest(BaseModel):
@@ -191,7 +189,8 @@ class EmbeddingRequest(BaseModel):
     input: str | list[str] = Field(description="A string or a list of strings (token arrays are not supported).")
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: int | None = Field(default=None, ge=1, description="Truncate (and re-normalise) to this many "
+                                   "dimensions; at most the model's own.")
     user: str | None = None
 
     @field_validator("input")

@@ -13,20 +13,22 @@ from typing import Any
 
 from app.api.documents import NodeWithScore
 from app.budget.tokenizers import TokenCounter
+from app.errors import BadRequestError
 from app.retrieval.context import relevant, select_context
 from app.retrieval.prompt import build_rag_messages, format_source
 
 Message = dict[str, Any]
 
 
-class PromptTooLongError(ValueError):
-    """The required part of the prompt and the smallest completion do not fit the window."""
+class PromptTooLongError(BadRequestError):
+    """The required part of the prompt and the smallest completion do not fit the window: the
+    client's to shorten (400, OpenAI's ``context_length_exceeded``)."""
 
     def __init__(self, prompt_tokens: int, min_completion: int, window: int):
         super().__init__(
             f"Prompt length exceeds context window: the prompt needs {prompt_tokens} tokens and at least "
             f"{min_completion} are reserved for the completion, but the context window is {window} tokens. "
-            f"Shorten the messages or the system prompt.")
+            f"Shorten the messages or the system prompt.", param="messages", code="context_length_exceeded")
         self.prompt_tokens = prompt_tokens
         self.min_completion = min_completion
         self.window = window

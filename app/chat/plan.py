@@ -12,6 +12,7 @@ from enum import Enum
 from typing import Any
 
 from app.api.openai import ChatCompletionRequest, ChatMessage
+from app.errors import BadRequestError, NotFoundError, ServiceError
 
 RAG_ROLES = frozenset({"system", "developer", "user", "assistant"})
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -58,15 +59,9 @@ class RagPlan:
     body: dict[str, Any] = field(default_factory=dict)  # the upstream body, for a no_context fallback
 
 
-@dataclass(frozen=True)
-class ChatError:
-    """A client mistake: the status, and a message that says what to fix."""
-
-    status: int
-    message: str
-    param: str | None = None
-    code: str | None = None
-
+#: A client mistake, returned (not raised) so the plan stays a plain value: the status, and a
+#: message that says what to fix. The chat service raises it.
+ChatError = ServiceError
 
 ChatPlan = Passthrough | RagPlan | ChatError
 
@@ -76,19 +71,19 @@ def _validate_messages(messages: list[ChatMessage]) -> ChatError | None:
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not m.role:
-            return ChatError(400, f"{where}: 'role' is required", param=where)
+            return BadRequestError(f"{where}: 'role' is required", param=where)
         if m.role == "assistant":
             continue  # an assistant turn may carry tool_calls and no content
         if m.content is None and m.role in RAG_ROLES:
-            return ChatError(400, f"{where}: 'content' is required for role '{m.role}'", param=f"{where}.content")
+            return BadRequestError(f"{where}: 'content' is required for role '{m.role}'", param=f"{where}.content")
         if m.role == "user" and isinstance(m.content, str) and not m.content.strip():
-            return ChatError(400, f"{where}: user content must not be empty", param=f"{where}.content")
+            return BadRequestError(f"{where}: user content must not be empty", param=f"{where}.content")
         if m.role == "user" and isinstance(m.content, list):
             if not m.content:
-                return ChatError(400, f"{where}: user content must not be an empty list", param=f"{where}.content")
+                return BadRequestError(f"{where}: user content must not be an empty list", param=f"{where}.content")
             for j, part in enumerate(m.content):
                 if part.type == "text" and part.text is None:
-                    return ChatError(400, f"{where}.content[{j}]: a text part needs 'text'",
+                    return BadRequestError(f"{where}.content[{j}]: a text part needs 'text'",
                                      param=f"{where}.content[{j}].text")
     return None
 
@@ -139,14 +134,14 @@ def plan(request: ChatCompletionRequest, index_exists: Callable[[str], bool]) ->
     if request.index_name is None:
         return Passthrough(PassthroughReason.NO_INDEX, body)
     if not index_exists(request.index_name):
-        return ChatError(404, f"No such index: '{request.index_name}' exists.", param="index_name",
-                         code="index_not_found")
+        return NotFoundError(f"No such index: '{request.index_name}' exists.", param="index_name",
+                             code="index_not_found")
     reason = _bypass_reason(request)
     if reason is not None:
         return Passthrough(reason, body)
     query, system, history = split_messages(request.messages)
     if not query:
-        return ChatError(400, EMPTY_QUERY_MESSAGE, param="messages")
+        return BadRequestError(EMPTY_QUERY_MESSAGE, param="messages")
     params = RagParams(
         index_name=request.index_name,
         top_k=request.top_k,

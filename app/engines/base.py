@@ -1,19 +1,38 @@
 """The generation-engine interface every backend implements (transformers, vLLM, remote OpenAI).
 
-The generator deployment is a thin shell over one of these; the ingress never knows which.
-Messages are OpenAI-style dicts; results are engine-neutral, and the ingress renders them into
-the OpenAI wire format.
+The generator deployment is a thin shell over one of these; the ingress never knows which. What
+all engines share lives here, as defaults a backend may override (Ray Serve LLM's engine base works
+the same way): the health check, capping a configured window by the served one, refusing what a
+plain-text engine cannot serve, the prompt-length check, usage accounting, and passthrough served
+as a plain chat. A backend implements ``token_counter`` and ``chat_stream``; no backend imports
+another (docs/architecture.md, "Engines").
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Sequence
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.api.openai import SamplingParams
+from app.api.openai import (
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionResponse,
+    DeltaMessage,
+    ResponseMessage,
+    UsageInfo,
+)
 from app.budget.tokenizers import Message, TokenCounter
+from app.engines.sampling import SamplingParams
+from app.errors import BadRequestError, EngineError
+
+__all__ = ["EngineError", "GenerationDelta", "GenerationEngine", "GenerationResult", "SamplingParams", "collect"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -22,6 +41,9 @@ class GenerationResult:
     finish_reason: str = "stop"  # "stop" | "length"
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+    def usage(self) -> UsageInfo:
+        return UsageInfo.of(self.prompt_tokens, self.completion_tokens)
 
 
 @dataclass
@@ -33,30 +55,35 @@ class GenerationDelta:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
 
-
-class EngineError(Exception):
-    """An engine or upstream failure that the client should see with this status and message."""
-
-    def __init__(self, status: int, message: str, *, type_: str = "upstream_error", body: Any = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.body = body
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # exceptions cross process boundaries (Ray handles) by pickling; keep every field
-        return (_rebuild_engine_error, (self.status, self.message, self.type, self.body))
+    def usage(self) -> UsageInfo | None:
+        if self.prompt_tokens is None:
+            return None
+        return UsageInfo.of(self.prompt_tokens, self.completion_tokens or 0)
 
 
-def _rebuild_engine_error(status: int, message: str, type_: str, body: Any) -> EngineError:
-    return EngineError(status, message, type_=type_, body=body)
+def cap_window(configured: int | None, served: Any, model: str) -> int | None:
+    """The configured window, but never more than the served model's own (``max_model_len``): a
+    longer prompt would only be rejected by the model after the budget let it through."""
+    served = served if isinstance(served, int) and served > 0 else None
+    if configured is None or served is None:
+        return configured or served
+    if configured > served:
+        log.warning("context_window %d is larger than max_model_len %d of %s; using %d", configured, served, model,
+                    served)
+    return min(configured, served)
 
 
 class GenerationEngine(abc.ABC):
     """One LLM backend. ``start`` loads the model (or checks the upstream); the rest serves."""
 
     model_id: str
+    #: Whether passthrough may carry tools, function calls and non-text content. Engines that render
+    #: chats as plain text have no tool-call parser, so such a request would silently lose part of
+    #: itself; they refuse it with a 400 instead. A remote server decides for itself.
+    serves_rich_requests: bool = False
+    #: Shown in messages ("not supported by the embedded transformers engine").
+    engine_name: str = "local"
+    _window: int | None = None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load weights or probe the upstream; called once before serving."""
@@ -64,78 +91,89 @@ class GenerationEngine(abc.ABC):
     async def stop(self) -> None:  # noqa: B027 - optional hook
         """Release resources (HTTP clients, engine loops)."""
 
-    @abc.abstractmethod
+    async def check_health(self) -> None:  # noqa: B027 - optional hook
+        """Raise if the engine cannot serve, so Serve restarts the replica. The default has nothing
+        to check: a failure then shows per request, and a restart would not help."""
+
     def context_window(self) -> int | None:
-        """The window the engine itself knows (vLLM max_model_len, model config), or None."""
+        """The window the engine itself knows (vLLM max_model_len, the model config), or None."""
+        return self._window
+
+    def set_window(self, configured: int | None, served: Any) -> None:
+        """Remember the window: the configured one, capped by what the model serves."""
+        self._window = cap_window(configured, served, self.model_id)
 
     @abc.abstractmethod
     def token_counter(self) -> TokenCounter:
         """A counter that counts prompts as this engine will render them."""
 
     @abc.abstractmethod
+    def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
+        """Deltas as they are produced; the last one carries ``finish_reason`` and the usage. Closing
+        the iterator early must stop generation."""
+
     async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
-        """A whole completion."""
+        """A whole completion: by default the stream, drained."""
+        return await collect(self.chat_stream(messages, params))
 
-    @abc.abstractmethod
-    def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
-        """Deltas as they are produced; the last one carries ``finish_reason``."""
+    def check_prompt_fits(self, prompt_tokens: int) -> None:
+        """A prompt that leaves no room for a single token is the client's to shorten (400)."""
+        window = self.context_window()
+        if window is not None and prompt_tokens >= window:
+            raise BadRequestError(f"Prompt length exceeds context window: the prompt has {prompt_tokens} tokens, "
+                                  f"the window {window}", param="messages", code="context_length_exceeded")
 
-    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Forward a raw OpenAI chat body (no RAG fields, ``max_tokens`` already clamped) and return
-        the OpenAI response body. Local engines serve the text of the messages; remote engines
-        forward the body as it is."""
-        params = sampling_params_from_body(body)
-        result = await self.chat(body["messages"], params)
-        return {
-            "model": self.model_id,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                         "finish_reason": result.finish_reason}],
-            "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                      "total_tokens": result.prompt_tokens + result.completion_tokens},
-        }
+    def check_passthrough(self, body: dict[str, Any]) -> None:
+        """Refuse (400) what this engine cannot serve; see :attr:`serves_rich_requests`."""
+        if self.serves_rich_requests:
+            return
+        for key in ("tools", "functions"):
+            if body.get(key):
+                raise BadRequestError(f"'{key}' (tool and function calling) is not supported by the embedded "
+                                      f"{self.engine_name} engine", param=key)
+        for i, message in enumerate(body.get("messages") or []):
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):
+                for part in content:
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    if kind != "text":
+                        raise BadRequestError(f"messages[{i}]: content of type {kind!r} is not supported by the "
+                                              f"embedded {self.engine_name} engine (text only)",
+                                              param=f"messages[{i}].content")
 
-    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Streamed passthrough: yields OpenAI ``chat.completion.chunk`` bodies (without id/created,
-        which the ingress sets)."""
-        params = sampling_params_from_body(body)
-        async for delta in self.chat_stream(body["messages"], params):
-            chunk: dict[str, Any] = {
-                "model": self.model_id,
-                "choices": [{"index": 0, "delta": {"content": delta.text} if delta.text else {},
-                             "finish_reason": delta.finish_reason}],
-            }
-            if delta.prompt_tokens is not None:
-                chunk["usage"] = {"prompt_tokens": delta.prompt_tokens,
-                                  "completion_tokens": delta.completion_tokens or 0,
-                                  "total_tokens": delta.prompt_tokens + (delta.completion_tokens or 0)}
-            yield chunk
+    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse:
+        """Answer a raw OpenAI chat body (no RAG fields, ``max_tokens`` already clamped). Local engines
+        serve the text of its messages; a remote engine forwards the body as it is."""
+        self.check_passthrough(body)
+        result = await self.chat(body["messages"], SamplingParams.from_body(body))
+        return ChatCompletionResponse(
+            model=self.model_id,
+            choices=[ChatCompletionChoice(index=0, message=ResponseMessage(role="assistant", content=result.text),
+                                          finish_reason=result.finish_reason)],
+            usage=result.usage())
+
+    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncGenerator[ChatCompletionChunk, None]:
+        """Streamed passthrough: chunks without id/created, which the chat service sets."""
+        self.check_passthrough(body)
+        async with contextlib.aclosing(self.chat_stream(body["messages"], SamplingParams.from_body(body))) as deltas:
+            async for delta in deltas:
+                chunk = ChatCompletionChunk(model=self.model_id, choices=[ChatCompletionChunkChoice(
+                    index=0, delta=DeltaMessage(content=delta.text) if delta.text else DeltaMessage(),
+                    finish_reason=delta.finish_reason)])
+                usage = delta.usage()
+                if usage is not None:
+                    chunk.usage = usage
+                yield chunk
 
 
-async def collect(deltas: AsyncIterator[GenerationDelta]) -> GenerationResult:
-    """A whole result from a stream of deltas (engines whose chat() is their stream, drained).
-    The stream is closed even if this is cancelled, so generation stops with it."""
+async def collect(deltas: AsyncGenerator[GenerationDelta, None]) -> GenerationResult:
+    """A whole result from a stream of deltas. The stream is closed even if this is cancelled, so
+    generation stops with it."""
     parts: list[str] = []
     last = GenerationDelta()
-    try:
+    async with contextlib.aclosing(deltas):
         async for delta in deltas:
             parts.append(delta.text)
             last = delta
-    finally:
-        await deltas.aclose()  # type: ignore[attr-defined]
     return GenerationResult(text="".join(parts), finish_reason=last.finish_reason or "stop",
                             prompt_tokens=last.prompt_tokens or 0, completion_tokens=last.completion_tokens or 0)
-
-
-def sampling_params_from_body(body: dict[str, Any]) -> SamplingParams:
-    """Engine-neutral sampling parameters from an OpenAI body whose max_tokens is already set."""
-    stop = body.get("stop")
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-    if not max_tokens:
-        raise ValueError("max_tokens must be set before the body reaches an engine")
-    return SamplingParams(
-        max_tokens=int(max_tokens),
-        temperature=body.get("temperature"),
-        top_p=body.get("top_p"),
-        stop=[stop] if isinstance(stop, str) else list(stop or []),
-        seed=body.get("seed"),
-    )

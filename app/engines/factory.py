@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.config import Settings
+from app.config import Settings, secret
 from app.engines.base import GenerationEngine
 
 
@@ -28,7 +28,7 @@ def make_engine(settings: Settings) -> GenerationEngine:
 
         if not settings.llm_url:
             raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
-        return OpenAIEngine(settings.llm_url, settings.llm_model, settings.llm_api_key, settings.llm_timeout_s,
+        return OpenAIEngine(settings.llm_url, settings.llm_model, secret(settings.llm_api_key), settings.llm_timeout_s,
                             context_window=settings.context_window)
     if settings.llm_engine == "vllm":
         from app.engines.vllm_engine import VLLMEngine

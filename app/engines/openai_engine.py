@@ -13,16 +13,18 @@ keeps its status code and message):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
-from app.api.openai import SamplingParams
+from app.api.openai import ChatCompletionChunk, ChatCompletionResponse
 from app.budget.tokenizers import (
     HFTokenCounter,
     Message,
@@ -31,7 +33,9 @@ from app.budget.tokenizers import (
     counter_for_model,
     message_text,
 )
-from app.engines.base import EngineError, GenerationDelta, GenerationEngine, GenerationResult
+from app.engines.base import GenerationDelta, GenerationEngine, GenerationResult
+from app.engines.sampling import SamplingParams
+from app.errors import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +78,6 @@ def _error_message(response: httpx.Response) -> tuple[str, str | None, Any]:
     return text.strip() or f"HTTP {response.status_code}", None, body
 
 
-def cap_window(configured: int | None, served: Any, model: str) -> int | None:
-    """The configured window, but never more than the served model's ``max_model_len``: a longer
-    prompt would only be rejected by the server after the budget let it through."""
-    served = served if isinstance(served, int) and served > 0 else None
-    if configured is None or served is None:
-        return configured or served
-    if configured > served:
-        log.warning("context_window %d is larger than max_model_len %d of %s; using %d", configured, served, model,
-                    served)
-    return min(configured, served)
-
-
 def _is_openai_model(model: str | None) -> bool:
     """Whether tiktoken knows ``model`` by name, i.e. whether its counts are the model's own."""
     if not model:
@@ -108,6 +100,9 @@ class OpenAIEngine(GenerationEngine):
     gap between streamed chunks.
     """
 
+    serves_rich_requests = True  # tools, images: the upstream decides what it serves
+    engine_name = "openai"
+
     def __init__(self, base_url: str, model: str | None, api_key: str | None, timeout_s: float,
                  context_window: int | None = None):
         self.base_url = normalise_base_url(base_url)
@@ -116,7 +111,7 @@ class OpenAIEngine(GenerationEngine):
         self._api_key = api_key
         self._timeout_s = float(timeout_s)
         self._configured_window = context_window
-        self._window: int | None = context_window
+        self._window = context_window
         self._counter: TokenCounter | None = None
         self._client: httpx.AsyncClient | None = None
 
@@ -154,7 +149,7 @@ class OpenAIEngine(GenerationEngine):
             self.model_id = str(cards[0].get("id"))
         card = next((c for c in cards if c.get("id") == self.model_id), None)
         if card is not None:
-            self._window = cap_window(self._configured_window, card.get("max_model_len"), self.model_id)
+            self.set_window(self._configured_window, card.get("max_model_len"))
         elif cards:
             log.warning("upstream %s does not list model %r (it lists %s)", self.base_url, self.model_id,
                         [c.get("id") for c in cards])
@@ -167,14 +162,7 @@ class OpenAIEngine(GenerationEngine):
             await self._client.aclose()
             self._client = None
 
-    async def check_health(self) -> None:
-        """Nothing to check locally: an unreachable upstream is reported per request, and restarting
-        this replica would not bring it back."""
-
     # --- engine facts -------------------------------------------------------------------------
-
-    def context_window(self) -> int | None:
-        return self._window
 
     def _make_counter(self) -> TokenCounter:
         model = None if self.model_id == UNKNOWN_MODEL else self.model_id
@@ -252,7 +240,7 @@ class OpenAIEngine(GenerationEngine):
             _raise_error_object(data)
         return data
 
-    async def _stream_chunks(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def _stream_chunks(self, body: dict[str, Any]) -> AsyncGenerator[dict[str, Any], None]:
         """The upstream's SSE events as dicts, up to ``[DONE]``. Leaving early closes the response,
         which drops the connection, so the upstream stops generating."""
         try:
@@ -304,7 +292,8 @@ class OpenAIEngine(GenerationEngine):
         return GenerationResult(text=text, finish_reason=choices[0].get("finish_reason") or "stop",
                                 prompt_tokens=int(prompt_tokens), completion_tokens=int(completion_tokens))
 
-    async def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
+    async def chat_stream(self, messages: Sequence[Message],
+                          params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
         """Text deltas in arrival order; the last delta carries the finish reason and the usage
         (the upstream's, asked for with ``stream_options.include_usage``; counted here if it sends none)."""
         finish: str | None = None
@@ -333,16 +322,30 @@ class OpenAIEngine(GenerationEngine):
         yield GenerationDelta(text="", finish_reason=finish or "stop", prompt_tokens=int(prompt_tokens),
                               completion_tokens=int(completion_tokens))
 
-    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The body as the client sent it (RAG fields already removed), with ``model`` filled in if absent."""
-        return await self._post_json(self._with_model(body))
+    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse:
+        """The body as the client sent it (RAG fields already removed), with ``model`` filled in if
+        absent; the upstream's answer is relayed with every field it sent."""
+        data = await self._post_json(self._with_model(body))
+        data.setdefault("model", body.get("model") or self.model_id)
+        return _validated(ChatCompletionResponse, data)
 
-    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncGenerator[ChatCompletionChunk, None]:
         """The upstream's chunks, relayed one by one as they arrive."""
         body = self._with_model(body)
         body["stream"] = True
-        async for chunk in self._stream_chunks(body):
-            yield chunk
+        async with contextlib.aclosing(self._stream_chunks(body)) as chunks:
+            async for chunk in chunks:
+                yield _validated(ChatCompletionChunk, chunk)
+
+
+def _validated(model: Any, data: dict[str, Any]) -> Any:
+    """``data`` as ``model``; an upstream body of another shape is the upstream's fault (502)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise EngineError(502, f"upstream LLM returned a malformed {model.__name__}: "
+                               f"{exc.errors()[0].get('msg', 'invalid')} at "
+                               f"{'.'.join(str(x) for x in exc.errors()[0].get('loc', ()))}") from exc
 
 
 def _parse_event(data: str) -> dict[str, Any]:
@@ -369,7 +372,7 @@ def _raise_error_object(data: dict[str, Any]) -> None:
     message = err.get("message") if isinstance(err, dict) else str(err)
     code = err.get("code") if isinstance(err, dict) else None
     status = code if isinstance(code, int) and 400 <= code <= 599 else 502
-    type_ = err.get("type") if isinstance(err, dict) and err.get("type") else "upstream_error"
+    type_ = str(err["type"]) if isinstance(err, dict) and err.get("type") else "upstream_error"
     raise EngineError(status, str(message or "upstream LLM error"), type_=type_, body=data)
 
 

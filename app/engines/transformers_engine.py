@@ -27,17 +27,18 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from app.api.openai import SamplingParams
 from app.budget.tokenizers import ChatRenderer, HFTokenCounter, Message, TokenCounter
-from app.engines.base import EngineError, GenerationDelta, GenerationEngine, GenerationResult, collect
+from app.engines.base import GenerationDelta, GenerationEngine
 from app.engines.gemma import render_gemma
+from app.engines.sampling import SamplingParams
+from app.errors import EngineError
 from app.hardware import usable_cores
 
 log = logging.getLogger(__name__)
@@ -46,26 +47,6 @@ log = logging.getLogger(__name__)
 ENGINE_ARG_KEYS = frozenset({"dtype", "torch_threads", "attn_implementation"})
 #: End-of-turn markers of common chat formats; generation stops on any that the vocabulary has.
 END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
-
-
-def reject_unsupported_passthrough(body: dict[str, Any], engine: str) -> None:
-    """Raise a 400 for what a local engine cannot serve: tools, function calling, non-text content.
-
-    A local engine renders chats as plain text with no tool-call parser, so serving such a request
-    would silently drop part of it; the client should hear that instead.
-    """
-    for key in ("tools", "functions"):
-        if body.get(key):
-            raise EngineError(400, f"'{key}' (tool and function calling) is not supported by the embedded "
-                                   f"{engine} engine", type_="invalid_request_error")
-    for i, message in enumerate(body.get("messages") or []):
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            for part in content:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                if kind != "text":
-                    raise EngineError(400, f"messages[{i}]: content of type {kind!r} is not supported by the "
-                                           f"embedded {engine} engine (text only)", type_="invalid_request_error")
 
 
 @functools.cache
@@ -172,6 +153,8 @@ class TransformersEngine(GenerationEngine):
     that temperature and ``top_p``, seeded by ``seed`` when given.
     """
 
+    engine_name = "transformers"
+
     def __init__(self, model: str | None, cache_dir: str | Path, engine_args: dict[str, Any] | None = None):
         args = dict(engine_args or {})
         unknown = sorted(set(args) - ENGINE_ARG_KEYS)
@@ -192,7 +175,7 @@ class TransformersEngine(GenerationEngine):
         self._model: Any = None
         self._tokenizer: Any = None
         self._counter: HFTokenCounter | None = None
-        self._window: int | None = None
+        self._window = None
         self._eos_ids: frozenset[int] = frozenset()
         self._pad_id: int | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -371,9 +354,6 @@ class TransformersEngine(GenerationEngine):
             raise EngineError(503, f"model {self.model_id} is not loaded (start() has not completed)",
                               type_="server_error")
 
-    def context_window(self) -> int | None:
-        return self._window
-
     def token_counter(self) -> TokenCounter:
         self._require_started()
         assert self._counter is not None
@@ -410,7 +390,8 @@ class TransformersEngine(GenerationEngine):
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         return kwargs
 
-    async def _generate(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
+    async def _generate(self, messages: Sequence[Message],
+                        params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
         """Deltas as tokens are decoded; the last one has the finish reason and the usage."""
         self._require_started()
         assert self._counter is not None and self._executor is not None
@@ -419,10 +400,8 @@ class TransformersEngine(GenerationEngine):
         input_ids = await asyncio.to_thread(
             lambda: tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids)
         prompt_tokens = int(input_ids.shape[1])
+        self.check_prompt_fits(prompt_tokens)
         window = self._window
-        if window is not None and prompt_tokens >= window:
-            raise EngineError(400, f"Prompt length exceeds context window: the prompt has {prompt_tokens} tokens, "
-                                   f"the window {window}", type_="invalid_request_error")
         max_new = params.max_tokens if window is None else min(params.max_tokens, window - prompt_tokens)
         stops = [s for s in params.stop if s]
         job = _Job(asyncio.get_running_loop())
@@ -458,21 +437,9 @@ class TransformersEngine(GenerationEngine):
         yield GenerationDelta(text=text[sent:], finish_reason=finish, prompt_tokens=prompt_tokens,
                               completion_tokens=len(generated))
 
-    async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
-        return await collect(self._generate(messages, params))
-
-    async def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
+    async def chat_stream(self, messages: Sequence[Message],
+                          params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
         # aclosing: a consumer that stops early closes the inner generator now, which stops generation.
         async with contextlib.aclosing(self._generate(messages, params)) as deltas:
             async for delta in deltas:
                 yield delta
-
-    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
-        reject_unsupported_passthrough(body, "transformers")
-        return await super().passthrough(body)
-
-    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        reject_unsupported_passthrough(body, "transformers")
-        async with contextlib.aclosing(super().passthrough_stream(body)) as chunks:
-            async for chunk in chunks:
-                yield chunk

@@ -22,15 +22,14 @@ import contextlib
 import inspect
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from app.api.openai import SamplingParams
 from app.budget.tokenizers import ChatRenderer, HFTokenCounter, Message, TokenCounter
-from app.engines.base import EngineError, GenerationDelta, GenerationEngine, GenerationResult, collect
+from app.engines.base import GenerationDelta, GenerationEngine
 from app.engines.gemma import render_gemma
-from app.engines.openai_engine import cap_window
-from app.engines.transformers_engine import reject_unsupported_passthrough
+from app.engines.sampling import SamplingParams
+from app.errors import BadRequestError, EngineError
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +47,15 @@ class VLLMEngine(GenerationEngine):
     a request's temperature, top_p, stop and seed override them.
     """
 
+    engine_name = "vLLM"
+
     def __init__(self, model: str, engine_args: dict[str, Any] | None = None, context_window: int | None = None):
         if not model:
             raise ValueError("the vllm engine needs a model (llm_model)")
         self.model_id = model
         self._engine_args = dict(engine_args or {})
         self._configured_window = context_window
-        self._window: int | None = context_window
+        self._window = context_window
         self._engine: Any = None
         self._sampling_params_cls: Any = None
         self._tokenizer: Any = None
@@ -76,7 +77,7 @@ class VLLMEngine(GenerationEngine):
         model_config = getattr(engine, "model_config", None)
         if model_config is None and hasattr(engine, "get_model_config"):
             model_config = await _resolve(engine.get_model_config())
-        self._window = cap_window(self._configured_window, getattr(model_config, "max_model_len", None), self.model_id)
+        self.set_window(self._configured_window, getattr(model_config, "max_model_len", None))
         get_defaults = getattr(model_config, "get_diff_sampling_param", None)
         if callable(get_defaults):
             try:
@@ -109,9 +110,6 @@ class VLLMEngine(GenerationEngine):
         if self._engine is not None and hasattr(self._engine, "check_health"):
             await _resolve(self._engine.check_health())
 
-    def context_window(self) -> int | None:
-        return self._window
-
     def token_counter(self) -> TokenCounter:
         if self._counter is None:
             raise EngineError(503, f"model {self.model_id} is not loaded (start() has not completed)",
@@ -132,20 +130,19 @@ class VLLMEngine(GenerationEngine):
             kwargs["seed"] = params.seed
         return self._sampling_params_cls(**kwargs)
 
-    async def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
+    async def chat_stream(self, messages: Sequence[Message],
+                          params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
         """Deltas of vLLM's cumulative outputs; leaving early aborts the request in vLLM."""
         counter = self.token_counter()
         engine = self._engine
         prompt = counter.render(messages)
         tokenizer = self._tokenizer
         prompt_ids = list(await asyncio.to_thread(tokenizer.encode, prompt, add_special_tokens=False))
-        if self._window is not None and len(prompt_ids) >= self._window:
-            raise EngineError(400, f"Prompt length exceeds context window: the prompt has {len(prompt_ids)} tokens, "
-                                   f"the window {self._window}", type_="invalid_request_error")
+        self.check_prompt_fits(len(prompt_ids))
         try:
             sampling = self.sampling_params(params)
         except (ValueError, TypeError) as exc:
-            raise EngineError(400, f"invalid sampling parameters: {exc}", type_="invalid_request_error") from exc
+            raise BadRequestError(f"invalid sampling parameters: {exc}") from exc
         request_id = f"ragserve-{uuid.uuid4().hex}"
         outputs = engine.generate({"prompt_token_ids": prompt_ids}, sampling, request_id)
         sent = ""
@@ -163,7 +160,7 @@ class VLLMEngine(GenerationEngine):
         except EngineError:
             raise
         except (ValueError, TypeError) as exc:  # vLLM's request validation errors
-            raise EngineError(400, str(exc), type_="invalid_request_error") from exc
+            raise BadRequestError(str(exc)) from exc
         except Exception as exc:
             dead = "dead" in type(exc).__name__.lower()
             raise EngineError(503 if dead else 500, f"vLLM generation failed: {type(exc).__name__}: {exc}",
@@ -183,16 +180,3 @@ class VLLMEngine(GenerationEngine):
         prompt_tokens = len(final.prompt_token_ids) if final.prompt_token_ids is not None else len(prompt_ids)
         yield GenerationDelta(text="", finish_reason=finish, prompt_tokens=prompt_tokens,
                               completion_tokens=len(completion.token_ids or ()))
-
-    async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
-        return await collect(self.chat_stream(messages, params))
-
-    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
-        reject_unsupported_passthrough(body, "vLLM")
-        return await super().passthrough(body)
-
-    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        reject_unsupported_passthrough(body, "vLLM")
-        async with contextlib.aclosing(super().passthrough_stream(body)) as chunks:
-            async for chunk in chunks:
-                yield chunk

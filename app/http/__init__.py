@@ -1,6 +1,5 @@
-"""The HTTP layer: FastAPI routes over the services; no Ray, so it is testable in-process."""
+"""The HTTP layer: FastAPI routers over the services; no Ray, so it is testable in-process."""
 
-from app.http.app import Services, create_app
-from app.http.telemetry import NullTelemetry, Telemetry
+from app.http.app import create_app
 
-__all__ = ["NullTelemetry", "Services", "Telemetry", "create_app"]
+__all__ = ["create_app"]

@@ -8,46 +8,13 @@ Keys are compared in constant time and never logged.
 from __future__ import annotations
 
 import hmac
-import json
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from app.http.asgi import ASGIApp, Receive, Scope, Send
+from app.http.errors import error_bytes, route_path, send_error
 
 # Probes stay open: Kubernetes and Prometheus do not carry the clients' keys.
 OPEN_PATHS = frozenset({"/health", "/metrics"})
-
-
-def route_path(scope: Scope) -> str:
-    """The request path without the Serve route prefix (``root_path``)."""
-    path, root = scope.get("path", ""), scope.get("root_path", "")
-    if root and path.startswith(root):
-        path = path[len(root):] or "/"
-    return path
-
-
-def is_openai_path(path: str) -> bool:
-    return path.startswith("/v1/")
-
-
-def error_body(path: str, message: str, *, type_: str, code: str | None) -> bytes:
-    """OpenAI error shape on /v1/*, ``{"detail": ...}`` on the document API (ARCHITECTURE §4)."""
-    if is_openai_path(path):
-        body: dict[str, Any] = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    else:
-        body = {"detail": message}
-    return json.dumps(body).encode()
-
-
-async def send_json(send: Send, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *headers]})
-    await send({"type": "http.response.body", "body": body})
 
 
 class KeyChecker:
@@ -99,5 +66,5 @@ class ApiKeyMiddleware:
             self.on_reject(reason)
         message = ("Missing API key: send it as 'Authorization: Bearer <key>'." if token is None
                    else "Incorrect API key provided.")
-        await send_json(send, 401, error_body(path, message, type_="invalid_request_error", code="invalid_api_key"),
-                        [(b"www-authenticate", b'Bearer realm="ragserve"')])
+        await send_error(send, 401, error_bytes(path, message, type_="invalid_request_error", code="invalid_api_key"),
+                         [(b"www-authenticate", b'Bearer realm="ragserve"')])

@@ -1,38 +1,10 @@
-"""What the HTTP layer reports (ARCHITECTURE §7). The Ray Serve shell implements it with
-``ray.serve.metrics``; tests use the recording or null implementation."""
+"""Counting every response for the metrics (docs/architecture.md, "Metrics")."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
-
-class Telemetry(Protocol):
-    def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None: ...
-
-    def latency(self, stage: str, seconds: float) -> None: ...
-
-    def chat_tokens(self, context_tokens: int, history_tokens: int, history_dropped: int) -> None: ...
-
-    def indexed(self, documents: int) -> None: ...
-
-    def upstream_error(self, kind: str) -> None: ...
-
-
-class NullTelemetry:
-    def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None:
-        pass
-
-    def latency(self, stage: str, seconds: float) -> None:
-        pass
-
-    def chat_tokens(self, context_tokens: int, history_tokens: int, history_dropped: int) -> None:
-        pass
-
-    def indexed(self, documents: int) -> None:
-        pass
-
-    def upstream_error(self, kind: str) -> None:
-        pass
+from app.telemetry import Telemetry
 
 
 class RequestCountingMiddleware:

@@ -1,39 +1,42 @@
 """The chat-completion pipeline: plan → (passthrough | retrieve → fit → generate) → OpenAI response.
 
-It talks to a ``Generator`` (the generator deployment, or an engine in-process) and to the
-``DocumentService``. The ingress only turns HTTP into a call of ``ChatService.complete`` and
-the outcome back into HTTP (headers, SSE).
+It talks to a ``LanguageModel`` (the generator deployment, or an engine in-process) and to the
+``DocumentService``. The HTTP layer only turns a request into a call of ``ChatService.complete``
+and the outcome (a response model, or a stream of chunk models) back into HTTP (headers, SSE).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.api.documents import NodeWithScore, QueryRequest, QueryResponse
-from app.api.openai import ChatCompletionRequest, SamplingParams, new_completion_id
-from app.budget import PromptTooLongError, fit, fit_passthrough
+from app.api.documents import NodeWithScore, QueryRequest, QueryResponse, RetrieveRequest, RetrieveResponse
+from app.api.openai import (
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    DeltaMessage,
+    ResponseMessage,
+    new_completion_id,
+)
+from app.budget import FitResult, fit, fit_passthrough
 from app.budget.tokenizers import Message, TokenCounter
-from app.chat import ChatError, Passthrough, PassthroughReason, RagPlan, plan
+from app.chat import Passthrough, PassthroughReason, RagPlan, plan
 from app.config import Settings
 from app.engines.base import GenerationDelta, GenerationResult
+from app.engines.sampling import SamplingParams
+from app.errors import BadRequestError, ServiceError
 from app.retrieval import relevant
 from app.service.documents import DocumentService
-from app.service.errors import BadRequestError, ServiceError
 
 
-class ChatRequestError(ServiceError):
-    """A chat request the client must fix, with the OpenAI error fields."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
-        super().__init__(message, param=param, code=code)
-        self.status = status
-
-
-class Generator(Protocol):
-    """What the pipeline needs from the LLM side."""
+class LanguageModel(Protocol):
+    """What the pipeline needs from the LLM side: an engine in this process (``EngineClient``) or
+    the Generator deployment behind a handle (``deployments.clients.HandleGenerator``)."""
 
     model_id: str
 
@@ -45,9 +48,9 @@ class Generator(Protocol):
 
     def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]: ...
 
-    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]: ...
+    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse: ...
 
-    def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]: ...
+    def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatCompletionChunk]: ...
 
 
 @dataclass
@@ -56,29 +59,35 @@ class ChatOutcome:
 
     mode: str  # "rag" | "passthrough"
     reason: str | None
-    response: dict[str, Any] | None = None
-    stream: AsyncIterator[dict[str, Any]] | None = None
+    response: ChatCompletionResponse | None = None
+    stream: AsyncGenerator[ChatCompletionChunk, None] | None = None
     source_nodes: list[NodeWithScore] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _stamp(body: ChatCompletionResponse | ChatCompletionChunk, cid: str, created: int) -> None:
+    """Give a body from an engine the id, object and creation time of this answer, unless it came
+    with its own (a remote upstream's are relayed as sent)."""
+    if not body.id:
+        body.id = cid
+    if body.created == 0 or "created" not in body.model_fields_set:
+        body.created = created
+    body.object = body.object  # marks it set, so it is written
 
 
 class ChatService:
-    def __init__(self, settings: Settings, documents: DocumentService, generator: Generator):
+    def __init__(self, settings: Settings, documents: DocumentService, llm: LanguageModel):
         self.settings = settings
         self.documents = documents
-        self.generator = generator
+        self.llm = llm
 
     # --- entry points -------------------------------------------------------------------------
     async def complete(self, request: ChatCompletionRequest) -> ChatOutcome:
         exists = await self.documents.index_exists(request.index_name) if request.index_name else False
         decided = plan(request, lambda _name: exists)
-        if isinstance(decided, ChatError):
-            raise ChatRequestError(decided.status, decided.message, param=decided.param, code=decided.code)
+        if isinstance(decided, ServiceError):
+            raise decided
         if isinstance(decided, Passthrough):
             return await self._passthrough(decided.body, decided.reason, request.stream)
         return await self._rag(decided, request)
@@ -87,83 +96,80 @@ class ChatService:
         """KAITO's ``/query``: retrieve, answer with the relevant nodes, return both."""
         threshold = self._threshold(req.similarity_threshold)
         nodes, _ = await self.documents.retrieve(req.index_name, req.query, req.top_k, req.metadata_filter)
-        params = dict(req.llm_params)
-        requested = params.pop("max_tokens", None)
-        result = await self._fit(system=[], history=[], query=req.query, nodes=nodes, requested=requested,
-                                 threshold=threshold, ratio=None)
-        sampling = SamplingParams(max_tokens=result.max_tokens, **{
-            k: v for k, v in params.items() if k in {"temperature", "top_p", "stop", "seed"}})
-        answer = await self.generator.chat(result.messages, sampling)
+        result = await self._fit(system=[], history=[], query=req.query, nodes=nodes,
+                                 requested=req.llm_params.max_tokens, threshold=threshold, ratio=None)
+        answer = await self.llm.chat(result.messages, req.llm_params.to_sampling_params(result.max_tokens))
         used = result.nodes_used
         return QueryResponse(response=answer.text, source_nodes=used,
                              metadata={n.node_id: n.metadata for n in used})
+
+    async def retrieve(self, req: RetrieveRequest) -> tuple[RetrieveResponse, dict[str, float]]:
+        """KAITO's ``/retrieve``: the best nodes, without generation; with ``similarity_threshold``
+        only those that reach it. Also returns the stage timings."""
+        nodes, timings = await self.documents.retrieve(req.index_name, req.query, req.max_node_count,
+                                                       req.metadata_filter)
+        if req.similarity_threshold is not None:
+            nodes = [n for n in nodes if n.score >= req.similarity_threshold]
+        return RetrieveResponse(query=req.query, results=nodes, count=len(nodes)), timings
 
     # --- passthrough --------------------------------------------------------------------------
     async def _passthrough(self, body: dict[str, Any], reason: PassthroughReason, stream: bool,
                            timings: dict[str, float] | None = None) -> ChatOutcome:
         body = dict(body)
-        counter = await self.generator.token_counter()
-        window = await self.generator.context_window()
+        counter = await self.llm.token_counter()
+        window = await self.llm.context_window()
         requested = body.get("max_completion_tokens") or body.get("max_tokens")
-        try:
-            prompt_tokens, max_tokens = fit_passthrough(
-                counter=counter, window=window, messages=body["messages"], requested_max_tokens=requested,
-                default_max_tokens=self.settings.default_max_tokens,
-                min_completion_tokens=self.settings.min_completion_tokens)
-        except PromptTooLongError as e:
-            raise ChatRequestError(400, str(e), param="messages", code="context_length_exceeded") from e
+        prompt_tokens, max_tokens = fit_passthrough(
+            counter=counter, window=window, messages=body["messages"], requested_max_tokens=requested,
+            default_max_tokens=self.settings.default_max_tokens,
+            min_completion_tokens=self.settings.min_completion_tokens)
         body["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"] = max_tokens
         outcome = ChatOutcome(mode="passthrough", reason=reason.value, timings=dict(timings or {}),
                               stats={"prompt_tokens": prompt_tokens})
         if stream:
-            outcome.stream = self._timed(self.generator.passthrough_stream(body), outcome)
+            outcome.stream = self._relay(self.llm.passthrough_stream(body), outcome)
         else:
             t0 = time.perf_counter()
-            outcome.response = await self.generator.passthrough(body)
+            outcome.response = await self.llm.passthrough(body)
             outcome.timings["generate"] = time.perf_counter() - t0
-            outcome.response.setdefault("id", new_completion_id())
-            outcome.response.setdefault("object", "chat.completion")
-            outcome.response.setdefault("created", int(time.time()))
+            _stamp(outcome.response, new_completion_id(), int(time.time()))
         return outcome
 
-    async def _timed(self, chunks: AsyncIterator[dict[str, Any]],
-                     outcome: ChatOutcome) -> AsyncIterator[dict[str, Any]]:
+    async def _relay(self, chunks: AsyncIterator[ChatCompletionChunk],
+                     outcome: ChatOutcome) -> AsyncGenerator[ChatCompletionChunk, None]:
         t0 = time.perf_counter()
         cid, created = new_completion_id(), int(time.time())
         try:
             async for chunk in chunks:
-                chunk.setdefault("id", cid)
-                chunk.setdefault("object", "chat.completion.chunk")
-                chunk.setdefault("created", created)
+                _stamp(chunk, cid, created)
                 yield chunk
         finally:
             outcome.timings["generate"] = time.perf_counter() - t0
+            await _close(chunks)
 
     # --- RAG ----------------------------------------------------------------------------------
     def _threshold(self, requested: float | None) -> float:
         return self.settings.similarity_threshold if requested is None else requested
 
     async def _fit(self, *, system: list[dict[str, Any]], history: list[dict[str, Any]], query: str,
-                   nodes: list[NodeWithScore], requested: int | None, threshold: float, ratio: float | None):
-        counter = await self.generator.token_counter()
-        window = await self.generator.context_window()
+                   nodes: list[NodeWithScore], requested: int | None, threshold: float,
+                   ratio: float | None) -> FitResult:
+        counter = await self.llm.token_counter()
+        window = await self.llm.context_window()
         s = self.settings
-        try:
-            return fit(counter=counter, window=window, system=system, history=history, query=query, nodes=nodes,
-                       requested_max_tokens=requested, default_max_tokens=s.default_max_tokens,
-                       min_completion_tokens=s.min_completion_tokens,
-                       context_ratio=ratio if ratio is not None else s.context_token_ratio,
-                       similarity_threshold=threshold, safety_ratio=s.budget_safety_ratio,
-                       history_min_messages=s.history_min_messages, history_max_messages=s.history_max_messages)
-        except PromptTooLongError as e:
-            raise ChatRequestError(400, str(e), param="messages", code="context_length_exceeded") from e
+        return fit(counter=counter, window=window, system=system, history=history, query=query, nodes=nodes,
+                   requested_max_tokens=requested, default_max_tokens=s.default_max_tokens,
+                   min_completion_tokens=s.min_completion_tokens,
+                   context_ratio=ratio if ratio is not None else s.context_token_ratio,
+                   similarity_threshold=threshold, safety_ratio=s.budget_safety_ratio,
+                   history_min_messages=s.history_min_messages, history_max_messages=s.history_max_messages)
 
     async def _rag(self, p: RagPlan, request: ChatCompletionRequest) -> ChatOutcome:
         k = p.params.top_k or self.settings.top_k
         try:
             nodes, timings = await self.documents.retrieve(p.params.index_name, p.query, k, p.params.metadata_filter)
         except BadRequestError as e:
-            raise ChatRequestError(400, e.message, param="metadata_filter") from e
+            raise BadRequestError(e.message, param="metadata_filter") from e
         threshold = self._threshold(p.params.similarity_threshold)
         if not relevant(nodes, threshold):
             return await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings)
@@ -172,62 +178,65 @@ class ChatService:
                                  ratio=p.params.context_token_ratio)
         if not result.nodes_used:  # relevant nodes existed but none fitted the budget
             return await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings)
-        sampling = SamplingParams(max_tokens=result.max_tokens, temperature=request.temperature,
-                                  top_p=request.top_p, stop=request.stop_list(), seed=request.seed)
+        sampling = request.to_sampling_params(result.max_tokens)
         outcome = ChatOutcome(
             mode="rag", reason=None, source_nodes=result.nodes_used, timings=timings,
             stats={"prompt_tokens": result.prompt_tokens, "context_tokens": result.context_tokens,
                    "history_tokens": result.history_tokens, "history_dropped": result.history_dropped,
                    "nodes_used": len(result.nodes_used)})
-        model = request.model or self.generator.model_id
-        sources = [n.model_dump() for n in result.nodes_used]
+        model = request.model or self.llm.model_id
         if request.stream:
             include_usage = bool((request.stream_options or {}).get("include_usage"))
-            outcome.stream = self._rag_stream(result.messages, sampling, model, sources, include_usage, outcome)
+            outcome.stream = self._rag_stream(result.messages, sampling, model, result.nodes_used, include_usage,
+                                              outcome)
             return outcome
         t0 = time.perf_counter()
-        answer = await self.generator.chat(result.messages, sampling)
+        answer = await self.llm.chat(result.messages, sampling)
         outcome.timings["generate"] = time.perf_counter() - t0
-        outcome.response = {
-            "id": new_completion_id(), "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": answer.text},
-                         "finish_reason": answer.finish_reason}],
-            "usage": _usage(answer.prompt_tokens, answer.completion_tokens),
-            "source_nodes": sources,
-        }
+        outcome.response = ChatCompletionResponse(
+            id=new_completion_id(), object="chat.completion", created=int(time.time()), model=model,
+            choices=[ChatCompletionChoice(index=0, message=ResponseMessage(role="assistant", content=answer.text),
+                                          finish_reason=answer.finish_reason)],
+            usage=answer.usage(), source_nodes=result.nodes_used)
         return outcome
 
     async def _rag_stream(self, messages: list[dict[str, Any]], sampling: SamplingParams, model: str,
-                          sources: list[dict[str, Any]], include_usage: bool,
-                          outcome: ChatOutcome) -> AsyncIterator[dict[str, Any]]:
+                          sources: list[NodeWithScore], include_usage: bool,
+                          outcome: ChatOutcome) -> AsyncGenerator[ChatCompletionChunk, None]:
         """OpenAI chunks; the first carries the role and ``source_nodes``."""
         cid, created = new_completion_id(), int(time.time())
 
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
-            return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+        def chunk(delta: DeltaMessage, finish: str | None = None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model,
+                                       choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)])
 
         t0 = time.perf_counter()
-        deltas = aiter(self.generator.chat_stream(messages, sampling))
+        deltas = aiter(self.llm.chat_stream(messages, sampling))
         try:
             # Wait for the model's first output before the first chunk: an upstream that fails at once
             # becomes an HTTP error status (as in passthrough), not a 200 with an error event.
             first = await anext(deltas, None)
-            yield chunk({"role": "assistant", "content": ""}, source_nodes=sources)
-            usage: dict[str, int] | None = None
+            head = chunk(DeltaMessage(role="assistant", content=""))
+            head.source_nodes = sources
+            yield head
+            usage = None
             async for d in _prepend(first, deltas):
-                if d.prompt_tokens is not None:
-                    usage = _usage(d.prompt_tokens, d.completion_tokens or 0)
+                usage = d.usage() or usage
                 if d.text or d.finish_reason:
-                    yield chunk({"content": d.text} if d.text else {}, d.finish_reason)
+                    yield chunk(DeltaMessage(content=d.text) if d.text else DeltaMessage(), d.finish_reason)
             if include_usage and usage is not None:
-                yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [], "usage": usage}
+                yield ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model,
+                                          choices=[], usage=usage)
         finally:
             outcome.timings["generate"] = time.perf_counter() - t0
-            close = getattr(deltas, "aclose", None)
-            if close is not None:
-                await close()
+            await _close(deltas)
+
+
+async def _close(iterator: AsyncIterator[Any]) -> None:
+    """Close an async generator early (a client that left): the engine stops generating."""
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()
 
 
 async def _prepend(first: GenerationDelta | None,

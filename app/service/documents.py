@@ -1,6 +1,6 @@
 """The document API's logic: chunk, embed, route, write; list, update, delete, search, persist, load.
 
-Everything here is async and talks to two seams only: an ``Embedder`` and a ``ShardPool``. Under
+Everything here is async and talks to two seams only: a ``TextEmbedder`` and a ``ShardPool``. Under
 Ray Serve those are deployment and actor handles; in unit tests they are in-process objects.
 """
 
@@ -27,10 +27,10 @@ from app.api.documents import (
     UpdateDocument,
     UpdateDocumentsResponse,
 )
+from app.errors import BadRequestError, ConflictError, NotFoundError
 from app.ingest import ChunkingError, DocumentChunker, content_hash, new_doc_id, node_id_for
 from app.paths import PathOutsideStorageError, confine
 from app.routing import group_by_shard
-from app.service.errors import BadRequestError, ConflictError, NotFoundError
 from app.service.pool import ShardPool
 from app.store import ChunkWrite, DocumentWrite, SearchHit, StoredDocument
 
@@ -39,7 +39,7 @@ SNAPSHOTS = "snapshots"  # persist/load paths are relative to <storage_dir>/snap
 SNAPSHOT_FORMAT = 1
 
 
-class Embedder(Protocol):
+class TextEmbedder(Protocol):
     """Turns texts into L2-normalised float32 vectors."""
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray: ...
@@ -71,7 +71,7 @@ def hit_to_node(hit: SearchHit) -> NodeWithScore:
 class DocumentService:
     """Index management over a pool of shards."""
 
-    def __init__(self, pool: ShardPool, embedder: Embedder, chunker: DocumentChunker, *,
+    def __init__(self, pool: ShardPool, embedder: TextEmbedder, chunker: DocumentChunker, *,
                  storage_dir: str | Path, embedding_model: str = "", embed_batch: int = 128):
         self.pool = pool
         self.embedder = embedder

@@ -1,18 +1,20 @@
-"""In-process adapters: an engine as a ``Generator`` (no Ray), for tests and single-process use."""
+"""An engine in this process as the chat pipeline's ``LanguageModel`` (no Ray): the remote engine
+inside the ingress, tests, and single-process use."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from app.api.openai import SamplingParams
+from app.api.openai import ChatCompletionChunk, ChatCompletionResponse
 from app.budget import resolve_context_window
 from app.budget.tokenizers import Message, TokenCounter
 from app.engines.base import GenerationDelta, GenerationEngine, GenerationResult
+from app.engines.sampling import SamplingParams
 
 
-class EngineGenerator:
-    """``app.service.chat.Generator`` over an engine in this process; call ``start`` first."""
+class EngineClient:
+    """``app.service.chat.LanguageModel`` over an engine in this process; call ``start`` first."""
 
     def __init__(self, engine: GenerationEngine, configured_window: int | None = None):
         self.engine = engine
@@ -43,8 +45,8 @@ class EngineGenerator:
     def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
         return self.engine.chat_stream(messages, params)
 
-    async def passthrough(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse:
         return await self.engine.passthrough(body)
 
-    def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatCompletionChunk]:
         return self.engine.passthrough_stream(body)

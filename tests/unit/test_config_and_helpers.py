@@ -26,7 +26,8 @@ def test_environment_wins_over_config_args(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("RAGSERVE_API_KEYS", '["k1","k2"]')
     monkeypatch.setenv("RAGSERVE_LLM_ENGINE_ARGS", '{"max_model_len": 4096}')
     s = Settings(num_shards=2, similarity_threshold=0.3)
-    assert s.num_shards == 4 and s.api_keys == ["k1", "k2"]
+    assert s.num_shards == 4 and [k.get_secret_value() for k in s.api_keys or []] == ["k1", "k2"]
+    assert "k1" not in repr(s)  # secrets never reach a log line
     assert s.llm_engine_args == {"max_model_len": 4096}
     assert s.similarity_threshold == 0.3
 
@@ -107,15 +108,17 @@ async def test_ttl_cache_get_or_compute_computes_once() -> None:
 def test_errors_survive_pickling_across_processes() -> None:
     import pickle
 
-    from app.engines.base import EngineError
-    from app.service.errors import NotFoundError, UpstreamError
+    from app.budget import PromptTooLongError
+    from app.errors import EngineError, NotFoundError, ServiceError
 
-    e = pickle.loads(pickle.dumps(EngineError(400, "no tools here", type_="invalid_request_error", body={"a": 1})))
-    assert (e.status, e.message, e.type, e.body) == (400, "no tools here", "invalid_request_error", {"a": 1})
-    u = pickle.loads(pickle.dumps(UpstreamError(503, "loading")))
-    assert isinstance(u, UpstreamError) and (u.status, u.message) == (503, "loading")
+    e = pickle.loads(pickle.dumps(EngineError(503, "loading", type_="server_error", body={"a": 1})))
+    assert isinstance(e, EngineError) and isinstance(e, ServiceError)
+    assert (e.status, e.message, e.type, e.body) == (503, "loading", "server_error", {"a": 1})
     n = pickle.loads(pickle.dumps(NotFoundError("gone", param="index_name")))
     assert (n.status, n.message, n.param, str(n)) == (404, "gone", "index_name", "gone")
+    p = pickle.loads(pickle.dumps(PromptTooLongError(900, 16, 512)))
+    assert isinstance(p, PromptTooLongError) and (p.status, p.code, p.prompt_tokens) == (400, "context_length_exceeded",
+                                                                                         900)
 
 
 def test_a_remote_llm_runs_in_the_ingress_by_default_and_only_a_remote_one() -> None:

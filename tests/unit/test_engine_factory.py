@@ -7,16 +7,15 @@ from pathlib import Path
 import pytest
 
 from app.config import Settings
-from app.engines import make_engine, model_cache_dir
-from app.engines.base import EngineError
+from app.engines.factory import make_engine, model_cache_dir
 from app.engines.openai_engine import OpenAIEngine
 from app.engines.transformers_engine import (
     TransformersEngine,
     _safe_length,
     _stop_index,
-    reject_unsupported_passthrough,
 )
 from app.engines.vllm_engine import VLLMEngine
+from app.errors import BadRequestError
 
 
 def test_transformers_is_the_default_and_caches_under_storage(tmp_path: Path) -> None:
@@ -63,13 +62,13 @@ def test_stop_helpers() -> None:
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"},
                                                 {"type": "image_url", "image_url": {"url": "u"}}]}]}, "image_url"),
 ])
-def test_local_engines_reject_what_they_cannot_serve(body: dict, what: str) -> None:
-    with pytest.raises(EngineError) as err:
-        reject_unsupported_passthrough({"messages": [{"role": "user", "content": "hi"}], **body}, "transformers")
+def test_local_engines_reject_what_they_cannot_serve(body: dict, what: str, tmp_path) -> None:
+    with pytest.raises(BadRequestError) as err:
+        TransformersEngine(None, tmp_path).check_passthrough({"messages": [{"role": "user", "content": "hi"}], **body})
     assert err.value.status == 400 and err.value.type == "invalid_request_error"
     assert what in err.value.message and "not supported by the embedded transformers engine" in err.value.message
 
 
-def test_text_only_bodies_pass() -> None:
-    reject_unsupported_passthrough({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-                                    "tools": [], "functions": None}, "transformers")
+def test_text_only_bodies_pass(tmp_path) -> None:
+    TransformersEngine(None, tmp_path).check_passthrough(
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "tools": [], "functions": None})

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from app.api.openai import SamplingParams
-from app.engines.base import EngineError, GenerationDelta
+from app.engines.base import GenerationDelta
+from app.engines.sampling import SamplingParams
 from app.engines.transformers_engine import TransformersEngine
+from app.errors import BadRequestError
 
 pytestmark = pytest.mark.slow
 
@@ -115,11 +116,12 @@ async def test_concurrent_requests_are_served_one_after_another(engine: Transfor
 async def test_passthrough_serves_text_and_rejects_tools(engine: TransformersEngine) -> None:
     body = {"messages": MESSAGES, "max_tokens": 4}
     response = await engine.passthrough(body)
-    assert response["model"] == engine.model_id
-    assert response["usage"]["prompt_tokens"] == engine.token_counter().count_messages(MESSAGES)
+    assert response.model == engine.model_id
+    assert response.usage is not None
+    assert response.usage.prompt_tokens == engine.token_counter().count_messages(MESSAGES)
     chunks = [c async for c in engine.passthrough_stream({**body, "stream": True})]
-    assert chunks[-1]["choices"][0]["finish_reason"] in {"length", "stop"}
-    with pytest.raises(EngineError) as err:
+    assert chunks[-1].choices[0].finish_reason in {"length", "stop"}
+    with pytest.raises(BadRequestError) as err:
         await engine.passthrough({**body, "tools": [{"type": "function", "function": {"name": "get_weather"}}]})
     assert err.value.status == 400 and "not supported by the embedded transformers engine" in err.value.message
 
@@ -127,7 +129,7 @@ async def test_passthrough_serves_text_and_rejects_tools(engine: TransformersEng
 async def test_prompt_longer_than_the_window_is_400(engine: TransformersEngine) -> None:
     window = engine.context_window()
     assert window is not None
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(BadRequestError) as err:
         await engine.chat([{"role": "user", "content": "hello " * window}], SamplingParams(max_tokens=4))
     assert err.value.status == 400 and "exceeds context window" in err.value.message
 

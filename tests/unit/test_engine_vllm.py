@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from app.api.openai import SamplingParams
-from app.engines.base import EngineError, GenerationDelta
+from app.engines.base import GenerationDelta
 from app.engines.gemma import render_gemma
+from app.engines.sampling import SamplingParams
 from app.engines.vllm_engine import VLLMEngine
+from app.errors import ServiceError
 
 PIECES = ["Hel", "lo", " from", " vLLM", "."]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
@@ -250,7 +251,7 @@ async def test_sampling_parameters_map_onto_the_model_defaults(monkeypatch: pyte
 
 async def test_invalid_sampling_parameters_are_400(monkeypatch: pytest.MonkeyPatch) -> None:
     engine, _ = await started(monkeypatch)
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(ServiceError) as err:
         await engine.chat(MESSAGES, SamplingParams(max_tokens=5, temperature=-1.0))
     assert err.value.status == 400
 
@@ -269,7 +270,7 @@ async def test_consumer_leaving_early_aborts_the_request(monkeypatch: pytest.Mon
 async def test_engine_failures_become_engine_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     engine, fake = await started(monkeypatch)
     FakeEngine.fail_with = ValueError("prompt too long for the KV cache")
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(ServiceError) as err:
         await engine.chat(MESSAGES, SamplingParams(max_tokens=5))
     assert err.value.status == 400 and "KV cache" in err.value.message
 
@@ -277,7 +278,7 @@ async def test_engine_failures_become_engine_errors(monkeypatch: pytest.MonkeyPa
         pass
 
     FakeEngine.fail_with = EngineDeadError("background loop died")
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(ServiceError) as err:
         await engine.chat(MESSAGES, SamplingParams(max_tokens=5))
     assert err.value.status == 503
     assert len(fake.aborted) == 2  # failed requests are aborted too
@@ -285,7 +286,7 @@ async def test_engine_failures_become_engine_errors(monkeypatch: pytest.MonkeyPa
 
 async def test_prompt_longer_than_the_window_is_400(monkeypatch: pytest.MonkeyPatch) -> None:
     engine, fake = await started(monkeypatch, max_model_len=8)
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(ServiceError) as err:
         await engine.chat([{"role": "user", "content": "word " * 20}], SamplingParams(max_tokens=5))
     assert err.value.status == 400 and "exceeds context window" in err.value.message
     assert fake.calls == []
@@ -302,14 +303,14 @@ async def test_passthrough_serves_text_and_rejects_tools_and_images(monkeypatch:
     engine, _ = await started(monkeypatch)
     body = {"messages": MESSAGES, "max_tokens": 64}
     response = await engine.passthrough(body)
-    assert response["choices"][0]["message"]["content"] == "".join(PIECES)
-    assert response["usage"]["completion_tokens"] == len(PIECES)
+    assert response.choices[0].message.content == "".join(PIECES)
+    assert response.usage is not None and response.usage.completion_tokens == len(PIECES)
     chunks = [c async for c in engine.passthrough_stream({**body, "stream": True})]
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "".join(PIECES)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "".join(PIECES)
     for bad in ({"tools": [{"type": "function", "function": {"name": "f"}}]}, {"functions": [{"name": "f"}]},
                 {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}):
-        with pytest.raises(EngineError) as err:
+        with pytest.raises(ServiceError) as err:
             await engine.passthrough({**body, **bad})
         assert err.value.status == 400 and "not supported" in err.value.message
-        with pytest.raises(EngineError):
+        with pytest.raises(ServiceError):
             [c async for c in engine.passthrough_stream({**body, **bad, "stream": True})]

@@ -10,17 +10,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.engines.openai_engine import OpenAIEngine
-from app.http import Services, create_app
-from app.ingest import DocumentChunker, hf_token_counter
-from app.service.chat import ChatService
-from app.service.documents import DocumentService
-from app.service.local import EngineGenerator
-from app.service.pool import LocalShardPool
-from app.service.shard_service import ShardService, check_layout
 from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import RecordingTelemetry
+from tests.inprocess import RecordingTelemetry, inprocess_app
 
 WINDOW = 4096
 DOCS = [
@@ -39,22 +30,12 @@ def fake() -> Iterator[FakeOpenAI]:
 
 @pytest.fixture
 def env(tmp_path, embedder, fake: FakeOpenAI) -> Iterator[tuple[TestClient, FakeOpenAI, RecordingTelemetry]]:
-    settings = Settings(storage_dir=str(tmp_path), num_shards=2, llm_engine="openai", llm_url=fake.url,
-                        default_max_tokens=64)
-    check_layout(tmp_path, 2)
-    pool = LocalShardPool([ShardService(tmp_path, i, 2) for i in range(2)])
-    chunker = DocumentChunker(hf_token_counter(embedder.model.tokenizer), 128, 16)
-    documents = DocumentService(pool, embedder, chunker, storage_dir=tmp_path, embedding_model="all-MiniLM-L6-v2")
-    generator = EngineGenerator(OpenAIEngine(fake.url, "fake-model", None, 10.0))
     tel = RecordingTelemetry()
-    app = create_app(Services(documents=documents, chat=ChatService(settings, documents, generator),
-                              embed_texts=embedder.embed_documents, count_embedding_tokens=embedder.count_tokens,
-                              embedding_model="all-MiniLM-L6-v2", telemetry=tel))
-    fake.requests.clear()
-    with TestClient(app) as client:
-        assert client.post("/index", json={"index_name": "kb", "documents": DOCS}).status_code == 200
-        yield client, fake, tel
-    pool.close()
+    with inprocess_app(tmp_path, embedder, fake.url, telemetry=tel, llm_timeout_s=10.0) as (app, _):
+        fake.requests.clear()
+        with TestClient(app) as client:
+            assert client.post("/index", json={"index_name": "kb", "documents": DOCS}).status_code == 200
+            yield client, fake, tel
 
 
 def chat(client: TestClient, **body: Any):

@@ -43,9 +43,18 @@ def concrete(path: str) -> str:
     return path.replace("{index_name}", "kb")
 
 
+def flat_routes(app) -> list:
+    """The app's routes, with those of included routers (FastAPI keeps those as one entry each)."""
+    out = []
+    for r in app.routes:
+        inner = getattr(r, "original_router", None)
+        out.extend(flat_routes(inner) if inner is not None else [r])
+    return out
+
+
 def all_routes(client: TestClient) -> list[tuple[str, str]]:
     routes = []
-    for r in client.app.routes:
+    for r in flat_routes(client.app):
         methods = getattr(r, "methods", None) or {"GET"}
         for m in sorted(methods - {"HEAD", "OPTIONS"}):
             routes.append((m, concrete(r.path)))
@@ -54,7 +63,7 @@ def all_routes(client: TestClient) -> list[tuple[str, str]]:
 
 def test_every_route_but_the_probes_needs_a_key(secured: TestClient) -> None:
     routes = all_routes(secured)
-    api_routes = {concrete(r.path) for r in secured.app.routes if isinstance(r, APIRoute)}
+    api_routes = {concrete(r.path) for r in flat_routes(secured.app) if isinstance(r, APIRoute)}
     assert {"/v1/chat/completions", "/index", "/persist/kb", "/retrieve", "/openapi.json"} <= \
         api_routes | {p for _, p in routes}
     for method, path in routes:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from app.api.documents import Document, UpdateDocument
+from app.errors import BadRequestError, ConflictError, NotFoundError
 from app.ingest import DocumentChunker, hf_token_counter
 from app.routing import shard_for
 from app.service.documents import DocumentService
-from app.service.errors import BadRequestError, ConflictError, NotFoundError
 from app.service.pool import LocalShardPool
 from app.service.shard_service import LayoutMismatchError, ShardService, check_layout
 

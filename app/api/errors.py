@@ -1,0 +1,39 @@
+"""The two error shapes the server sends (docs/architecture.md, "API decisions"): the OpenAI error
+object on ``/v1/*``, where clients are OpenAI SDKs that parse it, and FastAPI's ``{"detail": ...}``
+on the KAITO-style document API, whose clients expect that."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """``{"error": {...}}``: every error on ``/v1/*``, and the last event of a stream that fails."""
+
+    error: ErrorDetail
+
+
+class DetailResponse(BaseModel):
+    """``{"detail": "..."}``: every error on the document API."""
+
+    detail: str
+
+
+def is_openai_path(path: str) -> bool:
+    """Whether ``path`` (without the route prefix) is an OpenAI route, answered in the OpenAI shape."""
+    return path.startswith("/v1/")
+
+
+def error_model(path: str, message: str, *, type_: str, param: str | None = None,
+                code: str | int | None = None) -> ErrorResponse | DetailResponse:
+    """The error body for a request to ``path``."""
+    if is_openai_path(path):
+        return ErrorResponse(error=ErrorDetail(message=message, type=type_, param=param, code=code))
+    return DetailResponse(detail=message)

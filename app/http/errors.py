@@ -1,0 +1,102 @@
+"""Errors to HTTP, in one place (docs/architecture.md, "Errors").
+
+Every :class:`app.errors.ServiceError` becomes its status with the body shape of the route: the
+OpenAI error object on ``/v1/*``, ``{"detail": ...}`` on the document API. Request-validation
+errors are 400 on ``/v1/*`` (what OpenAI answers) and 422 elsewhere (FastAPI's, which KAITO
+clients expect). The middlewares that answer before a route runs (authentication, body size) build
+their bodies with :func:`error_bytes`, so their shape is the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, MutableMapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from app.api.errors import DetailResponse, ErrorResponse, error_model, is_openai_path
+from app.errors import EngineError, ServiceError
+from app.telemetry import Telemetry
+
+#: What the OpenAPI document lists for the errors of each kind of route.
+OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": what} for code, what in (
+        (400, "The request is invalid (the message says what to fix)."),
+        (401, "Missing or wrong API key."),
+        (404, "The named index does not exist."),
+        (413, "The request is too large."),
+        (500, "Internal error."),
+        (502, "The upstream LLM failed."),
+        (504, "The upstream LLM timed out."))}
+DOCUMENT_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": DetailResponse, "description": what} for code, what in (
+        (400, "The request is invalid (the message says what to fix)."),
+        (401, "Missing or wrong API key."),
+        (404, "The index does not exist."),
+        (409, "Conflicts with the current state (an index that exists, say)."),
+        (413, "The request is too large."),
+        (422, "The body or query does not match the schema."),
+        (500, "Internal error."))}
+
+
+def route_path(scope: MutableMapping[str, Any]) -> str:
+    """The request path without the Serve route prefix (``root_path``)."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):] or "/"
+    return str(path)
+
+
+def error_bytes(path: str, message: str, *, type_: str, param: str | None = None,
+                code: str | int | None = None) -> bytes:
+    """A serialised error body for a request to ``path``."""
+    return error_model(path, message, type_=type_, param=param, code=code).model_dump_json().encode()
+
+
+def error_response(request: Request, error: ServiceError) -> JSONResponse:
+    body = error_model(route_path(request.scope), error.message, type_=error.type, param=error.param, code=error.code)
+    return JSONResponse(body.model_dump(), status_code=error.status)
+
+
+def error_event(error: ServiceError) -> ErrorResponse:
+    """The last event of a stream that failed after its 200: the OpenAI error object, with the
+    status as its ``code`` (there is no status line left to carry it)."""
+    model = error_model("/v1/", error.message, type_=error.type, param=error.param, code=error.status)
+    assert isinstance(model, ErrorResponse)
+    return model
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts, param = [], None
+    for err in exc.errors()[:5]:
+        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path")]
+        where = ".".join(loc) or "body"
+        param = param or where
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request", param
+
+
+def install_error_handlers(app: FastAPI, telemetry: Telemetry) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        openai = is_openai_path(route_path(request.scope))
+        return error_response(request, ServiceError(message, status=400 if openai else 422, param=param,
+                                                    type_="invalid_request_error"))
+
+    @app.exception_handler(ServiceError)
+    async def _on_service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        if isinstance(exc, EngineError) and exc.status >= 500:
+            telemetry.upstream_error(exc.type)
+        return error_response(request, exc)
+
+
+async def send_error(send: Any, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """Answer from a middleware, before any route ran."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})
+

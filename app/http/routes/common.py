@@ -1,0 +1,20 @@
+"""Small HTTP helpers the routers share."""
+
+from __future__ import annotations
+
+from app.api.documents import validate_index_name
+from app.errors import BadRequestError
+from app.telemetry import Telemetry
+
+
+def checked_index(name: str) -> str:
+    """A path's index name, checked by the same rule as a body's (400 naming the rule)."""
+    try:
+        return validate_index_name(name)
+    except ValueError as e:
+        raise BadRequestError(str(e), param="index_name") from e
+
+
+def report_latencies(telemetry: Telemetry, timings: dict[str, float]) -> None:
+    for stage, seconds in timings.items():
+        telemetry.latency(stage, seconds)

@@ -1,0 +1,110 @@
+"""The document API, shaped after KAITO RAGEngine's (docs/architecture.md, "API decisions"):
+index, list, update, delete, drop, persist, load, query, retrieve. Errors are ``{"detail": ...}``."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Query, Response
+
+from app.api.documents import (
+    DeleteDocumentsRequest,
+    DeleteDocumentsResponse,
+    DocumentRecord,
+    IndexRequest,
+    ListDocumentsResponse,
+    MessageResponse,
+    QueryRequest,
+    QueryResponse,
+    RetrieveRequest,
+    RetrieveResponse,
+    UpdateDocumentsRequest,
+    UpdateDocumentsResponse,
+    validate_metadata_filter,
+)
+from app.errors import BadRequestError
+from app.http.errors import DOCUMENT_ERRORS
+from app.http.routes.common import checked_index, report_latencies
+from app.http.server_timing import server_timing
+from app.service.wiring import Services
+
+
+def documents_router(services: Services) -> APIRouter:
+    router = APIRouter(tags=["documents"], responses=DOCUMENT_ERRORS)
+    docs, chat, limits, tel = services.documents, services.chat, services.limits, services.telemetry
+
+    @router.post("/index")
+    async def index_documents(body: IndexRequest) -> list[DocumentRecord]:
+        """Create an index or extend it; the stored documents come back with their ids and hashes."""
+        limits.documents([d.text for d in body.documents])
+        records = await docs.add_documents(body.index_name, body.documents)
+        tel.indexed(len(records))
+        return records
+
+    @router.get("/indexes")
+    async def list_indexes() -> list[str]:
+        return await docs.list_indexes()
+
+    @router.get("/indexes/{index_name}/documents")
+    async def list_documents(
+        index_name: str,
+        limit: int = Query(10, ge=1, le=1000),
+        offset: int = Query(0, ge=0),
+        max_text_length: int | None = Query(1000, ge=1),
+        metadata_filter: str | None = Query(None, description="JSON object of key: value pairs"),
+    ) -> ListDocumentsResponse:
+        """A page of documents in a stable order, optionally filtered by metadata equality."""
+        name = checked_index(index_name)
+        limits.list_limit(limit)
+        flt = None
+        if metadata_filter:
+            try:
+                flt = validate_metadata_filter(json.loads(metadata_filter))
+            except (ValueError, TypeError) as e:
+                raise BadRequestError(f"metadata_filter must be a JSON object of key: value pairs: {e}",
+                                      param="metadata_filter") from e
+        return await docs.list_documents(name, limit=limit, offset=offset, max_text_length=max_text_length,
+                                         metadata_filter=flt)
+
+    @router.post("/indexes/{index_name}/documents")
+    async def update_documents(index_name: str, body: UpdateDocumentsRequest) -> UpdateDocumentsResponse:
+        """Re-chunk and re-embed the documents whose text or metadata changed."""
+        limits.documents([d.text for d in body.documents])
+        return await docs.update_documents(checked_index(index_name), body.documents)
+
+    @router.post("/indexes/{index_name}/documents/delete")
+    async def delete_documents(index_name: str, body: DeleteDocumentsRequest) -> DeleteDocumentsResponse:
+        limits.document_count(len(body.doc_ids), "doc_ids")
+        return await docs.delete_documents(checked_index(index_name), body.doc_ids)
+
+    @router.delete("/indexes/{index_name}")
+    async def delete_index(index_name: str) -> MessageResponse:
+        return MessageResponse(message=await docs.drop_index(checked_index(index_name)))
+
+    @router.post("/persist/{index_name}")
+    async def persist(index_name: str, path: str | None = None) -> MessageResponse:
+        """A portable snapshot under `<storage_dir>/snapshots`."""
+        return MessageResponse(message=await docs.persist(checked_index(index_name), path))
+
+    @router.post("/load/{index_name}")
+    async def load(index_name: str, path: str | None = None, overwrite: bool = False) -> MessageResponse:
+        """Restore a snapshot; 409 if the index exists and `overwrite` is false."""
+        return MessageResponse(message=await docs.load(checked_index(index_name), path, overwrite))
+
+    @router.post("/query")
+    async def query(body: QueryRequest) -> QueryResponse:
+        """Retrieve and answer (KAITO's shape): the answer and the nodes it was given."""
+        limits.top_k(body.top_k)
+        return await chat.query(body)
+
+    @router.post("/retrieve")
+    async def retrieve(body: RetrieveRequest, response: Response) -> RetrieveResponse:
+        """Scored nodes only, no generation."""
+        limits.top_k(body.max_node_count, "max_node_count")
+        result, timings = await chat.retrieve(body)
+        report_latencies(tel, timings)
+        response.headers["Server-Timing"] = server_timing(timings)
+        return result
+
+    return router
+
