@@ -5,7 +5,11 @@ No Ray here, so the whole HTTP behaviour is testable in-process (docs/architectu
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
+
+from app.api.openai import ChatCompletionChunk
 
 from app.http.errors import install_error_handlers
 from app.http.limits import BodySizeMiddleware
@@ -31,4 +35,29 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(openai_router(services))
     app.include_router(documents_router(services))
     app.include_router(probes_router(services))
+    _document_chunk_stream(app)
     return app
+
+
+def _document_chunk_stream(app: FastAPI) -> None:
+    """List ``ChatCompletionChunk`` as the schema of each ``text/event-stream`` event: FastAPI
+    documents a response model for JSON only."""
+    default_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = default_openapi()
+        defs = ChatCompletionChunk.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(defs.pop("$defs", {}))
+        components["ChatCompletionChunk"] = defs
+        for item in schema.get("paths", {}).values():
+            for op in item.values():
+                stream = op.get("responses", {}).get("200", {}).get("content", {}).get("text/event-stream")
+                if stream is not None:
+                    stream["schema"] = {"$ref": "#/components/schemas/ChatCompletionChunk"}
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

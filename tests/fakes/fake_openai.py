@@ -106,6 +106,8 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
         self.models_requests = 0
+        #: Streams whose client went away before the last chunk: the upstream stopped generating them.
+        self.abandoned_streams = 0
         self._pending: collections.deque[_Misbehaviour] = collections.deque()
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
@@ -150,6 +152,7 @@ class FakeOpenAI:
             self.request_headers.clear()
             self._pending.clear()
             self.models_requests = 0
+            self.abandoned_streams = 0
 
     def _push(self, m: _Misbehaviour) -> None:
         with self._lock:
@@ -249,6 +252,9 @@ class FakeOpenAI:
         if isinstance(limit, int) and limit < len(pieces):
             pieces, finish = pieces[:limit], "length"
         prompt_tokens = sum(len(_message_text(msg).split()) + 4 for msg in body["messages"])
+        if self.max_model_len is not None and prompt_tokens >= self.max_model_len:  # as vLLM answers it
+            return self._error(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                                    f"your messages resulted in {prompt_tokens} tokens.", "invalid_request_error")
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
                  "total_tokens": prompt_tokens + len(pieces)}
         model = body.get("model") or self.model
@@ -271,6 +277,18 @@ class FakeOpenAI:
                      "choices": choices, **extra}
             return f"data: {json.dumps(chunk)}\n\n".encode()
 
+        finished = False
+        try:
+            async for chunk in self._sse_events(event, pieces, finish, usage, include_usage, m):
+                yield chunk
+            finished = True
+        finally:
+            if not finished:
+                with self._lock:
+                    self.abandoned_streams += 1
+
+    async def _sse_events(self, event: Any, pieces: list[str], finish: str, usage: dict[str, int],
+                          include_usage: bool, m: _Misbehaviour | None) -> AsyncIterator[bytes]:
         yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         for i, piece in enumerate(pieces):
             if m is not None and i == m.after_chunks:

@@ -12,6 +12,7 @@ from app.api.documents import Document
 from app.config import Settings
 from app.ingest import DocumentChunker, hf_token_counter
 from app.service.documents import DocumentService
+from tests.contracts.shard_pool import ShardPoolContract
 
 pytestmark = pytest.mark.slow
 
@@ -53,3 +54,21 @@ def test_redeploy_with_another_index_kind_replaces_the_shards(ray_cluster, tmp_p
     asyncio.run(scenario())
     for a in get_or_create_shards(hnsw):
         ray.kill(a, no_restart=True)
+
+
+class TestRayShardPool(ShardPoolContract):
+    """The shard-pool contract on shard actors, through Ray handles (errors cross as themselves)."""
+
+    @pytest.fixture
+    async def pool(self, ray_cluster, tmp_path: Path):
+        import ray
+
+        from deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
+
+        settings = Settings(storage_dir=str(tmp_path), num_shards=2, shard_num_cpus=0.1)
+        actors = await reconcile_shards(settings, get_or_create_shards(settings))
+        pool = RayShardPool(actors)
+        await pool.wait_ready()
+        yield pool
+        for actor in actors:
+            ray.kill(actor)

@@ -7,14 +7,16 @@ import pickle
 import socket
 import statistics
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 
-from app.api.openai import SamplingParams
-from app.engines.base import EngineError, GenerationDelta
+from app.engines.base import GenerationDelta
 from app.engines.openai_engine import OpenAIEngine, normalise_base_url
+from app.engines.sampling import SamplingParams
+from app.errors import EngineError
+from tests.contracts.engine import EngineContract
 from tests.fakes.fake_openai import FakeOpenAI, split_answer
 
 ANSWER = "Retrieval grounds the answer in the sources [1]."
@@ -260,3 +262,22 @@ async def test_small_requests_are_not_delayed_by_nagle(engine: OpenAIEngine) -> 
         await engine.chat(MESSAGES, SamplingParams(max_tokens=4))
         latencies.append(time.perf_counter() - t0)
     assert statistics.median(latencies) < 0.03
+
+
+
+class TestOpenAIEngineContract(EngineContract):
+    """The remote engine against the fake upstream: it forwards tools (the upstream decides), and a
+    stream closed early drops the connection, which the upstream sees as an abandoned stream."""
+
+    @pytest.fixture
+    def generation_stopped(self, fake: FakeOpenAI) -> Callable[[], Awaitable[bool]]:
+        fake.chunk_delay_s = 0.05  # the stream is still going when the consumer leaves
+
+        async def stopped() -> bool:
+            for _ in range(100):
+                if fake.abandoned_streams:
+                    return fake.abandoned_streams == 1
+                await asyncio.sleep(0.02)
+            return False
+
+        return stopped

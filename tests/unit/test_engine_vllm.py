@@ -12,7 +12,7 @@ import asyncio
 import re
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from app.engines.gemma import render_gemma
 from app.engines.sampling import SamplingParams
 from app.engines.vllm_engine import VLLMEngine
 from app.errors import ServiceError
+from tests.contracts.engine import EngineContract
 
 PIECES = ["Hel", "lo", " from", " vLLM", "."]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]
@@ -314,3 +315,23 @@ async def test_passthrough_serves_text_and_rejects_tools_and_images(monkeypatch:
         assert err.value.status == 400 and "not supported" in err.value.message
         with pytest.raises(ServiceError):
             [c async for c in engine.passthrough_stream({**body, **bad, "stream": True})]
+
+
+class TestVLLMEngineContract(EngineContract):
+    """vLLM through the fake of its API: a stream closed early is aborted in vLLM."""
+
+    @pytest.fixture
+    async def engine(self, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[VLLMEngine]:
+        engine, fake = await started(monkeypatch)
+        fake.step_delay = 0.01
+        yield engine
+        await engine.stop()
+
+    @pytest.fixture
+    def generation_stopped(self) -> Callable[[], Awaitable[bool]]:
+        async def stopped() -> bool:
+            fake = FakeEngine.last
+            assert fake is not None
+            return len(fake.aborted) == 1 and fake.aborted[0] == fake.calls[-1][2]
+
+        return stopped
