@@ -10,7 +10,6 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.api.openai import ChatCompletionChunk
-
 from app.http.errors import install_error_handlers
 from app.http.limits import BodySizeMiddleware
 from app.http.routes.documents import documents_router
