@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 CONFIG ?= configs/local.yaml
 
-.PHONY: install run test test-fast lint clean
+.PHONY: install run test test-fast lint typecheck clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,16 +20,22 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/serve run $(CONFIG)
 
+# The checks CI runs before the tests: lint, formatting, types (config in pyproject.toml).
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
-test: $(STAMP)
-	$(BIN)/ruff check .
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+test: lint typecheck
 	$(BIN)/python -m pytest --cov=app --cov-report=term-missing:skip-covered
 
-# Unit tests only (milliseconds each, no Ray, no models).
+# Unit tests without Ray and without the LLM. They do load the small packaged embedding model
+# (all-MiniLM-L6-v2, a few seconds) where a test embeds real text; the slow-marked ones (the embedded
+# Gemma engine) are skipped.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest tests/unit -q
+	$(BIN)/python -m pytest tests/unit -q -m "not slow"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .coverage

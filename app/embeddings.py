@@ -55,8 +55,11 @@ class LocalEmbeddingModel:
         self.device = device
         self._model = SentenceTransformer(path, device=device, local_files_only=True)
         get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
-        self.dim = int(get_dim())
-        self.max_seq_length = int(self._model.max_seq_length)
+        dim, max_len = get_dim(), self._model.max_seq_length
+        if dim is None or max_len is None:
+            raise ValueError(f"{self.model_id} reports no embedding dimension or maximum sequence length")
+        self.dim = int(dim)
+        self.max_seq_length = int(max_len)
 
     @property
     def tokenizer(self) -> Any:

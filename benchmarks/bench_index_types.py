@@ -2,7 +2,7 @@
 """FAISS index kinds of a shard: recall@10 against exact (flat) search, query latency and build
 time, at up to 1M vectors. The baseline is the flat index over the same vectors in the same run.
 
-    python benchmarks/bench_index_types.py [--n 1000000] [--smoke] [--out docs/img/index_types.png]
+    python -m benchmarks.bench_index_types [--n 1000000] [--smoke] [--out docs/img/index_types.png]
 
 It builds each kind with the shard's own ``app.store.faiss_index.VectorIndex`` (IVF trained the
 way a shard trains it, on a sample). The vectors are synthetic 384-d unit vectors drawn around
@@ -15,13 +15,11 @@ kinder to IVF than real text is, so ``--vectors FILE.npy`` runs the same table o
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.index_spec import IndexSpec
 from app.store.faiss_index import VectorIndex
@@ -84,7 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
     n, nq = (4000, 20) if args.smoke else (args.n, args.queries)
     source = "synthetic clustered"
     nlist = args.nlist or (32 if args.smoke else 1024)
-    configs = [("flat", {}, "flat (exact)")]
+    configs: list[tuple[str, dict[str, Any], str]] = [("flat", {}, "flat (exact)")]
     if "ivf" in args.kinds:
         configs += [("ivf", {"nlist": nlist, "nprobe": p, "train_min": 1000}, f"ivf nlist={nlist} nprobe={p}")
                     for p in (8, 32)]

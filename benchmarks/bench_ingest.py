@@ -3,7 +3,7 @@
 deployment → shard actors, durable on SQLite) against raw ``SentenceTransformer.encode`` of the
 same chunks in this process (the baseline, measured in the same run).
 
-    python benchmarks/bench_ingest.py [--docs 2000] [--smoke] [--out docs/img/ingest.png]
+    python -m benchmarks.bench_ingest [--docs 2000] [--smoke] [--out docs/img/ingest.png]
 
 The chunks are made by the application's own chunker, so both sides embed exactly the same texts.
 """
@@ -11,14 +11,12 @@ The chunks are made by the application's own chunker, so both sides embed exactl
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (
     bar_plot,
@@ -34,7 +32,7 @@ from benchmarks.common import (
 from tests.fakes.fake_openai import FakeOpenAI
 
 
-def chunk_texts(texts: list[str], model) -> list[str]:  # type: ignore[no-untyped-def]
+def chunk_texts(texts: list[str], model: Any) -> list[str]:
     from app.ingest import DocumentChunker, hf_token_counter
 
     chunker = DocumentChunker(hf_token_counter(model.tokenizer), 256, 32)
@@ -44,7 +42,7 @@ def chunk_texts(texts: list[str], model) -> list[str]:  # type: ignore[no-untype
     return out
 
 
-def raw_rate(model, chunks: list[str], batch: int) -> float:  # type: ignore[no-untyped-def]
+def raw_rate(model: Any, chunks: list[str], batch: int) -> float:
     model.encode(chunks[:batch], batch_size=batch)  # warm-up
     t0 = time.perf_counter()
     model.encode(chunks, batch_size=batch)

@@ -7,7 +7,7 @@ straight to the upstream LLM, against two baselines measured in the same run:
 - a trivial Serve deployment that forwards the body to the upstream with httpx and returns its
   answer (the floor of any Serve-based proxy: what is left over it is ragserve's own work).
 
-    python benchmarks/bench_passthrough.py [--requests 300] [--smoke] [--out docs/img/passthrough.png]
+    python -m benchmarks.bench_passthrough [--requests 300] [--smoke] [--out docs/img/passthrough.png]
 
 The upstream is the fake OpenAI server of the tests (uvicorn, TCP_NODELAY), answering at once.
 """
@@ -15,7 +15,6 @@ The upstream is the fake OpenAI server of the tests (uvicorn, TCP_NODELAY), answ
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,6 @@ from typing import Any
 import httpx
 from fastapi import Request  # the forwarder's endpoint names it in its body, so it travels with the class
 from fastapi.responses import JSONResponse
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (
     bar_plot,
@@ -36,6 +33,7 @@ from benchmarks.common import (
     wait_healthy,
     write_json,
 )
+from deployments.builder import as_deployment
 from tests.fakes.fake_openai import FakeOpenAI
 
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
@@ -62,7 +60,7 @@ def deploy_floor(port: int) -> str:
         async def health(self) -> dict:
             return {"status": "ok"}
 
-    serve.run(Floor.bind(), name="floor", route_prefix="/floor", blocking=False)
+    serve.run(as_deployment(Floor).bind(), name="floor", route_prefix="/floor", blocking=False)
     base = f"http://127.0.0.1:{port}/floor"
     wait_healthy(base)
     return base
@@ -103,7 +101,8 @@ def deploy_forwarder(port: int, upstream: str, client: str = "httpx") -> str:
         async def health(self) -> dict:
             return {"status": "ok"}
 
-    serve.run(Forwarder.bind(), name=f"forward-{client}", route_prefix=f"/forward-{client}", blocking=False)
+    serve.run(as_deployment(Forwarder).bind(), name=f"forward-{client}", route_prefix=f"/forward-{client}",
+              blocking=False)
     base = f"http://127.0.0.1:{port}/forward-{client}"
     wait_healthy(base)
     return base

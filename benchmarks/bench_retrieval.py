@@ -3,7 +3,7 @@
 at 10k and 100k chunks, against bare FAISS search over the same vectors in this process and raw
 query encoding in this process (the baselines, measured in the same run).
 
-    python benchmarks/bench_retrieval.py [--sizes 10000,100000] [--smoke] [--out docs/img/retrieval.png]
+    python -m benchmarks.bench_retrieval [--sizes 10000,100000] [--smoke] [--out docs/img/retrieval.png]
 
 The chunks are deterministic sentence-like texts, embedded once with MiniLM and cached under
 ``data/bench-cache`` (the first 100k run spends several minutes there); the storage_dir is written
@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from app.http.server_timing import parse_server_timing
 from benchmarks.common import (
     bar_plot,
     build_storage,
@@ -40,15 +39,6 @@ from benchmarks.common import (
 from tests.fakes.fake_openai import FakeOpenAI
 
 
-def server_timing(header: str) -> dict[str, float]:
-    out = {}
-    for part in header.split(","):
-        name, _, dur = part.strip().partition(";dur=")
-        if dur:
-            out[name] = float(dur)
-    return out
-
-
 def query_http(base: str, index: str, queries: list[str], k: int = 5) -> tuple[list[float], dict[str, list[float]]]:
     lat: list[float] = []
     stages: dict[str, list[float]] = {}
@@ -58,7 +48,7 @@ def query_http(base: str, index: str, queries: list[str], k: int = 5) -> tuple[l
             r = c.post("/retrieve", json={"index_name": index, "query": q, "max_node_count": k})
             lat.append(time.perf_counter() - t0)
             r.raise_for_status()
-            for name, ms in server_timing(r.headers.get("server-timing", "")).items():
+            for name, ms in parse_server_timing(r.headers.get("server-timing", "")).items():
                 stages.setdefault(name, []).append(ms / 1000)
     return lat, stages
 
@@ -76,7 +66,7 @@ def bare_faiss(vectors: np.ndarray, queries: np.ndarray, k: int = 5) -> list[flo
     return out
 
 
-def raw_encode(model, queries: list[str]) -> list[float]:  # type: ignore[no-untyped-def]
+def raw_encode(model: Any, queries: list[str]) -> list[float]:
     out = []
     for q in queries:
         t0 = time.perf_counter()

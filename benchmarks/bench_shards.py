@@ -2,7 +2,7 @@
 """Search latency and throughput against ``num_shards`` (1 / 2 / 4) over the same chunks, with
 bare FAISS search in this process over the same vectors as the baseline (same run).
 
-    python benchmarks/bench_shards.py [--chunks 20000] [--smoke] [--out docs/img/shards.png]
+    python -m benchmarks.bench_shards [--chunks 20000] [--smoke] [--out docs/img/shards.png]
 
 Queries repeat, so the query-embedding cache answers and what changes with the shard count
 (scatter, per-shard search, gather and merge) is what is measured. Latency is sequential;
@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_retrieval import bare_faiss, query_http
 from benchmarks.common import (
@@ -79,7 +77,8 @@ def main(argv: list[str] | None = None) -> dict:
     vectors = cached_embeddings(texts, "retrieval-s7x3")
     queries = make_queries(20)
     query_vecs = LocalEmbeddingModel(None, device="cpu").encode(queries)
-    rows, results = [], []
+    rows: list[list[Any]] = []
+    results: list[dict[str, Any]] = []
     with FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake, ray_serve(num_cpus=6) as port:
         from ray import serve
 

@@ -266,12 +266,10 @@ def cpu_by_role() -> dict[str, float]:
             continue
         if times is None:
             continue
-        if p.info["pid"] == me:
-            role = "benchmark process (client, fake upstream)"
-        else:
-            role = next((r for key, r in _ROLES if key in cmd), None)
-            if role is None:
-                continue
+        role = ("benchmark process (client, fake upstream)" if p.info["pid"] == me
+                else next((r for key, r in _ROLES if key in cmd), None))
+        if role is None:
+            continue
         out[role] = out.get(role, 0.0) + times.user + times.system
     return out
 

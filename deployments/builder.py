@@ -5,9 +5,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from ray.serve import Application
+from ray.serve import Application, Deployment
 
 from app.config import Settings
 from deployments.embedder import Embedder
@@ -17,7 +17,12 @@ from deployments.ingress import Ingress
 
 def build_app(args: dict[str, Any] | Settings | None = None) -> Application:
     settings = args if isinstance(args, Settings) else Settings(**(args or {}))
-    embedder = Embedder.bind(settings)
+    embedder = as_deployment(Embedder).bind(settings)
     # A remote LLM is only an HTTP client: the ingress calls it itself, one actor hop less.
-    generator = None if settings.llm_in_ingress else Generator.bind(settings)
-    return Ingress.bind(embedder, generator, settings)
+    generator = None if settings.llm_in_ingress else as_deployment(Generator).bind(settings)
+    return as_deployment(Ingress).bind(embedder, generator, settings)
+
+
+def as_deployment(cls: object) -> Deployment:
+    """``@serve.deployment`` made the class a ``Deployment``; its annotations still say the class."""
+    return cast(Deployment, cls)

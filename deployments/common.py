@@ -21,7 +21,7 @@ def unwrap_error(exc: BaseException) -> BaseException:
     """The exception a remote deployment raised: Ray wraps it (RayTaskError with ``.cause``)."""
     seen = 0
     while getattr(exc, "cause", None) is not None and seen < 5:
-        exc = exc.cause  # type: ignore[assignment]
+        exc = exc.cause  # type: ignore[attr-defined]  # RayTaskError carries the original as .cause
         seen += 1
     return exc
 

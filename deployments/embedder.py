@@ -35,8 +35,9 @@ class Embedder:
         else:
             self.model = LocalEmbeddingModel(s.embedding_model, threads=s.embedding_threads)
         self.batch_size = s.embedding_batch_size
-        self._embed_query_batch.set_max_batch_size(s.embedding_batch_size)
-        self._embed_query_batch.set_batch_wait_timeout_s(s.embedding_batch_wait_s)
+        batcher: Any = self._embed_query_batch  # @serve.batch added the setters
+        batcher.set_max_batch_size(s.embedding_batch_size)
+        batcher.set_batch_wait_timeout_s(s.embedding_batch_wait_s)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
         self._queries_in_flight = 0
         self._approx = ApproxTokenCounter("the remote embedding model's tokenizer is not available here")

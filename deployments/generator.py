@@ -25,7 +25,7 @@ from deployments.common import as_settings, log
 
 @serve.deployment(name="Generator", max_ongoing_requests=32, ray_actor_options={"num_cpus": 1})
 class Generator:
-    async def __init__(self, settings: Settings | dict[str, Any] | None = None):
+    async def __init__(self, settings: Settings | dict[str, Any] | None = None):  # type: ignore[misc]  # Serve awaits async constructors
         self.settings = as_settings(settings)
         self.engine = make_engine(self.settings)
         client = EngineClient(self.engine, self.settings.context_window)

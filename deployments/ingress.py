@@ -26,15 +26,18 @@ from deployments.vector_index import RayShardPool, get_or_create_shards, reconci
 @serve.deployment(name="Ingress", max_ongoing_requests=256, ray_actor_options={"num_cpus": 0.5})
 @serve.ingress()
 class Ingress:
-    async def __init__(self, embedder: Any, generator: Any, settings: Settings | dict[str, Any] | None = None):
+    async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
+            self, embedder: Any, generator: Any, settings: Settings | dict[str, Any] | None = None):
         self.settings = s = as_settings(settings)
         self.embedder = HandleEmbedder(embedder, s.embedding_cache_size, s.embedding_cache_ttl_s)
         if generator is not None:
-            self.llm: LanguageModel = HandleGenerator(generator)
-            llm_ready = self.llm.ready()
+            handle = HandleGenerator(generator)
+            self.llm: LanguageModel = handle
+            llm_ready = handle.ready()
         else:  # llm_in_ingress: the remote engine's HTTP client lives here
-            self.llm = EngineClient(make_engine(s), s.context_window)
-            llm_ready = self.llm.start()
+            client = EngineClient(make_engine(s), s.context_window)
+            self.llm = client
+            llm_ready = client.start()
         self.pool = RayShardPool(await reconcile_shards(s, get_or_create_shards(s)))
         info, tokenizer = await asyncio.gather(embedder.info.remote(), embedder.tokenizer.remote())
         self.services: Services = build_services(
@@ -55,7 +58,10 @@ class Ingress:
         """The Prometheus text of this node's Ray metrics agent, where ``ray.serve.metrics`` land."""
         import ray
 
-        port = ray._private.worker.global_worker.node.metrics_export_port
+        node = ray._private.worker.global_worker.node
+        if node is None:
+            return ""
+        port = node.metrics_export_port
         async with httpx.AsyncClient(timeout=5.0) as client:
             resp = await client.get(f"http://127.0.0.1:{port}/metrics")
             return resp.text

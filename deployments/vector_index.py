@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from typing import Any
+from typing import Any, cast
 
 import ray
 
@@ -49,7 +49,7 @@ def shard_open_options(settings: Settings) -> dict[str, Any]:
 
 
 def _get_or_create_shard(settings: Settings, i: int) -> Any:
-    return ShardActor.options(
+    return cast(Any, ShardActor).options(  # @ray.remote made it an ActorClass
         name=shard_actor_name(settings, i), namespace=SHARD_NAMESPACE, get_if_exists=True,
         lifetime="detached", max_restarts=-1, max_task_retries=-1, max_concurrency=16,
         num_cpus=settings.shard_num_cpus, scheduling_strategy="SPREAD",

@@ -193,13 +193,19 @@ class RetrieveUser(_RagServeUser):
                 r.failure(f"{r.status_code}: {r.text[:200]}")
 
 
+def _parsed(shape: LoadTestShape) -> Any:
+    """The parsed command line; a shape only ticks inside a running test, which has one."""
+    assert shape.runner is not None and shape.runner.environment.parsed_options is not None
+    return shape.runner.environment.parsed_options
+
+
 class FixedShape(LoadTestShape):
     """``--peak-users`` users for ``--hold-s`` seconds, all started at once."""
 
     abstract = True
 
     def tick(self) -> tuple[int, float] | None:
-        opts = self.runner.environment.parsed_options
+        opts = _parsed(self)
         return (opts.peak_users, opts.peak_users) if self.get_run_time() < opts.hold_s else None
 
 
@@ -210,7 +216,7 @@ class StepShape(LoadTestShape):
     abstract = True
 
     def tick(self) -> tuple[int, float] | None:
-        opts = self.runner.environment.parsed_options
+        opts = _parsed(self)
         steps = -(-opts.peak_users // opts.step_users)
         t = self.get_run_time()
         if t >= (steps + 1) * opts.step_s:

@@ -17,6 +17,8 @@ import time
 
 import httpx
 
+from app.http.server_timing import parse_server_timing
+
 WORDS = [
     "retrieval", "index", "shard", "vector", "cluster", "kubernetes", "operator", "token", "budget", "window",
     "context", "history", "latency", "throughput", "replica", "batch", "cache", "embedding", "model", "search",
@@ -53,15 +55,6 @@ async def served_encode_rate(url: str, texts: list[str], batch: int, concurrency
         t0 = time.perf_counter()
         await asyncio.gather(*(one(b) for b in batches))
         return len(texts) / (time.perf_counter() - t0)
-
-
-def parse_server_timing(header: str) -> dict[str, float]:
-    out = {}
-    for part in header.split(","):
-        name, _, dur = part.strip().partition(";dur=")
-        if dur:
-            out[name] = float(dur)
-    return out
 
 
 def rag_latency(url: str, chats: int, max_tokens: int) -> list[dict[str, float]]:

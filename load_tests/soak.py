@@ -19,6 +19,7 @@ import random
 import statistics
 import time
 from collections import Counter, defaultdict
+from collections.abc import Awaitable
 
 import httpx
 import psutil
@@ -71,7 +72,7 @@ class Soak:
         self.next_id = 0
         self.server_pid = server_pid
 
-    async def timed(self, kind: str, coro) -> httpx.Response | None:  # type: ignore[no-untyped-def]
+    async def timed(self, kind: str, coro: Awaitable[httpx.Response]) -> httpx.Response | None:
         t0 = time.perf_counter()
         try:
             r = await coro

@@ -18,5 +18,5 @@ class DocumentChunker:
     def chunk(self, text: str, metadata: dict[str, Any] | None) -> list[Chunk]:
         meta = metadata or {}
         if meta.get("split_type") == "code":
-            return self.code.split(text, meta.get("language"))
+            return self.code.split(text, str(meta.get("language") or ""))
         return self.sentences.split(text)

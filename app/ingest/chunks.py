@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 TokenCount = Callable[[str], int]
 
@@ -22,7 +23,7 @@ class ChunkingError(ValueError):
     """A client mistake in how a document asks to be chunked (shown as a 400)."""
 
 
-def hf_token_counter(tokenizer) -> TokenCount:  # type: ignore[no-untyped-def]
+def hf_token_counter(tokenizer: Any) -> TokenCount:
     """Token count with a Hugging Face tokenizer (the embedding model's), without special tokens."""
 
     def count(text: str) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from app.ingest.chunks import Chunk, ChunkingError, TokenCount, number
@@ -151,7 +152,7 @@ class CodeChunker:
         return chunks
 
 
-def _offset_mapper(text: str, data: bytes):  # type: ignore[no-untyped-def]
+def _offset_mapper(text: str, data: bytes) -> Callable[[int], int]:
     """Byte offset → character offset (tree-sitter reports bytes)."""
     if len(data) == len(text):
         return lambda b: b

@@ -38,7 +38,8 @@ class LanguageModel(Protocol):
     """What the pipeline needs from the LLM side: an engine in this process (``EngineClient``) or
     the Generator deployment behind a handle (``deployments.clients.HandleGenerator``)."""
 
-    model_id: str
+    @property
+    def model_id(self) -> str: ...
 
     async def context_window(self) -> int: ...
 

@@ -34,7 +34,7 @@ class EmbeddingService:
                                       param="dimensions")
             vectors = vectors[:, : request.dimensions]
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-            vectors = vectors / np.where(norms == 0, 1.0, norms)
+            vectors = (vectors / np.where(norms == 0, 1.0, norms)).astype(np.float32)
         tokens = await self._count(texts)
         data = [EmbeddingData(index=i, embedding=_encode(v, request.encoding_format)) for i, v in enumerate(vectors)]
         return EmbeddingResponse(data=data, model=self.model, usage=UsageInfo.of(tokens, 0))
@@ -43,4 +43,5 @@ class EmbeddingService:
 def _encode(vector: np.ndarray, encoding_format: str) -> list[float] | str:
     if encoding_format == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode()
-    return vector.tolist()  # type: ignore[no-any-return]
+    values: list[float] = vector.tolist()
+    return values

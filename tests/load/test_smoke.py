@@ -77,7 +77,7 @@ def test_locustfile_runs_headless_with_every_user_and_writes_reports(server: str
                                     "bench_shards"])
 def test_benchmark_smoke_prints_its_table(script: str, tmp_path: Path) -> None:
     env = {**os.environ, "RAGSERVE_BENCH_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"), "--smoke",
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--smoke",
                            "--json", str(tmp_path / "out.json"), "--out", str(tmp_path / "plot.png")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
