@@ -103,16 +103,17 @@ class HandleGenerator:
             _reraise(e)
             raise
 
-    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse:
+    async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse:
         try:
-            return await self._h.passthrough.remote(body)
+            return await self._h.passthrough.remote(body, default_max_tokens)
         except Exception as e:
             _reraise(e)
             raise
 
-    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatCompletionChunk]:
+    async def passthrough_stream(self, body: dict[str, Any],
+                                 default_max_tokens: int) -> AsyncIterator[ChatCompletionChunk]:
         try:
-            async for chunk in self._h.options(stream=True).passthrough_stream.remote(body):
+            async for chunk in self._h.options(stream=True).passthrough_stream.remote(body, default_max_tokens):
                 yield chunk
         except Exception as e:
             _reraise(e)

@@ -56,15 +56,16 @@ class Generator:
         async for delta in self.engine.chat_stream(messages, params):
             yield delta
 
-    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse:
+    async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse:
         t0 = time.perf_counter()
         try:
-            return await self.engine.passthrough(body)
+            return await self.engine.passthrough(body, default_max_tokens)
         finally:
             self._latency.observe((time.perf_counter() - t0) * 1000, tags={"kind": "passthrough"})
 
-    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatCompletionChunk]:
-        async for chunk in self.engine.passthrough_stream(body):
+    async def passthrough_stream(self, body: dict[str, Any],
+                                 default_max_tokens: int) -> AsyncIterator[ChatCompletionChunk]:
+        async for chunk in self.engine.passthrough_stream(body, default_max_tokens):
             yield chunk
 
     async def check_health(self) -> None:

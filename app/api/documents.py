@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
+from app.api.values import INT64_MAX, INT64_MIN, check_filter, check_metadata, check_text
 from app.engines.sampling import SamplingParams
 
 INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -14,8 +15,10 @@ INDEX_NAME_RULE = (
     "index names are 1-128 characters: letters, digits, '_', '-' and '.', starting with a letter or digit"
 )
 
-# Metadata values a filter can match on; nested objects are stored but not filterable.
-MetadataValue = str | int | float | bool | None
+#: Flat metadata, checked by :func:`app.api.values.check_metadata`.
+Metadata = Annotated[dict[str, Any], AfterValidator(check_metadata)]
+#: Document and query text: valid Unicode (no lone surrogates).
+Text = Annotated[str, Field(min_length=1), AfterValidator(lambda v: check_text(v, "text"))]
 
 
 def validate_index_name(name: str) -> str:
@@ -25,27 +28,20 @@ def validate_index_name(name: str) -> str:
     return name
 
 
-def validate_metadata_filter(flt: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A filter is ``{key: scalar}``, matched by equality; all keys must match."""
-    if flt is None:
-        return None
-    if not isinstance(flt, dict):
-        raise ValueError("metadata_filter must be a JSON object of key: value pairs")
-    for k, v in flt.items():
-        if not isinstance(k, str) or not k:
-            raise ValueError("metadata_filter keys must be non-empty strings")
-        if not isinstance(v, str | int | float | bool) and v is not None:
-            raise ValueError(f"metadata_filter[{k!r}] must be a string, number, boolean or null")
-    return flt
+def validate_metadata_filter(flt: Any) -> dict[str, Any] | None:
+    """A filter is ``{key: scalar}`` (see :func:`app.api.values.check_filter`)."""
+    return check_filter(flt)
 
 
 class Document(BaseModel):
     """A document to index: text plus optional metadata and client-chosen id."""
 
     model_config = ConfigDict(extra="forbid")
-    text: str = Field(min_length=1)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    text: Text
+    metadata: Metadata = Field(default_factory=dict)
     doc_id: str | None = Field(default=None, min_length=1, max_length=256)
+
+    _check_id = field_validator("doc_id")(lambda cls, v: v if v is None else check_text(v, "doc_id"))
 
 
 class IndexRequest(BaseModel):
@@ -77,8 +73,8 @@ class ListDocumentsResponse(BaseModel):
 class UpdateDocument(BaseModel):
     model_config = ConfigDict(extra="ignore")  # KAITO clients send hash_value back; it is recomputed
     doc_id: str = Field(min_length=1)
-    text: str = Field(min_length=1)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    text: Text
+    metadata: Metadata | None = None
 
 
 class UpdateDocumentsRequest(BaseModel):
@@ -121,7 +117,7 @@ class _RetrievalRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     index_name: str
-    query: str = Field(min_length=1)
+    query: Text
     metadata_filter: dict[str, Any] | None = None
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
 
@@ -139,7 +135,7 @@ class LLMParams(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
     stop: str | list[str] | None = Field(default=None, max_length=4)
-    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())

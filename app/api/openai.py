@@ -10,10 +10,11 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.api.documents import NodeWithScore, validate_index_name, validate_metadata_filter
-from app.engines.sampling import SamplingParams
+from app.api.values import INT64_MAX, INT64_MIN, check_text
+from app.engines.sampling import SamplingParams, extra_fields
 
 # Fields that only ragserve understands; they are removed before a request goes upstream.
 RAG_FIELDS = frozenset({"index_name", "context_token_ratio", "top_k", "similarity_threshold", "metadata_filter"})
@@ -35,6 +36,16 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+
+    @model_validator(mode="after")
+    def _valid_text(self) -> ChatMessage:
+        if isinstance(self.content, str):
+            check_text(self.content, "content")
+        elif self.content is not None:
+            for i, part in enumerate(self.content):
+                if part.text is not None:
+                    check_text(part.text, f"content[{i}].text")
+        return self
 
     def text(self) -> str:
         """The message's text: the string, or its text parts joined by newlines."""
@@ -61,7 +72,7 @@ class ChatCompletionRequest(BaseModel):
     n: int | None = Field(default=None, ge=1, le=1, description="Only n=1 is supported.")
     stop: str | list[str] | None = None
     user: str | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     functions: list[dict[str, Any]] | None = None
@@ -82,6 +93,8 @@ class ChatCompletionRequest(BaseModel):
     def _stop_list_size(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and len(v) > 4:
             raise ValueError("at most 4 stop sequences")
+        for s in [v] if isinstance(v, str) else v or []:
+            check_text(s, "stop")
         return v
 
     def requested_max_tokens(self) -> int | None:
@@ -96,7 +109,8 @@ class ChatCompletionRequest(BaseModel):
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         """What an engine needs to generate for this request, once the budget has fixed ``max_tokens``."""
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              stop=tuple(self.stop_list()), seed=self.seed)
+                              stop=tuple(self.stop_list()), seed=self.seed, model=self.model,
+                              extra=extra_fields(self.model_dump(exclude_unset=True)))
 
     def upstream_body(self) -> dict[str, Any]:
         """The body to forward upstream: everything the client sent except the RAG fields."""

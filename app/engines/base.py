@@ -41,6 +41,7 @@ class GenerationResult:
     finish_reason: str = "stop"  # "stop" | "length"
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    model: str | None = None  # the model that generated it, where the engine knows (a remote server)
 
     def usage(self) -> UsageInfo:
         return UsageInfo.of(self.prompt_tokens, self.completion_tokens)
@@ -54,6 +55,7 @@ class GenerationDelta:
     finish_reason: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    model: str | None = None
 
     def usage(self) -> UsageInfo | None:
         if self.prompt_tokens is None:
@@ -123,6 +125,14 @@ class GenerationEngine(abc.ABC):
             raise BadRequestError(f"Prompt length exceeds context window: the prompt has {prompt_tokens} tokens, "
                                   f"the window {window}", param="messages", code="context_length_exceeded")
 
+    def check_sampling(self, params: SamplingParams) -> None:
+        """Refuse (400) sampling fields this engine cannot honour, rather than ignore them."""
+        if params.extra and not self.serves_rich_requests:
+            names = ", ".join(sorted(params.extra))
+            raise BadRequestError(f"{names}: not supported by the embedded {self.engine_name} engine; remove "
+                                  f"{'it' if len(params.extra) == 1 else 'them'} or use a remote OpenAI-compatible "
+                                  "server (llm_engine: openai)", param=sorted(params.extra)[0])
+
     def check_passthrough(self, body: dict[str, Any]) -> None:
         """Refuse (400) what this engine cannot serve; see :attr:`serves_rich_requests`."""
         if self.serves_rich_requests:
@@ -141,21 +151,24 @@ class GenerationEngine(abc.ABC):
                                               f"embedded {self.engine_name} engine (text only)",
                                               param=f"messages[{i}].content")
 
-    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse:
-        """Answer a raw OpenAI chat body (no RAG fields, ``max_tokens`` already clamped). Local engines
-        serve the text of its messages; a remote engine forwards the body as it is."""
+    async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse:
+        """Answer a raw OpenAI chat body (no RAG fields; a ``max_tokens`` it has is already clamped to
+        the window, ``default_max_tokens`` applies where it has none). Local engines serve the text of
+        its messages; a remote engine forwards the body as it is."""
         self.check_passthrough(body)
-        result = await self.chat(body["messages"], SamplingParams.from_body(body))
+        result = await self.chat(body["messages"], SamplingParams.from_body(body, default_max_tokens))
         return ChatCompletionResponse(
             model=self.model_id,
             choices=[ChatCompletionChoice(index=0, message=ResponseMessage(role="assistant", content=result.text),
                                           finish_reason=result.finish_reason)],
             usage=result.usage())
 
-    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncGenerator[ChatCompletionChunk, None]:
+    async def passthrough_stream(self, body: dict[str, Any],
+                                 default_max_tokens: int) -> AsyncGenerator[ChatCompletionChunk, None]:
         """Streamed passthrough: chunks without id/created, which the chat service sets."""
         self.check_passthrough(body)
-        async with contextlib.aclosing(self.chat_stream(body["messages"], SamplingParams.from_body(body))) as deltas:
+        params = SamplingParams.from_body(body, default_max_tokens)
+        async with contextlib.aclosing(self.chat_stream(body["messages"], params)) as deltas:
             async for delta in deltas:
                 chunk = ChatCompletionChunk(model=self.model_id, choices=[ChatCompletionChunkChoice(
                     index=0, delta=DeltaMessage(content=delta.text) if delta.text else DeltaMessage(),
@@ -171,9 +184,12 @@ async def collect(deltas: AsyncGenerator[GenerationDelta, None]) -> GenerationRe
     generation stops with it."""
     parts: list[str] = []
     last = GenerationDelta()
+    model = None
     async with contextlib.aclosing(deltas):
         async for delta in deltas:
             parts.append(delta.text)
             last = delta
+            model = model or delta.model
     return GenerationResult(text="".join(parts), finish_reason=last.finish_reason or "stop",
-                            prompt_tokens=last.prompt_tokens or 0, completion_tokens=last.completion_tokens or 0)
+                            prompt_tokens=last.prompt_tokens or 0, completion_tokens=last.completion_tokens or 0,
+                            model=model)

@@ -197,7 +197,10 @@ class OpenAIEngine(GenerationEngine):
         return body
 
     def _chat_body(self, messages: Sequence[Message], params: SamplingParams, stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"messages": list(messages), "max_tokens": params.max_tokens, "stream": stream}
+        body: dict[str, Any] = {**params.extra, "messages": list(messages), "max_tokens": params.max_tokens,
+                                "stream": stream}
+        if params.model:
+            body["model"] = params.model
         if params.temperature is not None:
             body["temperature"] = params.temperature
         if params.top_p is not None:
@@ -290,7 +293,8 @@ class OpenAIEngine(GenerationEngine):
         if completion_tokens is None:
             completion_tokens = self.token_counter().count_text(text)
         return GenerationResult(text=text, finish_reason=choices[0].get("finish_reason") or "stop",
-                                prompt_tokens=int(prompt_tokens), completion_tokens=int(completion_tokens))
+                                prompt_tokens=int(prompt_tokens), completion_tokens=int(completion_tokens),
+                                model=str(data.get("model") or body_model(params, self.model_id)))
 
     async def chat_stream(self, messages: Sequence[Message],
                           params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
@@ -309,7 +313,7 @@ class OpenAIEngine(GenerationEngine):
                 text = delta.get("content") if isinstance(delta, dict) else None
                 if text:
                     parts.append(text)
-                    yield GenerationDelta(text=text)
+                    yield GenerationDelta(text=text, model=chunk.get("model") or body_model(params, self.model_id))
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
         usage = usage or {}
@@ -322,20 +326,26 @@ class OpenAIEngine(GenerationEngine):
         yield GenerationDelta(text="", finish_reason=finish or "stop", prompt_tokens=int(prompt_tokens),
                               completion_tokens=int(completion_tokens))
 
-    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse:
+    async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse:
         """The body as the client sent it (RAG fields already removed), with ``model`` filled in if
         absent; the upstream's answer is relayed with every field it sent."""
         data = await self._post_json(self._with_model(body))
         data.setdefault("model", body.get("model") or self.model_id)
         return _validated(ChatCompletionResponse, data)
 
-    async def passthrough_stream(self, body: dict[str, Any]) -> AsyncGenerator[ChatCompletionChunk, None]:
+    async def passthrough_stream(self, body: dict[str, Any],
+                                 default_max_tokens: int) -> AsyncGenerator[ChatCompletionChunk, None]:
         """The upstream's chunks, relayed one by one as they arrive."""
         body = self._with_model(body)
         body["stream"] = True
         async with contextlib.aclosing(self._stream_chunks(body)) as chunks:
             async for chunk in chunks:
                 yield _validated(ChatCompletionChunk, chunk)
+
+
+def body_model(params: SamplingParams, served: str) -> str:
+    """The model a request asks the upstream for: the client's, else the one this engine serves."""
+    return params.model or served
 
 
 def _validated(model: Any, data: dict[str, Any]) -> Any:

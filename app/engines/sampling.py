@@ -13,6 +13,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Chat fields whose value sampling does not depend on: the body's own, the budget's, the RAG
+#: pipeline's and the typed ones below. Every other field a client sends is ``extra``.
+NOT_EXTRA = frozenset({"messages", "model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+                       "temperature", "top_p", "stop", "seed", "user", "tools", "tool_choice", "functions",
+                       "function_call", "index_name", "context_token_ratio", "top_k", "similarity_threshold",
+                       "metadata_filter"})
+
+
+def extra_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of an OpenAI chat body beyond the typed sampling parameters (``response_format``,
+    penalties, ``logprobs``, ``logit_bias``, a server's own such as ``repetition_penalty``), without
+    those that ask for nothing (``null``, ``n: 1``, ``logprobs: false``)."""
+    out = {}
+    for key, value in body.items():
+        if key in NOT_EXTRA or value is None or (key == "n" and value == 1) or (key == "logprobs" and value is False):
+            continue
+        out[key] = value
+    return out
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -23,14 +42,18 @@ class SamplingParams:
     top_p: float | None = None
     stop: tuple[str, ...] | list[str] = field(default_factory=tuple)
     seed: int | None = None
+    #: The model the client asked for: a remote server is asked for it, a local engine serves its own.
+    model: str | None = None
+    #: Further OpenAI fields (see :func:`extra_fields`): a remote server gets them as they are; an
+    #: engine that cannot honour them refuses the request rather than drop them.
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> SamplingParams:
-        """From an OpenAI chat body whose ``max_tokens`` (or ``max_completion_tokens``) is already set
-        (passthrough on a local engine, which serves the body's messages as a plain chat)."""
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        if not max_tokens:
-            raise ValueError("max_tokens must be set before the body reaches an engine")
+    def from_body(cls, body: Mapping[str, Any], default_max_tokens: int) -> SamplingParams:
+        """From an OpenAI chat body (passthrough on a local engine, which serves the body's messages
+        as a plain chat); ``default_max_tokens`` when the body sets no limit."""
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens
         stop = body.get("stop")
         return cls(max_tokens=int(max_tokens), temperature=body.get("temperature"), top_p=body.get("top_p"),
-                   stop=(stop,) if isinstance(stop, str) else tuple(stop or ()), seed=body.get("seed"))
+                   stop=(stop,) if isinstance(stop, str) else tuple(stop or ()), seed=body.get("seed"),
+                   model=body.get("model"), extra=extra_fields(body))

@@ -393,6 +393,7 @@ class TransformersEngine(GenerationEngine):
     async def _generate(self, messages: Sequence[Message],
                         params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
         """Deltas as tokens are decoded; the last one has the finish reason and the usage."""
+        self.check_sampling(params)
         self._require_started()
         assert self._counter is not None and self._executor is not None
         tokenizer = self._tokenizer

@@ -133,6 +133,7 @@ class VLLMEngine(GenerationEngine):
     async def chat_stream(self, messages: Sequence[Message],
                           params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
         """Deltas of vLLM's cumulative outputs; leaving early aborts the request in vLLM."""
+        self.check_sampling(params)
         counter = self.token_counter()
         engine = self._engine
         prompt = counter.render(messages)

@@ -68,6 +68,10 @@ def _parser(language: str) -> Any:
     return Parser(lang)
 
 
+#: Syntax-tree levels followed when splitting; deeper structure is split by lines instead.
+MAX_DEPTH = 100
+
+
 class CodeChunker:
     def __init__(self, count_tokens: TokenCount, chunk_size: int = 256, chunk_overlap: int = 32):
         from app.ingest.sentence import SentenceChunker
@@ -94,11 +98,13 @@ class CodeChunker:
                 spans.extend((s + c.start_char, s + c.end_char) for c in self._by_lines(text[s:e]))
         return number(spans, text)
 
-    def _segments(self, node: Any, start: int, end: int, data: bytes, out: list[tuple[int, int]]) -> None:
+    def _segments(self, node: Any, start: int, end: int, data: bytes, out: list[tuple[int, int]],
+                  depth: int = 0) -> None:
         """Byte spans covering [start, end) along ``node``'s children; each child owns the text
-        before it; oversized children recurse into their own children."""
+        before it; oversized children recurse into their own children. Below ``MAX_DEPTH`` levels a
+        node is kept whole (and later split by lines), so deeply nested code cannot exhaust the stack."""
         children = [c for c in node.children if c.end_byte > c.start_byte]
-        if not children:
+        if not children or depth >= MAX_DEPTH:
             out.append((start, end))
             return
         pos = start
@@ -108,7 +114,7 @@ class CodeChunker:
             seg_end = end if i == len(children) - 1 else child.end_byte
             seg_end = max(seg_end, pos)
             if child.child_count and self._tokens(data, pos, seg_end) > self.chunk_size:
-                self._segments(child, pos, seg_end, data, out)
+                self._segments(child, pos, seg_end, data, out, depth + 1)
             else:
                 out.append((pos, seg_end))
             pos = seg_end

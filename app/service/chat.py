@@ -49,9 +49,10 @@ class LanguageModel(Protocol):
 
     def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]: ...
 
-    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse: ...
+    async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse: ...
 
-    def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatCompletionChunk]: ...
+    def passthrough_stream(self, body: dict[str, Any],
+                           default_max_tokens: int) -> AsyncIterator[ChatCompletionChunk]: ...
 
 
 @dataclass
@@ -124,14 +125,15 @@ class ChatService:
             counter=counter, window=window, messages=body["messages"], requested_max_tokens=requested,
             default_max_tokens=self.settings.default_max_tokens,
             min_completion_tokens=self.settings.min_completion_tokens)
-        body["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"] = max_tokens
+        if requested is not None and requested > max_tokens:  # forwarded as sent, unless it cannot fit
+            body["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"] = max_tokens
         outcome = ChatOutcome(mode="passthrough", reason=reason.value, timings=dict(timings or {}),
                               stats={"prompt_tokens": prompt_tokens})
         if stream:
-            outcome.stream = self._relay(self.llm.passthrough_stream(body), outcome)
+            outcome.stream = self._relay(self.llm.passthrough_stream(body, max_tokens), outcome)
         else:
             t0 = time.perf_counter()
-            outcome.response = await self.llm.passthrough(body)
+            outcome.response = await self.llm.passthrough(body, max_tokens)
             outcome.timings["generate"] = time.perf_counter() - t0
             _stamp(outcome.response, new_completion_id(), int(time.time()))
         return outcome
@@ -185,27 +187,28 @@ class ChatService:
             stats={"prompt_tokens": result.prompt_tokens, "context_tokens": result.context_tokens,
                    "history_tokens": result.history_tokens, "history_dropped": result.history_dropped,
                    "nodes_used": len(result.nodes_used)})
-        model = request.model or self.llm.model_id
         if request.stream:
             include_usage = bool((request.stream_options or {}).get("include_usage"))
-            outcome.stream = self._rag_stream(result.messages, sampling, model, result.nodes_used, include_usage,
-                                              outcome)
+            outcome.stream = self._rag_stream(result.messages, sampling, result.nodes_used, include_usage, outcome)
             return outcome
         t0 = time.perf_counter()
         answer = await self.llm.chat(result.messages, sampling)
         outcome.timings["generate"] = time.perf_counter() - t0
         outcome.response = ChatCompletionResponse(
-            id=new_completion_id(), object="chat.completion", created=int(time.time()), model=model,
+            id=new_completion_id(), object="chat.completion", created=int(time.time()),
+            model=answer.model or self.llm.model_id,
             choices=[ChatCompletionChoice(index=0, message=ResponseMessage(role="assistant", content=answer.text),
                                           finish_reason=answer.finish_reason)],
             usage=answer.usage(), source_nodes=result.nodes_used)
         return outcome
 
-    async def _rag_stream(self, messages: list[dict[str, Any]], sampling: SamplingParams, model: str,
+    async def _rag_stream(self, messages: list[dict[str, Any]], sampling: SamplingParams,
                           sources: list[NodeWithScore], include_usage: bool,
                           outcome: ChatOutcome) -> AsyncGenerator[ChatCompletionChunk, None]:
-        """OpenAI chunks; the first carries the role and ``source_nodes``."""
+        """OpenAI chunks; the first carries the role and ``source_nodes``. ``model`` names the model
+        that generates the answer (the remote server's own name for it, where it says)."""
         cid, created = new_completion_id(), int(time.time())
+        model = self.llm.model_id
 
         def chunk(delta: DeltaMessage, finish: str | None = None) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model,
@@ -217,6 +220,7 @@ class ChatService:
             # Wait for the model's first output before the first chunk: an upstream that fails at once
             # becomes an HTTP error status (as in passthrough), not a 200 with an error event.
             first = await anext(deltas, None)
+            model = (first.model if first is not None else None) or model
             head = chunk(DeltaMessage(role="assistant", content=""))
             head.source_nodes = sources
             yield head

@@ -45,8 +45,8 @@ class EngineClient:
     def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
         return self.engine.chat_stream(messages, params)
 
-    async def passthrough(self, body: dict[str, Any]) -> ChatCompletionResponse:
-        return await self.engine.passthrough(body)
+    async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse:
+        return await self.engine.passthrough(body, default_max_tokens)
 
-    def passthrough_stream(self, body: dict[str, Any]) -> AsyncIterator[ChatCompletionChunk]:
-        return self.engine.passthrough_stream(body)
+    def passthrough_stream(self, body: dict[str, Any], default_max_tokens: int) -> AsyncIterator[ChatCompletionChunk]:
+        return self.engine.passthrough_stream(body, default_max_tokens)

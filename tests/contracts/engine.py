@@ -34,7 +34,7 @@ class EngineContract:
         assert last.finish_reason in {"stop", "length"} and last.usage() is not None
         assert last.prompt_tokens == result.prompt_tokens
         assert last.completion_tokens == sum(1 for _ in deltas) - 1 or last.completion_tokens <= 4
-        response = await engine.passthrough({"messages": MESSAGES, "max_tokens": 4})
+        response = await engine.passthrough({"messages": MESSAGES, "max_tokens": 4}, 16)
         assert response.usage is not None and response.usage.prompt_tokens > 0
 
     async def test_a_prompt_over_the_window_is_the_clients_400(self, engine: GenerationEngine) -> None:
@@ -47,14 +47,14 @@ class EngineContract:
     async def test_tools_are_refused_where_they_cannot_be_served(self, engine: GenerationEngine) -> None:
         body: dict[str, Any] = {"messages": MESSAGES, "max_tokens": 4, "tools": TOOLS}
         if engine.serves_rich_requests:
-            response = await engine.passthrough(body)
+            response = await engine.passthrough(body, 16)
             assert response.choices
             return
         with pytest.raises(BadRequestError) as err:
-            await engine.passthrough(body)
+            await engine.passthrough(body, 16)
         assert err.value.status == 400 and "tools" in err.value.message
         with pytest.raises(BadRequestError):
-            [c async for c in engine.passthrough_stream({**body, "stream": True})]
+            [c async for c in engine.passthrough_stream({**body, "stream": True}, 16)]
 
     async def test_closing_a_stream_early_stops_generation(
             self, engine: GenerationEngine, generation_stopped: Callable[[], Awaitable[bool]]) -> None:

@@ -131,18 +131,18 @@ async def test_passthrough_forwards_the_body_unchanged_but_for_the_model(engine:
                                                                           fake: FakeOpenAI) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "logit_bias": {"1": 2},
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "user": "u-1"}
-    response = await engine.passthrough(dict(body))
+    response = await engine.passthrough(dict(body), 16)
     assert fake.requests[-1] == {**body, "model": "fake-model"}
     assert response.choices[0].message.content == ANSWER
     assert response.object == "chat.completion" and response.usage is not None and response.usage.completion_tokens > 0
-    await engine.passthrough({**body, "model": "client-model"})
+    await engine.passthrough({**body, "model": "client-model"}, 16)
     assert fake.requests[-1]["model"] == "client-model"
 
 
 async def test_passthrough_stream_relays_upstream_chunks(engine: OpenAIEngine, fake: FakeOpenAI) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "stream": True,
             "stream_options": {"include_usage": True}}
-    chunks = [c.model_dump(exclude_unset=True) for c in await collect(engine.passthrough_stream(body))]
+    chunks = [c.model_dump(exclude_unset=True) for c in await collect(engine.passthrough_stream(body, 16))]
     assert fake.requests[-1] == {**body, "model": "fake-model"}
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
@@ -162,7 +162,7 @@ async def test_upstream_http_error_keeps_status_and_message(engine: OpenAIEngine
     assert (err.value.status, err.value.message) == (503, "model is loading")
     fake.fail_next(status=429, message="slow down")
     with pytest.raises(EngineError) as err:
-        await collect(engine.passthrough_stream({"messages": MESSAGES, "max_tokens": 8, "stream": True}))
+        await collect(engine.passthrough_stream({"messages": MESSAGES, "max_tokens": 8, "stream": True}, 16))
     assert (err.value.status, err.value.message) == (429, "slow down")
     assert (await engine.chat(MESSAGES, SamplingParams(max_tokens=8))).text == ANSWER  # and it recovers
 
@@ -202,7 +202,7 @@ async def test_stream_cut_mid_way_raises_502_from_the_iterator(engine: OpenAIEng
     fake.cut_stream_next(after_chunks=1)
     chunks: list[dict[str, Any]] = []
     with pytest.raises(EngineError) as err:
-        async for chunk in engine.passthrough_stream({"messages": MESSAGES, "max_tokens": 8, "stream": True}):
+        async for chunk in engine.passthrough_stream({"messages": MESSAGES, "max_tokens": 8, "stream": True}, 16):
             chunks.append(chunk)
     assert err.value.status == 502 and len(chunks) == 2
 

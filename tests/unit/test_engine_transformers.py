@@ -106,14 +106,14 @@ async def test_concurrent_requests_are_served_one_after_another(engine: Transfor
 
 async def test_passthrough_serves_text_and_rejects_tools(engine: TransformersEngine) -> None:
     body = {"messages": MESSAGES, "max_tokens": 4}
-    response = await engine.passthrough(body)
+    response = await engine.passthrough(body, 16)
     assert response.model == engine.model_id
     assert response.usage is not None
     assert response.usage.prompt_tokens == engine.token_counter().count_messages(MESSAGES)
-    chunks = [c async for c in engine.passthrough_stream({**body, "stream": True})]
+    chunks = [c async for c in engine.passthrough_stream({**body, "stream": True}, 16)]
     assert chunks[-1].choices[0].finish_reason in {"length", "stop"}
     with pytest.raises(BadRequestError) as err:
-        await engine.passthrough({**body, "tools": [{"type": "function", "function": {"name": "get_weather"}}]})
+        await engine.passthrough({**body, "tools": [{"type": "function", "function": {"name": "get_weather"}}]}, 16)
     assert err.value.status == 400 and "not supported by the embedded transformers engine" in err.value.message
 
 

@@ -303,18 +303,18 @@ async def test_gemma_without_chat_template_uses_the_gemma_turn_format(monkeypatc
 async def test_passthrough_serves_text_and_rejects_tools_and_images(monkeypatch: pytest.MonkeyPatch) -> None:
     engine, _ = await started(monkeypatch)
     body = {"messages": MESSAGES, "max_tokens": 64}
-    response = await engine.passthrough(body)
+    response = await engine.passthrough(body, 16)
     assert response.choices[0].message.content == "".join(PIECES)
     assert response.usage is not None and response.usage.completion_tokens == len(PIECES)
-    chunks = [c async for c in engine.passthrough_stream({**body, "stream": True})]
+    chunks = [c async for c in engine.passthrough_stream({**body, "stream": True}, 16)]
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "".join(PIECES)
     for bad in ({"tools": [{"type": "function", "function": {"name": "f"}}]}, {"functions": [{"name": "f"}]},
                 {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}):
         with pytest.raises(ServiceError) as err:
-            await engine.passthrough({**body, **bad})
+            await engine.passthrough({**body, **bad}, 16)
         assert err.value.status == 400 and "not supported" in err.value.message
         with pytest.raises(ServiceError):
-            [c async for c in engine.passthrough_stream({**body, **bad, "stream": True})]
+            [c async for c in engine.passthrough_stream({**body, **bad, "stream": True}, 16)]
 
 
 class TestVLLMEngineContract(EngineContract):

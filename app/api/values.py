@@ -1,0 +1,101 @@
+"""What the API accepts inside free-form fields (docs/architecture.md, "API decisions").
+
+Metadata and metadata filters are stored as JSON in SQLite and compared there, text goes to
+tokenizers, SQLite and upstream servers as UTF-8. Values that JSON parsing lets through but none of
+those can hold are refused here, with a message naming the field, instead of failing later as a
+500 or, worse, being stored and breaking every later read:
+
+* numbers must be finite (``NaN``/``Infinity`` are not JSON and break filtered lists and responses);
+* integers must fit 64 bits (SQLite's integer);
+* strings must be valid Unicode text: no lone surrogates (``"\\ud800"``), which UTF-8 cannot encode;
+* metadata is flat: a value is a scalar (string, number, boolean, null) or a list of scalars, with
+  bounded key count, key length, list length and string length; a filter is ``{key: scalar}``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+MAX_METADATA_KEYS = 128
+MAX_KEY_CHARS = 256
+MAX_LIST_ITEMS = 1024
+MAX_VALUE_CHARS = 65_536
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_text(value: str, where: str) -> str:
+    """``value`` if it is valid Unicode text (no lone surrogates), else ``ValueError`` naming ``where``."""
+    match = _SURROGATE.search(value)
+    if match is not None:
+        raise ValueError(f"{where} contains a lone surrogate (\\u{ord(match.group()):04x}) at character "
+                         f"{match.start()}: send valid UTF-8 text")
+    return value
+
+
+def _check_scalar(value: Any, where: str) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise ValueError(f"{where}: integer {value} does not fit in 64 bits")
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: {value} is not a finite number")
+        return
+    if isinstance(value, str):
+        if len(value) > MAX_VALUE_CHARS:
+            raise ValueError(f"{where}: strings are limited to {MAX_VALUE_CHARS} characters, got {len(value)}")
+        check_text(value, where)
+        return
+    raise ValueError(f"{where} must be a string, number, boolean or null")
+
+
+def _check_keys(obj: dict[Any, Any], what: str) -> None:
+    if len(obj) > MAX_METADATA_KEYS:
+        raise ValueError(f"{what} has {len(obj)} keys; at most {MAX_METADATA_KEYS} are accepted")
+    for key in obj:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"{what} keys must be non-empty strings")
+        if len(key) > MAX_KEY_CHARS:
+            raise ValueError(f"{what} keys are limited to {MAX_KEY_CHARS} characters")
+        check_text(key, f"{what} key")
+
+
+def check_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """Flat metadata: each value a scalar or a list of scalars (see the module docstring)."""
+    _check_keys(metadata, "metadata")
+    for key, value in metadata.items():
+        where = f"metadata[{key!r}]"
+        if isinstance(value, list):
+            if len(value) > MAX_LIST_ITEMS:
+                raise ValueError(f"{where}: lists are limited to {MAX_LIST_ITEMS} items, got {len(value)}")
+            for i, item in enumerate(value):
+                if isinstance(item, list | dict):
+                    raise ValueError(f"{where}[{i}]: metadata lists hold strings, numbers, booleans or null, "
+                                     "not nested lists or objects")
+                _check_scalar(item, f"{where}[{i}]")
+        elif isinstance(value, dict):
+            raise ValueError(f"{where}: metadata values are strings, numbers, booleans, null or lists of "
+                             "them; nested objects are not accepted (flatten the key, e.g. 'author.name')")
+        else:
+            _check_scalar(value, where)
+    return metadata
+
+
+def check_filter(flt: Any) -> dict[str, Any] | None:
+    """A filter is ``{key: scalar}``, matched by equality; all keys must match."""
+    if flt is None:
+        return None
+    if not isinstance(flt, dict):
+        raise ValueError("metadata_filter must be a JSON object of key: value pairs")
+    _check_keys(flt, "metadata_filter")
+    for key, value in flt.items():
+        if isinstance(value, list | dict):
+            raise ValueError(f"metadata_filter[{key!r}] must be a string, number, boolean or null")
+        _check_scalar(value, f"metadata_filter[{key!r}]")
+    return flt
