@@ -11,12 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from app.index_spec import IndexSpec
 
 LlmEngineName = Literal["transformers", "vllm", "openai"]
+
+
+class ScopedKey(BaseModel):
+    """An API key limited to some indexes (glob patterns) and a role: ``read`` may retrieve, query,
+    chat and list; ``write`` also changes documents; ``admin`` also drops, persists and loads indexes."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: SecretStr
+    indexes: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    role: Literal["read", "write", "admin"] = "read"
 
 
 class Settings(BaseSettings):
@@ -79,8 +89,13 @@ class Settings(BaseSettings):
         description="Share of the free budget filled. None: 1.0 with an exact tokenizer, 0.8 if approximate.")
 
     # --- access and limits (every limit is a clear 4xx) ---------------------------------------
-    api_keys: list[SecretStr] | None = Field(
-        default=None, description="Bearer keys accepted on every route but /health and /metrics. None: open.")
+    api_keys: list[SecretStr | ScopedKey] | None = Field(
+        default=None, description="Bearer keys accepted on every route but /health and /metrics: a bare key has "
+        "full access, {key, indexes, role} is scoped. None: open (only allowed on the loopback, see "
+        "allow_unauthenticated).")
+    allow_unauthenticated: bool = Field(
+        default=False, description="Serve without api_keys on an address other than the loopback. Off: such a "
+        "deployment refuses to start, so an index is never open to a network by accident.")
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Request body size (413).")
     max_documents_per_request: int = Field(default=1000, ge=1, description="Documents per /index or update call.")
     max_document_chars: int = Field(default=1_000_000, ge=1, description="Characters of one document's text.")
@@ -90,8 +105,8 @@ class Settings(BaseSettings):
 
     @field_validator("api_keys")
     @classmethod
-    def _no_empty_keys(cls, keys: list[SecretStr] | None) -> list[SecretStr] | None:
-        if keys is not None and any(not k.get_secret_value() for k in keys):
+    def _no_empty_keys(cls, keys: list[SecretStr | ScopedKey] | None) -> list[SecretStr | ScopedKey] | None:
+        if keys is not None and any(not (k.key if isinstance(k, ScopedKey) else k).get_secret_value() for k in keys):
             raise ValueError("api_keys must not contain empty strings")
         return keys or None
 

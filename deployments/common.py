@@ -34,3 +34,13 @@ def request_id() -> str:
         return _get_serve_request_context().request_id
     except Exception:  # outside a Serve request
         return ""
+
+
+async def proxy_host() -> str:
+    """The address Serve's HTTP proxies listen on (``http_options.host``), asked of the controller."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    options = await controller.get_http_config.remote()
+    return str(options.host)

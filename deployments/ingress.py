@@ -14,11 +14,12 @@ from ray import serve
 from app.config import Settings
 from app.engines.factory import make_engine
 from app.http import create_app
+from app.service.access import check_exposure
 from app.service.chat import LanguageModel
 from app.service.local import EngineClient
 from app.service.wiring import Services, build_services
 from deployments.clients import HandleEmbedder, HandleGenerator
-from deployments.common import as_settings, log
+from deployments.common import as_settings, log, proxy_host
 from deployments.telemetry import ServeTelemetry
 from deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
 
@@ -29,6 +30,7 @@ class Ingress:
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
             self, embedder: Any, generator: Any, settings: Settings | dict[str, Any] | None = None):
         self.settings = s = as_settings(settings)
+        check_exposure(await proxy_host(), bool(s.api_keys), s.allow_unauthenticated)
         self.embedder = HandleEmbedder(embedder, s.embedding_cache_size, s.embedding_cache_ttl_s)
         if generator is not None:
             handle = HandleGenerator(generator)

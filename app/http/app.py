@@ -26,8 +26,9 @@ def create_app(services: Services) -> FastAPI:
     tel = services.telemetry
     # Outermost last: authentication runs before a body is read, the size limit while it is read.
     app.add_middleware(BodySizeMiddleware, max_bytes=services.limits.max_request_bytes)
-    if services.api_keys:
-        app.add_middleware(ApiKeyMiddleware, keys=services.api_keys,
+    credentials = services.credentials()
+    if credentials:
+        app.add_middleware(ApiKeyMiddleware, keys=credentials,
                            on_reject=lambda reason: tel.request("unauthenticated", 401, "", reason))
     app.add_middleware(RequestCountingMiddleware, telemetry=tel)  # outermost: sees every response
     install_error_handlers(app, tel)

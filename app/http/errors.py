@@ -25,6 +25,7 @@ OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": what} for code, what in (
         (400, "The request is invalid (the message says what to fix)."),
         (401, "Missing or wrong API key."),
+        (403, "The API key does not reach this index or operation."),
         (404, "The named index does not exist."),
         (413, "The request is too large."),
         (500, "Internal error."),
@@ -34,6 +35,7 @@ DOCUMENT_ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": DetailResponse, "description": what} for code, what in (
         (400, "The request is invalid (the message says what to fix)."),
         (401, "Missing or wrong API key."),
+        (403, "The API key does not reach this index or operation."),
         (404, "The index does not exist."),
         (409, "Conflicts with the current state (an index that exists, say)."),
         (413, "The request is too large."),

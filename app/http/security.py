@@ -12,25 +12,35 @@ from collections.abc import Callable, Iterable
 
 from app.http.asgi import ASGIApp, Receive, Scope, Send
 from app.http.errors import error_bytes, route_path, send_error
+from app.service.access import FULL_ACCESS, Principal
+
+PRINCIPAL = "ragserve.principal"  # where the authenticated key's Principal is kept in the request state
 
 # Probes stay open: Kubernetes and Prometheus do not carry the clients' keys.
 OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
 class KeyChecker:
-    """Constant-time membership test of a presented key against the configured ones."""
+    """Constant-time lookup of a presented key among the configured ones: every key is compared,
+    so the time does not tell which one matched (or how much of one)."""
 
-    def __init__(self, keys: Iterable[str]):
-        self._keys = [k.encode() for k in keys]
+    def __init__(self, keys: Iterable[tuple[str, Principal]]):
+        self._keys = [(k.encode(), p) for k, p in keys]
         if not self._keys:
             raise ValueError("KeyChecker needs at least one key")
 
-    def __call__(self, presented: str) -> bool:
+    def __call__(self, presented: str) -> Principal | None:
         candidate = presented.encode()
-        ok = False
-        for key in self._keys:  # compare with every key: the time does not tell which one matched
-            ok |= hmac.compare_digest(candidate, key)
-        return ok
+        found: Principal | None = None
+        for key, principal in self._keys:
+            if hmac.compare_digest(candidate, key):
+                found = principal
+        return found
+
+
+def principal_of(scope: Scope) -> Principal:
+    """The authenticated key's principal; full access where no keys are configured."""
+    return scope.get("state", {}).get(PRINCIPAL, FULL_ACCESS)  # type: ignore[no-any-return]
 
 
 def bearer_token(scope: Scope) -> str | None:
@@ -44,7 +54,8 @@ def bearer_token(scope: Scope) -> str | None:
 class ApiKeyMiddleware:
     """Requires ``Authorization: Bearer <key>`` on every HTTP route except :data:`OPEN_PATHS`."""
 
-    def __init__(self, app: ASGIApp, keys: Iterable[str], on_reject: Callable[[str], None] | None = None):
+    def __init__(self, app: ASGIApp, keys: Iterable[tuple[str, Principal]],
+                 on_reject: Callable[[str], None] | None = None):
         self.app = app
         self.check = KeyChecker(keys)
         self.on_reject = on_reject
@@ -58,7 +69,9 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         token = bearer_token(scope)
-        if token is not None and self.check(token):
+        principal = self.check(token) if token is not None else None
+        if principal is not None:
+            scope.setdefault("state", {})[PRINCIPAL] = principal
             await self.app(scope, receive, send)
             return
         reason = "missing" if token is None else "invalid"

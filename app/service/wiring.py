@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.budget.tokenizers import ApproxTokenCounter
-from app.config import Settings
+from app.config import ScopedKey, Settings
 from app.ingest import DocumentChunker, hf_token_counter
+from app.service.access import FULL_ACCESS, Principal, Role
 from app.service.chat import ChatService, LanguageModel
 from app.service.documents import DocumentService, TextEmbedder
 from app.service.embeddings import EmbeddingService
@@ -42,11 +43,15 @@ class Services:
     health: Callable[[], Awaitable[dict[str, Any]]] | None = None
     metrics_text: Callable[[], Awaitable[str]] | None = None
 
-    @property
-    def api_keys(self) -> list[str] | None:
-        """The accepted keys in clear, for the authentication middleware only."""
-        keys = self.settings.api_keys
-        return [k.get_secret_value() for k in keys] if keys else None
+    def credentials(self) -> list[tuple[str, Principal]]:
+        """The accepted keys in clear with what each may do, for the authentication middleware only."""
+        out = []
+        for k in self.settings.api_keys or []:
+            if isinstance(k, ScopedKey):
+                out.append((k.key.get_secret_value(), Principal(Role[k.role.upper()], tuple(k.indexes))))
+            else:
+                out.append((k.get_secret_value(), FULL_ACCESS))
+        return out
 
 
 def build_services(settings: Settings, *, pool: ShardPool, embedder: TokenCountingEmbedder, llm: LanguageModel,

@@ -10,6 +10,7 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from app.http.security import KeyChecker
+from app.service.access import FULL_ACCESS, Principal, Role
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.inprocess import inprocess_app
 
@@ -103,9 +104,10 @@ def test_the_key_is_never_logged(secured: TestClient, caplog) -> None:
 
 
 def test_key_checker_compares_every_key() -> None:
-    check = KeyChecker(["a" * 32, "b" * 32])
-    assert check("a" * 32) and check("b" * 32)
-    assert not check("a" * 31) and not check("") and not check("c" * 32)
+    reader = Principal(Role.READ, ("kb",))
+    check = KeyChecker([("a" * 32, FULL_ACCESS), ("b" * 32, reader)])
+    assert check("a" * 32) == FULL_ACCESS and check("b" * 32) == reader
+    assert check("a" * 31) is None and check("") is None and check("c" * 32) is None
     with pytest.raises(ValueError):
         KeyChecker([])
 
@@ -171,3 +173,108 @@ def test_persist_and_load_traversal_is_400(limited: TestClient, path: str) -> No
     r = limited.post("/persist/kb", params={"path": path})
     assert r.status_code == 400, r.text
     assert limited.post("/load/kb", params={"path": path, "overwrite": True}).status_code == 400
+
+
+# --- scoped keys (issue 11, item 16) ---------------------------------------------------------------
+ADMIN, WRITER, READER, TEAM = "sk-admin-key", "sk-writer-key", "sk-reader-key", "sk-team-a-key"
+SCOPED = [ADMIN, {"key": WRITER, "role": "write"}, {"key": READER, "role": "read"},
+          {"key": TEAM, "indexes": ["team-a*"], "role": "admin"}]
+CHAT = {"messages": [{"role": "user", "content": "What runs models?"}]}
+# (method, path, body, role needed); {index} is the index the call is about
+SCOPED_ROUTES = [
+    ("GET", "/indexes/{index}/documents", None, "read"),
+    ("POST", "/retrieve", {"query": "models"}, "read"),
+    ("POST", "/query", {"query": "models"}, "read"),
+    ("POST", "/v1/chat/completions", CHAT, "read"),
+    ("POST", "/index", {"documents": [{"text": "A new note about models."}]}, "write"),
+    ("POST", "/indexes/{index}/documents", {"documents": [{"doc_id": "d1", "text": "Changed text."}]}, "write"),
+    ("POST", "/indexes/{index}/documents/delete", {"doc_ids": ["nope"]}, "write"),
+    ("POST", "/persist/{index}", None, "admin"),
+    ("POST", "/load/{index}?overwrite=true", None, "admin"),
+    ("DELETE", "/indexes/{index}", None, "admin"),
+]
+RANK = {"read": 1, "write": 2, "admin": 3}
+
+
+@pytest.fixture
+def scoped(tmp_path, embedder, fake) -> Iterator[TestClient]:
+    with inprocess_app(tmp_path, embedder, fake.url, api_keys=SCOPED, similarity_threshold=0.0) as (app, _), \
+            TestClient(app) as client:
+        for index in ("kb", "team-a-docs"):
+            r = client.post("/index", headers=bearer(ADMIN), json={"index_name": index, "documents": [
+                {"doc_id": "d1", "text": "KAITO runs models on Kubernetes."}]})
+            assert r.status_code == 200, r.text
+        yield client
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def call(client: TestClient, key: str, method: str, path: str, body: dict | None, index: str):
+    url = path.format(index=index)
+    if body is not None and path in {"/retrieve", "/query", "/index", "/v1/chat/completions"}:
+        body = {**body, "index_name": index}
+    return client.request(method, url, headers=bearer(key), json=body)
+
+
+@pytest.mark.parametrize(("key", "role"), [(READER, "read"), (WRITER, "write")])
+@pytest.mark.parametrize(("method", "path", "body", "needed"), SCOPED_ROUTES)
+def test_each_role_reaches_what_it_may_and_gets_403_beyond(scoped: TestClient, key: str, role: str, method: str,
+                                                          path: str, body: dict | None, needed: str) -> None:
+    if path.startswith("/load"):
+        assert call(scoped, ADMIN, "POST", "/persist/{index}", None, "kb").status_code == 200
+    r = call(scoped, key, method, path, body, "kb")
+    if RANK[role] >= RANK[needed]:
+        assert r.status_code < 400, (role, path, r.text)
+    else:
+        assert r.status_code == 403, (role, path, r.text)
+        shape = r.json()
+        assert "error" in shape if path.startswith("/v1/") else "detail" in shape
+        assert role in (shape["error"]["message"] if "error" in shape else shape["detail"])
+
+
+@pytest.mark.parametrize(("method", "path", "body", "needed"), SCOPED_ROUTES)
+def test_an_index_scoped_key_reaches_only_its_indexes(scoped: TestClient, method: str, path: str,
+                                                      body: dict | None, needed: str) -> None:
+    if path.startswith("/load"):
+        assert call(scoped, TEAM, "POST", "/persist/{index}", None, "team-a-docs").status_code == 200
+    assert call(scoped, TEAM, method, path, body, "team-a-docs").status_code < 400
+    r = call(scoped, TEAM, method, path, body, "kb")
+    assert r.status_code == 403 and "kb" in r.text
+    assert scoped.get("/indexes/kb/documents", headers=bearer(ADMIN)).json()["total_items"] == 1  # untouched
+
+
+def test_index_listing_shows_only_the_keys_indexes(scoped: TestClient) -> None:
+    assert scoped.get("/indexes", headers=bearer(TEAM)).json() == ["team-a-docs"]
+    assert scoped.get("/indexes", headers=bearer(READER)).json() == ["kb", "team-a-docs"]
+
+
+def test_passthrough_chat_needs_only_a_valid_key(scoped: TestClient) -> None:
+    r = scoped.post("/v1/chat/completions", headers=bearer(TEAM), json=CHAT)
+    assert r.status_code == 200 and r.headers["x-rag-mode"] == "passthrough"
+
+
+# --- secure by default off the loopback (item 17) -----------------------------------------------------
+@pytest.mark.parametrize(("host", "keys", "allow", "ok"), [
+    ("127.0.0.1", False, False, True), ("localhost", False, False, True), ("::1", False, False, True),
+    ("0.0.0.0", False, False, False), ("10.1.2.3", False, False, False), ("my-host", False, False, False),
+    ("0.0.0.0", True, False, True), ("0.0.0.0", False, True, True),
+])
+def test_an_open_server_beyond_the_loopback_refuses_to_start(host: str, keys: bool, allow: bool, ok: bool) -> None:
+    from app.service.access import check_exposure
+
+    if ok:
+        check_exposure(host, keys, allow)
+    else:
+        with pytest.raises(ValueError, match="beyond the loopback"):
+            check_exposure(host, keys, allow)
+
+
+def test_remote_llm_config_listens_on_the_loopback() -> None:
+    import yaml
+
+    from tests.integration.conftest import REPO
+
+    cfg = yaml.safe_load((REPO / "configs" / "remote-llm.yaml").read_text())
+    assert cfg["http_options"]["host"] == "127.0.0.1"

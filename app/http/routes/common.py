@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from fastapi import Request
+
 from app.api.documents import validate_index_name
 from app.errors import BadRequestError
+from app.http.security import principal_of
+from app.service.access import Principal, Role
 from app.telemetry import Telemetry
 
 
@@ -13,6 +17,13 @@ def checked_index(name: str) -> str:
         return validate_index_name(name)
     except ValueError as e:
         raise BadRequestError(str(e), param="index_name") from e
+
+
+def allow(request: Request, role: Role, index: str | None = None) -> Principal:
+    """The caller's principal, once it is known to may act as ``role`` (on ``index``); else a 403."""
+    principal = principal_of(request.scope)
+    principal.require(role, index)
+    return principal
 
 
 def report_latencies(telemetry: Telemetry, timings: dict[str, float]) -> None:

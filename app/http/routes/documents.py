@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from app.api.documents import (
     DeleteDocumentsRequest,
@@ -24,8 +24,9 @@ from app.api.documents import (
 )
 from app.errors import BadRequestError
 from app.http.errors import DOCUMENT_ERRORS
-from app.http.routes.common import checked_index, report_latencies
+from app.http.routes.common import allow, checked_index, report_latencies
 from app.http.server_timing import server_timing
+from app.service.access import Role
 from app.service.wiring import Services
 
 
@@ -34,19 +35,23 @@ def documents_router(services: Services) -> APIRouter:
     docs, chat, limits, tel = services.documents, services.chat, services.limits, services.telemetry
 
     @router.post("/index")
-    async def index_documents(body: IndexRequest) -> list[DocumentRecord]:
+    async def index_documents(body: IndexRequest, request: Request) -> list[DocumentRecord]:
         """Create an index or extend it; the stored documents come back with their ids and hashes."""
+        allow(request, Role.WRITE, body.index_name)
         limits.documents([d.text for d in body.documents])
         records = await docs.add_documents(body.index_name, body.documents)
         tel.indexed(len(records))
         return records
 
     @router.get("/indexes")
-    async def list_indexes() -> list[str]:
-        return await docs.list_indexes()
+    async def list_indexes(request: Request) -> list[str]:
+        """The index names this key may see."""
+        principal = allow(request, Role.READ)
+        return [name for name in await docs.list_indexes() if principal.sees(name)]
 
     @router.get("/indexes/{index_name}/documents")
     async def list_documents(
+        request: Request,
         index_name: str,
         limit: int = Query(10, ge=1, le=1000),
         offset: int = Query(0, ge=0),
@@ -55,6 +60,7 @@ def documents_router(services: Services) -> APIRouter:
     ) -> ListDocumentsResponse:
         """A page of documents in a stable order, optionally filtered by metadata equality."""
         name = checked_index(index_name)
+        allow(request, Role.READ, name)
         limits.list_limit(limit)
         flt = None
         if metadata_filter:
@@ -67,39 +73,49 @@ def documents_router(services: Services) -> APIRouter:
                                          metadata_filter=flt)
 
     @router.post("/indexes/{index_name}/documents")
-    async def update_documents(index_name: str, body: UpdateDocumentsRequest) -> UpdateDocumentsResponse:
+    async def update_documents(index_name: str, body: UpdateDocumentsRequest,
+                               request: Request) -> UpdateDocumentsResponse:
         """Re-chunk and re-embed the documents whose text or metadata changed."""
+        allow(request, Role.WRITE, index_name)
         limits.documents([d.text for d in body.documents])
         return await docs.update_documents(checked_index(index_name), body.documents)
 
     @router.post("/indexes/{index_name}/documents/delete")
-    async def delete_documents(index_name: str, body: DeleteDocumentsRequest) -> DeleteDocumentsResponse:
+    async def delete_documents(index_name: str, body: DeleteDocumentsRequest,
+                               request: Request) -> DeleteDocumentsResponse:
+        allow(request, Role.WRITE, index_name)
         limits.document_count(len(body.doc_ids), "doc_ids")
         return await docs.delete_documents(checked_index(index_name), body.doc_ids)
 
     @router.delete("/indexes/{index_name}")
-    async def delete_index(index_name: str) -> MessageResponse:
+    async def delete_index(index_name: str, request: Request) -> MessageResponse:
+        allow(request, Role.ADMIN, index_name)
         return MessageResponse(message=await docs.drop_index(checked_index(index_name)))
 
     @router.post("/persist/{index_name}")
-    async def persist(index_name: str, path: str | None = None) -> MessageResponse:
+    async def persist(index_name: str, request: Request, path: str | None = None) -> MessageResponse:
         """A portable snapshot under `<storage_dir>/snapshots`."""
+        allow(request, Role.ADMIN, index_name)
         return MessageResponse(message=await docs.persist(checked_index(index_name), path))
 
     @router.post("/load/{index_name}")
-    async def load(index_name: str, path: str | None = None, overwrite: bool = False) -> MessageResponse:
+    async def load(index_name: str, request: Request, path: str | None = None,
+                   overwrite: bool = False) -> MessageResponse:
         """Restore a snapshot; 409 if the index exists and `overwrite` is false."""
+        allow(request, Role.ADMIN, index_name)
         return MessageResponse(message=await docs.load(checked_index(index_name), path, overwrite))
 
     @router.post("/query")
-    async def query(body: QueryRequest) -> QueryResponse:
+    async def query(body: QueryRequest, request: Request) -> QueryResponse:
         """Retrieve and answer (KAITO's shape): the answer and the nodes it was given."""
+        allow(request, Role.READ, body.index_name)
         limits.top_k(body.top_k)
         return await chat.query(body)
 
     @router.post("/retrieve")
-    async def retrieve(body: RetrieveRequest, response: Response) -> RetrieveResponse:
+    async def retrieve(body: RetrieveRequest, request: Request, response: Response) -> RetrieveResponse:
         """Scored nodes only, no generation."""
+        allow(request, Role.READ, body.index_name)
         limits.top_k(body.max_node_count, "max_node_count")
         result, timings = await chat.retrieve(body)
         report_latencies(tel, timings)

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from app.api.openai import (
@@ -21,8 +21,9 @@ from app.api.openai import (
 )
 from app.errors import EngineError, ServiceError
 from app.http.errors import OPENAI_ERRORS, error_event
-from app.http.routes.common import report_latencies
+from app.http.routes.common import allow, report_latencies
 from app.http.server_timing import server_timing
+from app.service.access import Role
 from app.service.chat import ChatOutcome
 from app.service.wiring import Services
 from app.telemetry import Telemetry
@@ -50,9 +51,10 @@ def openai_router(services: Services) -> APIRouter:
     chat, limits, tel = services.chat, services.limits, services.telemetry
 
     @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_CHAT_RESPONSES)
-    async def chat_completions(body: ChatCompletionRequest) -> Response:
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI chat completions; with `index_name`, answered from the index (RAG). The response
         says which with `X-RAG-Mode` (and `X-RAG-Reason` for a passthrough)."""
+        allow(request, Role.READ, body.index_name)
         t0 = time.perf_counter()
         limits.messages(len(body.messages))
         limits.top_k(body.top_k)
@@ -95,12 +97,14 @@ def openai_router(services: Services) -> APIRouter:
         yield "data: [DONE]\n\n"
 
     @router.get("/v1/models")
-    async def list_models() -> ModelList:
+    async def list_models(request: Request) -> ModelList:
+        allow(request, Role.READ)
         llm = chat.llm
         return ModelList(data=[ModelCard(id=llm.model_id, max_model_len=await llm.context_window())])
 
     @router.post("/v1/embeddings")
-    async def embeddings(body: EmbeddingRequest) -> EmbeddingResponse:
+    async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
+        allow(request, Role.READ)
         limits.documents(body.inputs(), "input")
         return await services.embeddings.create(body)
 

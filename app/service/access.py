@@ -1,0 +1,78 @@
+"""Who may do what: API keys scoped to indexes and roles (docs/architecture.md, "Access").
+
+A key is either a bare string (full access) or ``{key, indexes: [glob, ...], role}``, where the
+role is ``read`` (retrieve, query, chat, list), ``write`` (also index, update and delete documents)
+or ``admin`` (also delete an index, persist, load). The HTTP layer authenticates (constant time,
+``app.http.security``) and attaches the key's :class:`Principal` to the request; each route then
+asks :meth:`Principal.require` for what it is about to do. Pure, so every rule is a unit test.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import logging
+from dataclasses import dataclass
+from enum import IntEnum
+
+from app.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+
+class Role(IntEnum):
+    READ = 1
+    WRITE = 2
+    ADMIN = 3
+
+
+class ForbiddenError(ServiceError):
+    """The key is valid but does not reach this index or this operation (403)."""
+
+    status = 403
+    type = "permission_error"
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: Role
+    indexes: tuple[str, ...] = ("*",)
+
+    def sees(self, index: str) -> bool:
+        return any(fnmatch.fnmatchcase(index, pattern) for pattern in self.indexes)
+
+    def require(self, role: Role, index: str | None = None) -> None:
+        """Raise :class:`ForbiddenError` unless this key may act as ``role`` (on ``index``)."""
+        if self.role < role:
+            raise ForbiddenError(f"this API key has the {self.role.name.lower()} role; the operation needs "
+                                 f"{role.name.lower()}", code="insufficient_role")
+        if index is not None and not self.sees(index):
+            raise ForbiddenError(f"this API key does not grant access to index '{index}'", param="index_name",
+                                 code="index_not_allowed")
+
+
+#: No authentication configured (a laptop), or a bare key: everything.
+FULL_ACCESS = Principal(Role.ADMIN, ("*",))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name the proxy listens on) is reachable from this machine only."""
+    if host in {"localhost", "localhost.localdomain"}:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: assume it is reachable from elsewhere
+
+
+def check_exposure(host: str, has_keys: bool, allow_unauthenticated: bool) -> None:
+    """Refuse to serve an open index beyond the loopback: listening on ``host`` without API keys is a
+    configuration mistake unless ``allow_unauthenticated`` says it is meant (then it is logged)."""
+    if has_keys or is_loopback(host):
+        return
+    if allow_unauthenticated:
+        log.warning("serving WITHOUT authentication on %s: anyone who can reach it can read, change and drop "
+                    "every index (allow_unauthenticated is set)", host)
+        return
+    raise ValueError(f"ragserve listens on {host}, beyond the loopback, but has no api_keys: set api_keys "
+                     "(RAGSERVE_API_KEYS) or, to serve openly on purpose, allow_unauthenticated: true")
