@@ -76,7 +76,7 @@ class UpdateDocument(BaseModel):
     model_config = ConfigDict(extra="ignore")  # KAITO clients send hash_value back; it is recomputed
     doc_id: str = Field(min_length=1)
     text: str = Field(min_length=1)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] | None = None  # omitted: keep the stored metadata
 
 
 class UpdateDocumentsRequest(BaseModel):
