@@ -240,4 +240,5 @@ async def test_an_update_racing_a_delete_does_not_bring_the_document_back(tmp_pa
     assert [d.doc_id for d in result.updated_documents] == ["b"]
     page = await svc.list_documents("kb")
     assert page.total_items == 1 and page.documents[0].text == "second, edited"
+    assert await pool.call_all("verify") == [[], []]
     pool.close()

@@ -254,3 +254,4 @@ def test_concurrent_readers_during_writes(tmp_path: Path) -> None:
     assert errors == []
     assert s.count_documents("ix") == 210 - 10
     assert s._faiss["ix"].ntotal == s.count_chunks("ix") == 2 * 200
+    assert s.verify() == []
