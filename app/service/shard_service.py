@@ -23,7 +23,7 @@ import numpy as np
 from app.routing import shard_for
 from app.service.errors import BadRequestError, ConflictError
 from app.store import DocumentWrite, SearchHit, Shard, StoredDocument, read_export
-from app.store.types import IndexDroppedError, IndexExistsError
+from app.store.types import IndexDroppedError, IndexExistsError, IndexNotFoundError
 
 LAYOUT_FILE = "ragserve-layout.json"
 IMPORT_BATCH = 256
@@ -129,8 +129,13 @@ class ShardService:
         """The shard's self-check (``Shard.verify``): empty when healthy."""
         return self._shard.verify()
 
+    # Reads of an index this shard does not hold (never had, or dropped while the call was on its
+    # way) answer empty: whether the index exists is the document service's question, not a 500.
     def count_documents(self, index: str) -> int:
-        return self._shard.count_documents(index) if self._shard.has_index(index) else 0
+        try:
+            return self._shard.count_documents(index)
+        except IndexNotFoundError:
+            return 0
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -143,10 +148,16 @@ class ShardService:
 
     # --- documents ----------------------------------------------------------------------------
     def find_by_hash(self, index: str, hashes: list[str]) -> dict[str, str]:
-        return self._shard.find_by_hash(index, hashes) if self._shard.has_index(index) else {}
+        try:
+            return self._shard.find_by_hash(index, hashes)
+        except IndexNotFoundError:
+            return {}
 
     def get_documents(self, index: str, doc_ids: list[str]) -> dict[str, StoredDocument]:
-        return self._shard.get_documents(index, doc_ids) if self._shard.has_index(index) else {}
+        try:
+            return self._shard.get_documents(index, doc_ids)
+        except IndexNotFoundError:
+            return {}
 
     def upsert_documents(self, index: str, docs: list[DocumentWrite], only_existing: bool = False,
                          generation: int | None = None, if_absent: bool = False) -> list[str]:
@@ -158,31 +169,40 @@ class ShardService:
             raise dropped_while_writing(index) from e
 
     def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
-        if not self._shard.has_index(index):
-            return [], list(doc_ids)
-        return self._shard.delete_documents(index, doc_ids)
+        try:
+            return self._shard.delete_documents(index, doc_ids)
+        except IndexNotFoundError:
+            return [], list(dict.fromkeys(doc_ids))
 
     def list_documents(self, index: str, *, limit: int, offset: int, max_text_length: int | None,
                        metadata_filter: dict[str, Any] | None) -> tuple[list[StoredDocument], int]:
-        if not self._shard.has_index(index):
+        try:
+            return self._shard.list_documents(index, limit=limit, offset=offset, max_text_length=max_text_length,
+                                              metadata_filter=metadata_filter)
+        except IndexNotFoundError:
             return [], 0
-        return self._shard.list_documents(index, limit=limit, offset=offset, max_text_length=max_text_length,
-                                          metadata_filter=metadata_filter)
 
     def search(self, index: str, vector: np.ndarray, k: int,
                metadata_filter: dict[str, Any] | None = None) -> list[SearchHit] | None:
         """Hits, or None when this shard has no such index (so a search needs no existence check)."""
-        if not self._shard.has_index(index):
+        try:
+            return self._shard.search(index, vector, k, metadata_filter=metadata_filter)
+        except IndexNotFoundError:
             return None
-        return self._shard.search(index, vector, k, metadata_filter=metadata_filter)
 
     # --- persistence --------------------------------------------------------------------------
     def export_part(self, index: str, dest_dir: str, tag: str = "") -> dict[str, Any]:
         """Write this shard's part of ``index`` to ``dest_dir/part-NNN[-tag].sqlite`` (a tag gives
         each persist its own part files, so a new snapshot never overwrites the one it replaces)."""
         dest = Path(dest_dir) / f"part-{self.shard_index:03d}{'-' + tag if tag else ''}.sqlite"
-        docs = self._shard.export_index(index, dest) if self._shard.has_index(index) else 0
-        dim = self._shard.dim(index) if self._shard.has_index(index) else None
+        if not self._shard.has_index(index):
+            return {"file": None, "documents": 0, "dim": None}
+        try:
+            dim = self._shard.dim(index)
+            docs = self._shard.export_index(index, dest)
+        except IndexNotFoundError as e:
+            raise ConflictError(f"Index '{index}' was deleted while it was being persisted; nothing was "
+                                "written") from e
         return {"file": dest.name if docs or dest.exists() else None, "documents": docs, "dim": dim}
 
     def import_parts(self, index: str, part_files: list[str]) -> int:

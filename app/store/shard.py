@@ -403,9 +403,8 @@ class Shard:
                     return None
             merge = held is not None and held == gen
             sdim = self._dims.get(staging)
-            new_dim = sdim or (self._dims[index] if merge else dim)
-            if new_dim is None:
-                self._drop_locked(staging)
+            new_dim = sdim or dim or self._dims.get(index)
+            if new_dim is None:  # nothing staged, nothing held, no dimension to create it with
                 return gen
             with self._transaction() as db:
                 if held is not None and not merge:
@@ -645,7 +644,9 @@ class Shard:
                 return []
             allowed = ids
         with self._faiss_lock:
-            fidx = self._faiss[index]
+            fidx = self._faiss.get(index)
+            if fidx is None:  # dropped since the check above
+                raise IndexNotFoundError(index)
             if fidx.ntotal == 0:
                 return []
             if self._gpu is not None and allowed is None and fidx.gpu_mirrorable:
@@ -677,8 +678,8 @@ class Shard:
     def export_index(self, index: str, dest_file: str | Path) -> int:
         from app.store.export import export_index
 
-        self._require(index)
-        return export_index(self.db_path, index, self._dims[index], Path(dest_file))
+        dim = self._require(index)
+        return export_index(self.db_path, index, dim, Path(dest_file))
 
     def close(self) -> None:
         if self._closed:

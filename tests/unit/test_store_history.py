@@ -221,9 +221,22 @@ class History:
             self.seen["write refused" if isinstance(written, BaseException) else "write dropped with the index"] += 1
 
     async def drop(self, existing: list[str]) -> None:
+        """A delete-index with writes to other indexes and reads of this one at once: the reads
+        answer (before the drop) or 404 (after), never fail otherwise."""
         index = self.rng.choice(existing)
-        others = frozenset({index})
-        await asyncio.gather(self.svc.drop_index(index), self.writes(existing, exclude=others))
+        doc_id = self.rng.choice(sorted(self.model[index]))
+        results = await asyncio.gather(
+            later(self.svc.drop_index(index), self.rng.random() * 0.005),
+            self.writes(existing, exclude=frozenset({index})),
+            self.svc.search(index, vector(self.model[index][doc_id][0]), 3),
+            self.svc.list_documents(index, limit=5),
+            self.svc.delete_documents(index, ["never-there"]),
+            return_exceptions=True)
+        for r in results[:2]:
+            if isinstance(r, BaseException):
+                raise r
+        for r in results[2:]:
+            assert not isinstance(r, BaseException) or isinstance(r, NotFoundError), repr(r)
         self.model.pop(index)
 
     def _collides(self, dest: str) -> bool:
