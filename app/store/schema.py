@@ -60,11 +60,13 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
 
 def create_schema(conn: sqlite3.Connection) -> None:
     """Create the tables, and bring a version-1 file up to date: ``indexes.generation`` (0 for
-    indexes created before generations existed) and ``dropped_indexes`` (the highest generation of
+    indexes created before generations existed), ``indexes.origin`` and ``dropped_indexes`` (the highest generation of
     each name ever dropped, so a late write for a dropped index is refused instead of reviving it)."""
     conn.executescript(DDL)
     columns = {r[1] for r in conn.execute("PRAGMA table_info(indexes)")}
     if "generation" not in columns:
         conn.execute("ALTER TABLE indexes ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+    if "origin" not in columns:  # the staging index a load swapped in (makes a retried swap a no-op)
+        conn.execute("ALTER TABLE indexes ADD COLUMN origin TEXT")
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))

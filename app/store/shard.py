@@ -392,6 +392,8 @@ class Shard:
         received no document of the snapshot. Returns the generation installed, or None."""
         with self._write_lock:
             held = self._gens.get(index)
+            if held is not None and staging not in self._dims and self._origin(index) == staging:
+                return held  # this swap already happened: a retried call (the shard actor restarted)
             if generation is None:
                 if held is not None and not overwrite:
                     raise IndexExistsError(index)
@@ -424,20 +426,25 @@ class Shard:
                 elif not merge:
                     db.execute("INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
                                (index, new_dim, time.time(), gen))
+                db.execute("UPDATE indexes SET origin = ? WHERE name = ?", (staging, index))
             staged = self._faiss.get(staging)
             if sdim is not None:
                 self._forget(staging)
             if held is not None and not merge:
                 self._forget(index)
             remove_snapshot(self.snapshot_dir, index)
-            if merge:
+            if merge and sdim is not None:
                 with self._faiss_lock:
                     self._faiss[index] = self._rebuild(index, new_dim)
                     self._versions[index] = self._versions.get(index, 0) + 1
-            else:
+            elif not merge:
                 self._install(index, new_dim, gen, staged)
             self._pending[index] = 1  # snapshot it at the next opportunity
             return gen
+
+    def _origin(self, index: str) -> str | None:
+        row = self._write.execute("SELECT origin FROM indexes WHERE name = ?", (index,)).fetchone()
+        return None if row is None else row[0]
 
     def _drop_locked(self, index: str) -> None:
         if index in self._dims:

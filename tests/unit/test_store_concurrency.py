@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from app.store import ChunkWrite, DocumentWrite, Shard
-from app.store.types import IndexDroppedError
+from app.store.types import IndexDroppedError, IndexExistsError
 
 DIM = 16
 PAUSE_S = 0.5  # how long a paused writer waits for the one that (on the old code) overtook it
@@ -203,3 +203,28 @@ def test_open_removes_rows_of_an_index_that_no_longer_exists(tmp_path: Path) -> 
     assert reopened.verify() == []
     reopened.upsert_documents("ix", [make_doc("b", 2)])
     assert [d.doc_id for d in reopened.list_documents("ix")[0]] == ["b"]
+
+
+def test_a_load_swaps_its_staging_copy_in_once_and_never_over_a_newer_index(tmp_path: Path) -> None:
+    s = Shard(tmp_path, snapshot_every=0)
+    s.upsert_documents("ix", [make_doc("live", 1)])
+    s.upsert_documents("~staging~1~ix", [make_doc("snap", 2)])
+    gen = s.replace_index("~staging~1~ix", "ix")
+    assert gen is not None and sorted(d.doc_id for d in s.list_documents("ix")[0]) == ["snap"]
+    assert s.replace_index("~staging~1~ix", "ix") == gen  # a retried call changes nothing
+    assert [d.doc_id for d in s.list_documents("ix")[0]] == ["snap"] and s.list_indexes() == ["ix"]
+    # another shard: a writer of the load's generation got there first, and its document wins
+    other = Shard(tmp_path / "other", snapshot_every=0)
+    other.upsert_documents("ix", [make_doc("old", 3)], generation=gen - 1)
+    other.upsert_documents("~staging~1~ix", [make_doc("snap", 4), make_doc("both", 5)])
+    other.upsert_documents("ix", [make_doc("both", 6)], generation=gen)  # drops gen - 1 on the way
+    assert other.replace_index("~staging~1~ix", "ix", generation=gen) == gen
+    got = {d.doc_id: d.text for d in other.list_documents("ix")[0]}
+    assert got == {"snap": "snap v4", "both": "both v6"}
+    # a load older than the index the shard holds is dropped instead of swapped in
+    other.upsert_documents("~staging~2~ix", [make_doc("stale", 7)])
+    assert other.replace_index("~staging~2~ix", "ix", generation=gen - 1) is None
+    assert other.list_indexes() == ["ix"] and "stale" not in {d.doc_id for d in other.list_documents("ix")[0]}
+    assert s.verify() == [] and other.verify() == []
+    with pytest.raises(IndexExistsError):
+        s.replace_index("~staging~3~ix", "ix", overwrite=False)
