@@ -2,6 +2,13 @@
 
 Everything here is async and talks to two seams only: an ``Embedder`` and a ``ShardPool``. Under
 Ray Serve those are deployment and actor handles; in unit tests they are in-process objects.
+
+Concurrency: the service keeps no state of its own (ingress replicas run many at once), so every
+race is settled in the shards, under their write locks. An index's home shard (``HOME_SHARD``)
+hands out its generation: writes carry it, and a delete-index or a load names the generation it
+removes, so a write racing either is kept whole before it or refused (409) with nothing stored.
+Documents without a doc_id get an id derived from their content and are inserted only if absent,
+so identical requests at once store one document.
 """
 
 from __future__ import annotations
@@ -415,7 +422,6 @@ class DocumentService:
             raise BadRequestError(f"path names a file, not a directory: {e}", param="path") from e
         tag = uuid.uuid4().hex[:12]
         manifest_tmp = dest / f".{MANIFEST}.{tag}.tmp"
-        written: list[str] = []
         try:
             parts = await self.pool.call_all("export_part", index, str(dest), tag)
             written = [p["file"] for p in parts if p["file"]]
@@ -429,12 +435,13 @@ class DocumentService:
                 json.dump(manifest, f, indent=2)
                 f.flush()
                 os.fsync(f.fileno())
-            self._commit_snapshot(dest, manifest_tmp, set(written))
+            await asyncio.to_thread(self._commit_snapshot, dest, manifest_tmp, set(written))
         except BaseException:
             manifest_tmp.unlink(missing_ok=True)
-            for name in written:
-                if name not in self._manifest_parts(dest):
-                    (dest / name).unlink(missing_ok=True)
+            kept = self._manifest_parts(dest)
+            for part in dest.glob(f"part-*-{tag}.sqlite*"):  # this persist's parts, also half-written ones
+                if part.name not in kept:
+                    part.unlink(missing_ok=True)
             raise
         return f"Successfully persisted index {index} to {self._shown(dest)}."
 
