@@ -513,11 +513,13 @@ class DocumentService:
                 raise BadRequestError(f"snapshot at {shown!r} is incomplete: its manifest counts {expected} "
                                       f"documents, its parts hold {sum(imported)}; nothing was loaded")
             dim = manifest.get("dim") if isinstance(manifest.get("dim"), int) else None
-            generation = await self.pool.call(HOME_SHARD, "replace_index", staging, index, None, overwrite, dim)
+            generation = await self.pool.call(HOME_SHARD, "replace_index", staging, index, None, overwrite, dim,
+                                              imported[HOME_SHARD] > 0)
         except BaseException:
             await asyncio.gather(*(self.pool.call(s, "drop_index", staging) for s in range(self.pool.num_shards)),
                                  return_exceptions=True)
             raise
-        await asyncio.gather(*(self.pool.call(s, "replace_index", staging, index, generation, True, dim)
-                               for s in range(self.pool.num_shards) if s != HOME_SHARD))
+        await asyncio.gather(*(
+            self.pool.call(s, "replace_index", staging, index, generation, True, dim, imported[s] > 0)
+            for s in range(self.pool.num_shards) if s != HOME_SHARD))
         return f"Successfully loaded index {index} from {shown}."

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,9 @@ LAYOUT_FILE = "ragserve-layout.json"
 IMPORT_BATCH = 256
 HOME_SHARD = 0
 STAGING_PREFIX = "~staging~"  # index names start with a letter or digit, so none can look like this
+# A staging index older than this at shard open belongs to a load whose service died; a younger one
+# may belong to a load still running (this shard restarted under it), so it is kept for the swap.
+STAGING_MAX_AGE_S = 3600.0
 log = logging.getLogger("ragserve.store")
 
 
@@ -85,8 +89,9 @@ class ShardService:
         self._open_options = vector_options(faiss_kind, faiss_device, faiss_params)
         self._shard = Shard(shard_directory(storage_dir, shard_index), faiss_kind=faiss_kind,
                             faiss_device=faiss_device, faiss_params=faiss_params)
-        for name in self._shard.list_indexes():  # a load that never finished (the process died)
-            if is_staging(name):
+        for name in self._shard.list_indexes():  # loads that never finished (their service died)
+            created = self._shard.created_at(name)
+            if is_staging(name) and created is not None and time.time() - created > STAGING_MAX_AGE_S:
                 log.warning("shard %d: dropping %r, left by a load that did not finish", shard_index, name)
                 self._shard.drop_index(name)
 
@@ -117,13 +122,18 @@ class ShardService:
         return self._shard.drop_index(index, generation)
 
     def replace_index(self, staging: str, index: str, generation: int | None = None, overwrite: bool = True,
-                      dim: int | None = None) -> int | None:
+                      dim: int | None = None, expect_staged: bool = False) -> int | None:
         """Swap a load's staging copy in as ``index`` (``Shard.replace_index``); 409 when it exists
-        and ``overwrite`` is false (asked of the home shard first, before any other changes)."""
+        and ``overwrite`` is false (asked of the home shard first, before any other changes), or
+        when the staging copy this shard imported is gone."""
         try:
-            return self._shard.replace_index(staging, index, generation=generation, overwrite=overwrite, dim=dim)
+            return self._shard.replace_index(staging, index, generation=generation, overwrite=overwrite, dim=dim,
+                                             expect_staged=expect_staged)
         except IndexExistsError as e:
             raise ConflictError(f"Index {index} already exists; pass overwrite=true to replace it.") from e
+        except IndexNotFoundError as e:
+            raise ConflictError(f"The load of index {index} was interrupted (shard {self.shard_index} lost its "
+                                "imported copy); retry the load") from e
 
     def verify(self) -> list[str]:
         """The shard's self-check (``Shard.verify``): empty when healthy."""

@@ -347,6 +347,9 @@ class Shard:
         Atomic under the write lock: two first writes agree on one index and one generation."""
         if dim < 1:
             raise ValueError("dim must be positive")
+        held, gen = self._dims.get(index), self._gens.get(index)
+        if held == dim and gen is not None:  # the common case, without waiting for the write lock
+            return gen
         with self._write_lock:
             if index in self._dims:
                 self._check_dim(index, dim)
@@ -381,7 +384,7 @@ class Shard:
             return dropped
 
     def replace_index(self, staging: str, index: str, *, generation: int | None = None, overwrite: bool = True,
-                      dim: int | None = None) -> int | None:
+                      dim: int | None = None, expect_staged: bool = False) -> int | None:
         """Swap the fully imported index ``staging`` in as ``index``, in one transaction (a load).
 
         Without ``generation`` (the home shard) a new generation is allocated here, and an existing
@@ -389,11 +392,15 @@ class Shard:
         other shards): an older ``index`` is dropped, a newer one (created after this load) is kept
         and ``staging`` dropped instead, and documents that writers of the same generation stored
         here first are kept over the snapshot's. ``dim`` creates ``index`` empty on a shard that
-        received no document of the snapshot. Returns the generation installed, or None."""
+        received no document of the snapshot. ``expect_staged``: this shard imported documents into
+        ``staging``, so its absence is an error (``IndexNotFoundError``), not an empty part.
+        Returns the generation installed, or None."""
         with self._write_lock:
             held = self._gens.get(index)
             if held is not None and staging not in self._dims and self._origin(index) == staging:
                 return held  # this swap already happened: a retried call (the shard actor restarted)
+            if expect_staged and staging not in self._dims:
+                raise IndexNotFoundError(staging)
             if generation is None:
                 if held is not None and not overwrite:
                     raise IndexExistsError(index)
@@ -441,6 +448,11 @@ class Shard:
                 self._install(index, new_dim, gen, staged)
             self._pending[index] = 1  # snapshot it at the next opportunity
             return gen
+
+    def created_at(self, index: str) -> float | None:
+        """When ``index`` was created here (seconds since the epoch), None when absent."""
+        row = self._write.execute("SELECT created_at FROM indexes WHERE name = ?", (index,)).fetchone()
+        return None if row is None else float(row[0])
 
     def _origin(self, index: str) -> str | None:
         row = self._write.execute("SELECT origin FROM indexes WHERE name = ?", (index,)).fetchone()

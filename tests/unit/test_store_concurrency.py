@@ -228,3 +228,24 @@ def test_a_load_swaps_its_staging_copy_in_once_and_never_over_a_newer_index(tmp_
     assert s.verify() == [] and other.verify() == []
     with pytest.raises(IndexExistsError):
         s.replace_index("~staging~3~ix", "ix", overwrite=False)
+
+
+def test_a_shard_that_restarts_during_a_load_keeps_its_staging_copy(tmp_path: Path) -> None:
+    """A staging copy survives a restart (the swap that follows still finds it); one whose load
+    is long gone is removed at open; a swap that finds its copy missing is a 409, not an empty part."""
+    from app.service.errors import ConflictError
+    from app.service.shard_service import STAGING_MAX_AGE_S, ShardService
+
+    svc = ShardService(tmp_path, 0, 1)
+    svc._shard.upsert_documents("~staging~a~ix", [make_doc("a", 1)])
+    svc._shard.upsert_documents("~staging~b~ix", [make_doc("b", 2)])
+    svc._shard._write.execute("UPDATE indexes SET created_at = created_at - ? WHERE name = '~staging~b~ix'",
+                              (STAGING_MAX_AGE_S + 1,))
+    svc.close()
+    reopened = ShardService(tmp_path, 0, 1)
+    assert reopened._shard.list_indexes() == ["~staging~a~ix"] and reopened.list_indexes() == []
+    with pytest.raises(ConflictError, match="interrupted"):
+        reopened.replace_index("~staging~b~ix", "ix", expect_staged=True)
+    assert reopened.replace_index("~staging~a~ix", "ix", expect_staged=True) is not None
+    assert reopened.list_indexes() == ["ix"] and reopened.verify() == []
+    reopened.close()
