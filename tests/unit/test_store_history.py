@@ -104,7 +104,7 @@ class History:
     # --- one step -----------------------------------------------------------------------------
     async def step(self) -> None:
         existing = [ix for ix in INDEXES if self.model.get(ix)]
-        kinds = ["writes"] * 4 + (["same_doc", "drop_race", "drop", "persist", "load"] if existing else [])
+        kinds = ["writes"] * 4 + (["same_doc", "drop_race", "drop", "persist", "load", "load_race"] if existing else [])
         kind = self.rng.choice(kinds)
         self.seen[kind] += 1
         await getattr(self, kind)(existing)
@@ -288,6 +288,29 @@ class History:
         else:
             assert loaded == f"Successfully loaded index {name} from {path}.", loaded
             self.model[name] = dict(self.snapshots[src])
+        return None
+
+    async def load_race(self, existing: list[str]) -> None:
+        """A load over an index racing a write to it: the write lands whole after the load, or is
+        replaced with the old index, or is refused (409); never in part."""
+        if not self.snapshots:
+            return await self.persist(existing)
+        src = self.rng.choice(sorted(self.snapshots))
+        index = self.rng.choice(existing)
+        new = [(self.fresh_id(), self.text("doc"), self.meta()) for _ in range(self.rng.randint(2, 4))]
+        loaded, written = await asyncio.gather(
+            later(self.svc.load(index, src, True), self.rng.random() * 0.005),
+            later(self.svc.add_documents(index, [Document(text=t, metadata=m, doc_id=i) for i, t, m in new]),
+                  self.rng.random() * 0.03),
+            return_exceptions=True)
+        assert loaded == f"Successfully loaded index {index} from {src}.", loaded
+        assert not isinstance(written, BaseException) or isinstance(written, ConflictError), written
+        stored = await self.svc._get_documents(index, [i for i, _, _ in new])
+        assert len(stored) in (0, len(new)), f"{len(stored)} of {len(new)} documents of a write survived a load"
+        assert not stored or not isinstance(written, BaseException), "a refused write left documents"
+        self.model[index] = dict(self.snapshots[src])
+        self.model[index].update({i: (t, m) for i, t, m in new if i in stored})
+        self.seen["write after the load" if stored else "write replaced or refused by the load"] += 1
         return None
 
     # --- checks ---------------------------------------------------------------------------------
