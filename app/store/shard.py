@@ -102,6 +102,7 @@ class Shard:
             if problems:
                 log.warning("the FAISS index of %r disagrees with SQLite (%s): rebuilding it from SQLite",
                             name, "; ".join(problems[:3]))
+                remove_snapshot(self.snapshot_dir, name)  # not to be loaded again
                 fidx = self._rebuild(name, dim)
             self._faiss[name] = fidx
 
