@@ -17,6 +17,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from app.index_spec import IndexSpec
 
 LlmEngineName = Literal["transformers", "vllm", "openai"]
+#: The largest page of documents a listing can return; ``max_list_limit`` may lower it.
+MAX_LIST_PAGE = 1000
 
 
 class ScopedKey(BaseModel):
@@ -101,7 +103,7 @@ class Settings(BaseSettings):
     max_document_chars: int = Field(default=1_000_000, ge=1, description="Characters of one document's text.")
     max_chat_messages: int = Field(default=1000, ge=1, description="Messages in one chat completion request.")
     max_top_k: int = Field(default=100, ge=1, le=1000, description="Largest top_k / max_node_count.")
-    max_list_limit: int = Field(default=100, ge=1, le=1000, description="Largest page of a document listing.")
+    max_list_limit: int = Field(default=100, ge=1, le=MAX_LIST_PAGE, description="Largest page of a document listing.")
 
     @field_validator("api_keys")
     @classmethod

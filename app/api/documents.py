@@ -74,7 +74,7 @@ class UpdateDocument(BaseModel):
     model_config = ConfigDict(extra="ignore")  # KAITO clients send hash_value back; it is recomputed
     doc_id: str = Field(min_length=1)
     text: Text
-    metadata: Metadata | None = None
+    metadata: Metadata | None = None  # omitted: keep the stored metadata
 
 
 class UpdateDocumentsRequest(BaseModel):

@@ -40,7 +40,7 @@ class KeyChecker:
 
 def principal_of(scope: Scope) -> Principal:
     """The authenticated key's principal; full access where no keys are configured."""
-    return scope.get("state", {}).get(PRINCIPAL, FULL_ACCESS)  # type: ignore[no-any-return]
+    return scope.get("state", {}).get(PRINCIPAL, FULL_ACCESS)
 
 
 def bearer_token(scope: Scope) -> str | None:

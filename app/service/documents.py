@@ -2,17 +2,25 @@
 
 Everything here is async and talks to two seams only: a ``TextEmbedder`` and a ``ShardPool``. Under
 Ray Serve those are deployment and actor handles; in unit tests they are in-process objects.
+
+Concurrency: the service keeps no state of its own (ingress replicas run many at once), so every
+race is settled in the shards, under their write locks. An index's home shard (``HOME_SHARD``)
+hands out its generation: writes carry it, and a delete-index or a load names the generation it
+removes, so a write racing either is kept whole before it or refused (409) with nothing stored.
+Documents without a doc_id get an id derived from their content and are inserted only if absent,
+so identical requests at once store one document.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
-import shutil
+import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,15 +36,27 @@ from app.api.documents import (
     UpdateDocumentsResponse,
 )
 from app.errors import BadRequestError, ConflictError, NotFoundError
-from app.ingest import ChunkingError, DocumentChunker, content_hash, new_doc_id, node_id_for
+from app.ingest import ChunkingError, DocumentChunker, content_hash, node_id_for
 from app.paths import PathOutsideStorageError, confine
 from app.routing import group_by_shard
 from app.service.pool import ShardPool
+from app.service.shard_service import HOME_SHARD, STAGING_PREFIX
 from app.store import ChunkWrite, DocumentWrite, SearchHit, StoredDocument
 
 MANIFEST = "manifest.json"
 SNAPSHOTS = "snapshots"  # persist/load paths are relative to <storage_dir>/snapshots
 SNAPSHOT_FORMAT = 1
+LOCK_FILE = ".persist.lock"
+MAX_CONTENT_ID_ATTEMPTS = 16
+_CONTENT_NAMESPACE = uuid.UUID("0b6f1f0e-7c3a-4d52-9b1e-2f8a64c1d9e3")
+
+
+def content_doc_id(hash_value: str, attempt: int = 0) -> str:
+    """The id of a document indexed without a doc_id: derived from its content hash, so identical
+    concurrent requests choose the same id and the shard (which stores an id only once) keeps one
+    document. ``attempt`` > 0 gives the next candidates, used when another document (edited since)
+    already holds the id."""
+    return uuid.uuid5(_CONTENT_NAMESPACE, f"{hash_value}:{attempt}").hex
 
 
 class TextEmbedder(Protocol):
@@ -98,7 +118,11 @@ class DocumentService:
         return sum(await self.pool.call_all("count_documents", index))
 
     async def drop_index(self, index: str) -> str:
-        dropped = await self.pool.call_all("drop_index", index)
+        """Drop ``index`` on every shard. The generation is read on the home shard first and sent
+        along, so every shard also refuses a write of that generation still in flight (it then
+        fails with 409 and stores nothing) instead of recreating the index with its rows."""
+        generation = await self.pool.call(HOME_SHARD, "index_generation", index)
+        dropped = await self.pool.call_all("drop_index", index, generation)
         if not any(dropped):
             raise NotFoundError(f"No such index: '{index}' exists.")
         return f"Successfully deleted index {index}."
@@ -113,6 +137,20 @@ class DocumentService:
             raise BadRequestError(f"{where}: text has no content to index")
         return [c.text for c in chunks]
 
+    @staticmethod
+    def _reject_repeated_ids(doc_ids: Sequence[str | None]) -> None:
+        """A doc_id given twice in one request is ambiguous (which text wins?): a 400 naming it,
+        before anything is stored."""
+        seen: dict[str, int] = {}
+        for i, doc_id in enumerate(doc_ids):
+            if doc_id is None:
+                continue
+            if doc_id in seen:
+                raise BadRequestError(
+                    f"documents[{i}]: doc_id '{doc_id}' is repeated (also documents[{seen[doc_id]}]); "
+                    "give each document once per request", param="documents")
+            seen[doc_id] = i
+
     async def _embed_chunks(self, prepared: Sequence[_Prepared]) -> dict[str, list[ChunkWrite]]:
         """Embed every chunk of ``prepared`` in batches sent concurrently (replicas share the work)."""
         flat = [(p.doc_id, i, t) for p in prepared for i, t in enumerate(p.chunk_texts)]
@@ -125,22 +163,63 @@ class DocumentService:
                                               vector=np.asarray(vec, dtype=np.float32)))
         return out
 
-    async def _write(self, index: str, prepared: Sequence[_Prepared], only_existing: bool = False) -> set[str]:
-        """Embed and write; returns once every shard has committed (the acknowledgement point), with
-        the doc ids written (with ``only_existing``, those deleted meanwhile are not)."""
-        if not prepared:
+    @staticmethod
+    def _as_write(p: _Prepared, chunks: list[ChunkWrite], doc_id: str | None = None) -> DocumentWrite:
+        """``p`` as a shard write, under ``doc_id`` when given (node ids follow the doc id)."""
+        if doc_id is not None and doc_id != p.doc_id:
+            chunks = [replace(c, node_id=node_id_for(doc_id, c.chunk_index)) for c in chunks]
+        return DocumentWrite(doc_id=doc_id or p.doc_id, text=p.text, metadata=p.metadata, hash_value=p.hash_value,
+                             chunks=chunks)
+
+    async def _write(self, index: str, writes: Sequence[DocumentWrite], *, generation: int | None,
+                     only_existing: bool = False, if_absent: bool = False) -> set[str]:
+        """Write to the owning shards; returns once every shard has committed (the acknowledgement
+        point), with the doc ids written (with ``only_existing``, those deleted meanwhile are not;
+        with ``if_absent``, those already stored are not)."""
+        if not writes:
             return set()
-        chunks = await self._embed_chunks(prepared)
-        writes = [DocumentWrite(doc_id=p.doc_id, text=p.text, metadata=p.metadata, hash_value=p.hash_value,
-                                chunks=chunks[p.doc_id]) for p in prepared]
-        groups = group_by_shard(writes, lambda w: w.doc_id, self.pool.num_shards)
-        written = await asyncio.gather(*(self.pool.call(s, "upsert_documents", index, ws, only_existing)
-                                         for s, ws in groups.items()))
+        groups = group_by_shard(list(writes), lambda w: w.doc_id, self.pool.num_shards)
+        written = await asyncio.gather(*(
+            self.pool.call(s, "upsert_documents", index, ws, only_existing, generation, if_absent)
+            for s, ws in groups.items()))
         return {doc_id for part in written for doc_id in part}
+
+    async def _insert_by_content(self, index: str, generation: int, pending: dict[int, _Prepared],
+                                 chunks: dict[str, list[ChunkWrite]]) -> dict[int, str]:
+        """Store documents that came without a doc_id under ids derived from their content, each
+        shard inserting only ids it does not hold (under its write lock): two identical requests at
+        once derive the same id and store one document. An id already held by other content (a
+        document edited since) moves on to the next derived id. Returns request position -> doc_id."""
+        final: dict[int, str] = {}
+        attempt = 0
+        while pending:
+            ids = {i: p.doc_id if attempt == 0 else content_doc_id(p.hash_value, attempt)
+                   for i, p in pending.items()}
+            by_id: dict[str, int] = {}
+            for i, doc_id in ids.items():
+                by_id.setdefault(doc_id, i)  # the same content twice in one request: written once
+            writes = [self._as_write(pending[i], chunks[pending[i].doc_id], doc_id) for doc_id, i in by_id.items()]
+            written = await self._write(index, writes, generation=generation, if_absent=True)
+            held = await self._get_documents(index, [d for d in by_id if d not in written])
+            retry: dict[int, _Prepared] = {}
+            for i, doc_id in ids.items():
+                other = held.get(doc_id)
+                if doc_id in written or (other is not None and other.hash_value == pending[i].hash_value):
+                    final[i] = doc_id
+                else:  # taken by other content (or deleted meanwhile: the next id is as good)
+                    retry[i] = pending[i]
+            pending = retry
+            attempt += 1
+            if attempt > MAX_CONTENT_ID_ATTEMPTS:
+                raise ConflictError("could not find a free document id for the new documents; retry the request")
+        return final
 
     async def add_documents(self, index: str, docs: Sequence[Document]) -> list[DocumentRecord]:
         """Create or extend ``index``. Re-adding the same text and metadata is idempotent: the
-        existing document is returned and nothing is embedded again."""
+        existing document is returned and nothing is stored again, also when identical requests
+        run at once (documents without a doc_id get an id derived from their content, and the
+        shard stores an id only once). A doc_id given twice in the request is a 400."""
+        self._reject_repeated_ids([d.doc_id for d in docs])
         hashes = [content_hash(d.text, d.metadata) for d in docs]
         chunk_texts = await asyncio.to_thread(
             lambda: [self._chunk(d.text, d.metadata, f"documents[{i}]") for i, d in enumerate(docs)])
@@ -150,24 +229,36 @@ class DocumentService:
         given_ids = [d.doc_id for d in docs if d.doc_id]
         existing_given = await self._get_documents(index, given_ids) if given_ids else {}
 
-        records: list[DocumentRecord] = []
-        to_write: list[_Prepared] = []
-        seen: dict[str, str] = {}  # hash -> doc_id within this request
-        for d, h, texts in zip(docs, hashes, chunk_texts, strict=True):
+        prepared: list[_Prepared] = []
+        slot: list[int | None] = []  # per request position: its key in by_content, if it is new and id-less
+        given: list[_Prepared] = []  # client-chosen ids, written as they are
+        by_content: dict[int, _Prepared] = {}  # new id-less documents, by first request position
+        seen: dict[str, int] = {}  # hash -> that first position
+        for i, (d, h, texts) in enumerate(zip(docs, hashes, chunk_texts, strict=True)):
+            key: int | None = None
             if d.doc_id:
-                doc_id = d.doc_id
-                old = existing_given.get(doc_id)
-                unchanged = old is not None and old.hash_value == h
+                prep = _Prepared(d.doc_id, d.text, dict(d.metadata), h, texts)
+                old = existing_given.get(d.doc_id)
+                if old is None or old.hash_value != h:
+                    given.append(prep)
+            elif h in existing_by_hash:
+                prep = _Prepared(existing_by_hash[h], d.text, dict(d.metadata), h, texts)
             else:
-                doc_id = existing_by_hash.get(h) or seen.get(h) or new_doc_id()
-                unchanged = h in existing_by_hash or h in seen
-            seen.setdefault(h, doc_id)
-            prep = _Prepared(doc_id, d.text, dict(d.metadata), h, texts)
-            records.append(_record(prep))
-            if not unchanged and all(p.doc_id != doc_id for p in to_write):
-                to_write.append(prep)
-        await self._write(index, to_write)
-        return records
+                key = seen.setdefault(h, i)
+                prep = by_content.setdefault(key, _Prepared(content_doc_id(h), d.text, dict(d.metadata), h, texts))
+            prepared.append(prep)
+            slot.append(key)
+        to_embed = given + list(by_content.values())
+        if to_embed:
+            chunks = await self._embed_chunks(to_embed)
+            dim = int(np.asarray(next(c for cs in chunks.values() for c in cs).vector).shape[-1])
+            generation = await self.pool.call(HOME_SHARD, "ensure_index", index, dim)
+            writes = [self._as_write(p, chunks[p.doc_id]) for p in given]
+            _, final = await asyncio.gather(self._write(index, writes, generation=generation),
+                                            self._insert_by_content(index, generation, dict(by_content), chunks))
+            prepared = [p if key is None else replace(p, doc_id=final[key]) for p, key in zip(prepared, slot,
+                                                                                                strict=True)]
+        return [_record(p) for p in prepared]
 
     async def _get_documents(self, index: str, doc_ids: Sequence[str]) -> dict[str, StoredDocument]:
         groups = group_by_shard(list(dict.fromkeys(doc_ids)), lambda x: x, self.pool.num_shards)
@@ -178,8 +269,12 @@ class DocumentService:
         return found
 
     async def update_documents(self, index: str, docs: Sequence[UpdateDocument]) -> UpdateDocumentsResponse:
-        """Re-chunk and re-embed only documents whose text or metadata changed."""
-        await self.require_index(index)
+        """Re-chunk and re-embed only documents whose text or metadata changed. An omitted
+        ``metadata`` keeps the stored one (``{}`` clears it). A doc_id given twice is a 400."""
+        self._reject_repeated_ids([d.doc_id for d in docs])
+        generation = await self.pool.call(HOME_SHARD, "index_generation", index)
+        if generation is None:
+            await self.require_index(index)  # an index from before generations has no home entry
         current = await self._get_documents(index, [d.doc_id for d in docs])
         updated: list[_Prepared] = []
         unchanged: list[DocumentRecord] = []
@@ -189,18 +284,22 @@ class DocumentService:
             if old is None:
                 not_found.append(d)
                 continue
-            h = content_hash(d.text, d.metadata)
+            metadata = dict(old.metadata) if d.metadata is None else dict(d.metadata)
+            h = content_hash(d.text, metadata)
             if h == old.hash_value:
                 unchanged.append(_record(old))
                 continue
-            texts = await asyncio.to_thread(self._chunk, d.text, d.metadata, f"documents[{i}]")
-            updated.append(_Prepared(d.doc_id, d.text, dict(d.metadata), h, texts))
-        written = await self._write(index, updated, only_existing=True)
+            texts = await asyncio.to_thread(self._chunk, d.text, metadata, f"documents[{i}]")
+            updated.append(_Prepared(d.doc_id, d.text, metadata, h, texts))
+        chunks = await self._embed_chunks(updated) if updated else {}
+        written = await self._write(index, [self._as_write(p, chunks[p.doc_id]) for p in updated],
+                                    generation=generation, only_existing=True)
         by_id = {d.doc_id: d for d in docs}
         not_found += [by_id[p.doc_id] for p in updated if p.doc_id not in written]  # deleted meanwhile
         updated = [p for p in updated if p.doc_id in written]
+        echo = [d if d.metadata is not None else d.model_copy(update={"metadata": {}}) for d in not_found]
         return UpdateDocumentsResponse(updated_documents=[_record(p) for p in updated],
-                                       unchanged_documents=unchanged, not_found_documents=not_found)
+                                       unchanged_documents=unchanged, not_found_documents=echo)
 
     async def delete_documents(self, index: str, doc_ids: Sequence[str]) -> DeleteDocumentsResponse:
         await self.require_index(index)
@@ -261,45 +360,139 @@ class DocumentService:
         return nodes, {"embed": t1 - t0, "search": t2 - t1}
 
     # --- persistence --------------------------------------------------------------------------
-    def _confine(self, path: str | None, index: str) -> Path:
+    @property
+    def snapshots_dir(self) -> Path:
+        return (Path(self.storage_dir) / SNAPSHOTS).resolve()
+
+    def _confine(self, path: str | None, default: str) -> Path:
         try:
             # Snapshots live apart from the live data: a path can never name a shard or model folder.
-            return confine(Path(self.storage_dir) / SNAPSHOTS, path, default=index)
+            return confine(self.snapshots_dir, path, default=default)
         except PathOutsideStorageError as e:
             raise BadRequestError(str(e), param="path") from e
 
+    def _shown(self, path: Path) -> str:
+        """``path`` as the client names it: relative to the snapshots directory."""
+        return path.relative_to(self.snapshots_dir).as_posix()
+
+    def _check_snapshot_target(self, dest: Path) -> None:
+        """``dest`` may hold a snapshot: no file on the way to it, not inside another snapshot (its
+        files would mix with that one's), and no other snapshot inside it. Each is a 400 saying
+        which path is in the way."""
+        root = self.snapshots_dir
+        rel = dest.relative_to(root)
+        folders = [root / f for f in [*list(reversed(rel.parents))[1:], rel]]  # shallowest first, root left out
+        for here in folders:
+            if here.exists() and not here.is_dir():
+                raise BadRequestError(f"path names a file, not a directory: {self._shown(here)!r}; pass a "
+                                      "directory to persist into", param="path")
+        for here in folders[:-1]:
+            if (here / MANIFEST).is_file():
+                raise BadRequestError(
+                    f"{self._shown(dest)!r} is inside the snapshot at {self._shown(here)!r}; persist to a path "
+                    "outside it", param="path")
+        if dest.is_dir():
+            for manifest in dest.rglob(MANIFEST):
+                if manifest.parent != dest:
+                    raise BadRequestError(
+                        f"{self._shown(dest)!r} contains the snapshot at {self._shown(manifest.parent)!r}; "
+                        "persist to a path that holds no other snapshot", param="path")
+
     async def persist(self, index: str, path: str | None = None) -> str:
-        """Write a portable snapshot (one part per shard + a manifest) and swap it in atomically."""
+        """Write a portable snapshot of ``index`` (one part per shard + a manifest), KAITO's layout:
+        ``path=P`` writes ``<snapshots>/P/<index>``, no path writes ``<snapshots>/<index>``; a
+        KAITO client then loads it with ``path=P/<index>``. Paths are relative to
+        ``<storage_dir>/snapshots`` and confined to it.
+
+        Crash-safe: each persist writes part files of its own (``part-NNN-<tag>.sqlite``) next to the
+        current ones, then replaces ``manifest.json`` atomically (the commit point), then removes the
+        parts the old manifest named. At every instant the manifest names a complete snapshot, old or
+        new. Persisting into or around another snapshot is refused (400), so one can never remove
+        another's files."""
         await self.require_index(index)
-        dest = self._confine(path, index)
-        tmp = dest.parent / f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
+        if "/" in index or index in {".", ".."}:
+            raise BadRequestError(f"invalid index name {index!r}")
+        if path:
+            self._confine(path, index)  # the path itself must be a folder inside the snapshots folder
+        dest = self._confine(f"{path}/{index}" if path else index, index)
+        self._check_snapshot_target(dest)
         try:
-            parts = await self.pool.call_all("export_part", index, str(tmp))
+            dest.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise BadRequestError(f"path names a file, not a directory: {e}", param="path") from e
+        tag = uuid.uuid4().hex[:12]
+        manifest_tmp = dest / f".{MANIFEST}.{tag}.tmp"
+        try:
+            parts = await self.pool.call_all("export_part", index, str(dest), tag)
+            written = [p["file"] for p in parts if p["file"]]
             dims = {p["dim"] for p in parts if p["dim"]}
             manifest = {
                 "format": SNAPSHOT_FORMAT, "index_name": index, "embedding_model": self.embedding_model,
                 "dim": dims.pop() if len(dims) == 1 else None, "created_at": time.time(),
-                "parts": [p["file"] for p in parts if p["file"]],
-                "documents": sum(p["documents"] for p in parts),
+                "parts": written, "documents": sum(p["documents"] for p in parts),
             }
-            (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-            if dest.exists():
-                shutil.rmtree(dest)
-            tmp.rename(dest)
+            with open(manifest_tmp, "w") as f:
+                json.dump(manifest, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+            await asyncio.to_thread(self._commit_snapshot, dest, manifest_tmp, set(written))
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            manifest_tmp.unlink(missing_ok=True)
+            kept = self._manifest_parts(dest)
+            for part in dest.glob(f"part-*-{tag}.sqlite*"):  # this persist's parts, also half-written ones
+                if part.name not in kept:
+                    part.unlink(missing_ok=True)
             raise
-        return f"Successfully persisted index {index} to {dest.relative_to(self.storage_dir.resolve())}."
+        return f"Successfully persisted index {index} to {self._shown(dest)}."
+
+    @staticmethod
+    def _manifest_parts(snapshot: Path) -> set[str]:
+        try:
+            return {str(p) for p in json.loads((snapshot / MANIFEST).read_text())["parts"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return set()
+
+    def _commit_snapshot(self, dest: Path, manifest_tmp: Path, parts: set[str]) -> None:
+        """Swap the new manifest in and remove the parts only the old one named, under a file lock
+        so two persists of the same snapshot (from any process on this host) cannot remove each
+        other's parts."""
+        with open(dest / LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                old = self._manifest_parts(dest)
+                os.replace(manifest_tmp, dest / MANIFEST)
+                fd = os.open(dest, os.O_RDONLY)
+                try:
+                    os.fsync(fd)  # the rename itself is durable before the old parts go
+                finally:
+                    os.close(fd)
+                for name in old - parts:
+                    if Path(name).name == name:
+                        (dest / name).unlink(missing_ok=True)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     async def load(self, index: str, path: str | None = None, overwrite: bool = False) -> str:
+        """Load a snapshot as ``index``: ``path`` names the snapshot directory relative to
+        ``<storage_dir>/snapshots`` (``P/<name>`` after ``persist?path=P``); no path reads
+        ``<snapshots>/<index>``. 409 when ``index`` exists and ``overwrite`` is false.
+
+        Nothing changes unless the whole load succeeds: every shard imports its documents into a
+        private staging index first; an unreadable or incomplete snapshot is a 400 and the staging
+        copies are dropped. Only then is the staging index swapped in, on the home shard first (which
+        checks ``overwrite`` again, atomically) and then on the others."""
         src = self._confine(path, index)
+        shown = self._shown(src)
+        if src.exists() and not src.is_dir():
+            raise BadRequestError(f"path names a file, not a snapshot directory: {shown!r}; pass the "
+                                  "directory that holds manifest.json", param="path")
         manifest_file = src / MANIFEST
         if not manifest_file.is_file():
-            raise NotFoundError(f"No snapshot at {path or src.name!r}: {MANIFEST} not found")
+            raise NotFoundError(f"No snapshot at {shown!r}: {MANIFEST} not found")
         try:
             manifest = json.loads(manifest_file.read_text())
             names = [str(p) for p in manifest["parts"]]
+            expected = int(manifest.get("documents", -1))
         except (ValueError, KeyError, TypeError) as e:
             raise BadRequestError(f"snapshot manifest is unreadable: {e}") from e
         for name in names:  # part names are plain file names inside the snapshot directory
@@ -311,9 +504,22 @@ class DocumentService:
             raise BadRequestError(
                 f"snapshot was embedded with {manifest['embedding_model']!r}, this server uses "
                 f"{self.embedding_model!r}; vectors would not be comparable")
-        if await self.index_exists(index):
-            if not overwrite:
-                raise ConflictError(f"Index {index} already exists; pass overwrite=true to replace it.")
-            await self.pool.call_all("drop_index", index)
-        await self.pool.call_all("import_parts", index, parts)
-        return f"Successfully loaded index {index} from {src.relative_to(self.storage_dir.resolve())}."
+        if not overwrite and await self.index_exists(index):
+            raise ConflictError(f"Index {index} already exists; pass overwrite=true to replace it.")
+        staging = f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}~{index}"
+        try:
+            imported = await self.pool.call_all("import_parts", staging, parts)
+            if expected >= 0 and sum(imported) != expected:
+                raise BadRequestError(f"snapshot at {shown!r} is incomplete: its manifest counts {expected} "
+                                      f"documents, its parts hold {sum(imported)}; nothing was loaded")
+            dim = manifest.get("dim") if isinstance(manifest.get("dim"), int) else None
+            generation = await self.pool.call(HOME_SHARD, "replace_index", staging, index, None, overwrite, dim,
+                                              imported[HOME_SHARD] > 0)
+        except BaseException:
+            await asyncio.gather(*(self.pool.call(s, "drop_index", staging) for s in range(self.pool.num_shards)),
+                                 return_exceptions=True)
+            raise
+        await asyncio.gather(*(
+            self.pool.call(s, "replace_index", staging, index, generation, True, dim, imported[s] > 0)
+            for s in range(self.pool.num_shards) if s != HOME_SHARD))
+        return f"Successfully loaded index {index} from {shown}."

@@ -2,22 +2,48 @@
 (portable export parts, import with re-routing) and the storage layout on disk.
 
 Under Ray this class is the body of a shard actor (``deployments.vector_index``); it keeps every
-method explicit so that Ray can expose it as an actor method.
+method explicit so that Ray can expose it as an actor method. Store errors a client caused or can
+retry are turned into ``app.errors`` here (they survive Ray's pickling with their status).
+
+Shard 0 is every index's *home*: it always holds the index (empty if no document routes to it)
+and allocates its generation (see ``app.store.shard``), so the document service asks it, and only
+it, which generation a write, a drop or a load is about.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from app.errors import BadRequestError, ConflictError
 from app.routing import shard_for
 from app.store import DocumentWrite, SearchHit, Shard, StoredDocument, read_export
+from app.store.types import IndexDroppedError, IndexExistsError, IndexNotFoundError
 
 LAYOUT_FILE = "ragserve-layout.json"
 IMPORT_BATCH = 256
+HOME_SHARD = 0
+STAGING_PREFIX = "~staging~"  # index names start with a letter or digit, so none can look like this
+# A staging index older than this at shard open belongs to a load whose service died; a younger one
+# may belong to a load still running (this shard restarted under it), so it is kept for the swap.
+STAGING_MAX_AGE_S = 3600.0
+log = logging.getLogger("ragserve.store")
+
+
+def is_staging(index: str) -> bool:
+    """A load's private copy of a snapshot, invisible to clients until it is swapped in."""
+    return index.startswith(STAGING_PREFIX)
+
+
+def dropped_while_writing(index: str) -> ConflictError:
+    return ConflictError(f"Index '{index}' was deleted or replaced while these documents were being written; "
+                         "none of them were kept. Retry to write them into the index as it is now.")
 
 
 class LayoutMismatchError(RuntimeError):
@@ -63,6 +89,11 @@ class ShardService:
         self._open_options = vector_options(faiss_kind, faiss_device, faiss_params)
         self._shard = Shard(shard_directory(storage_dir, shard_index), faiss_kind=faiss_kind,
                             faiss_device=faiss_device, faiss_params=faiss_params)
+        for name in self._shard.list_indexes():  # loads that never finished (their service died)
+            created = self._shard.created_at(name)
+            if is_staging(name) and created is not None and time.time() - created > STAGING_MAX_AGE_S:
+                log.warning("shard %d: dropping %r, left by a load that did not finish", shard_index, name)
+                self._shard.drop_index(name)
 
     # --- indexes ------------------------------------------------------------------------------
     def ping(self) -> int:
@@ -74,83 +105,140 @@ class ShardService:
         return dict(self._open_options)
 
     def list_indexes(self) -> list[str]:
-        return self._shard.list_indexes()
+        return [name for name in self._shard.list_indexes() if not is_staging(name)]
 
     def has_index(self, index: str) -> bool:
-        return self._shard.has_index(index)
+        return self._shard.has_index(index) and not is_staging(index)
 
-    def drop_index(self, index: str) -> bool:
-        return self._shard.drop_index(index)
+    def index_generation(self, index: str) -> int | None:
+        """The generation of ``index`` on this shard (ask the home shard), None when absent."""
+        return self._shard.generation(index)
 
+    def ensure_index(self, index: str, dim: int) -> int:
+        """On the home shard: the generation writes to ``index`` carry, creating it when absent."""
+        return self._shard.ensure_index(index, dim)
+
+    def drop_index(self, index: str, generation: int | None = None) -> bool:
+        return self._shard.drop_index(index, generation)
+
+    def replace_index(self, staging: str, index: str, generation: int | None = None, overwrite: bool = True,
+                      dim: int | None = None, expect_staged: bool = False) -> int | None:
+        """Swap a load's staging copy in as ``index`` (``Shard.replace_index``); 409 when it exists
+        and ``overwrite`` is false (asked of the home shard first, before any other changes), or
+        when the staging copy this shard imported is gone."""
+        try:
+            return self._shard.replace_index(staging, index, generation=generation, overwrite=overwrite, dim=dim,
+                                             expect_staged=expect_staged)
+        except IndexExistsError as e:
+            raise ConflictError(f"Index {index} already exists; pass overwrite=true to replace it.") from e
+        except IndexNotFoundError as e:
+            raise ConflictError(f"The load of index {index} was interrupted (shard {self.shard_index} lost its "
+                                "imported copy); retry the load") from e
+
+    def verify(self) -> list[str]:
+        """The shard's self-check (``Shard.verify``): empty when healthy."""
+        return self._shard.verify()
+
+    # Reads of an index this shard does not hold (never had, or dropped while the call was on its
+    # way) answer empty: whether the index exists is the document service's question, not a 500.
     def count_documents(self, index: str) -> int:
-        return self._shard.count_documents(index) if self._shard.has_index(index) else 0
+        try:
+            return self._shard.count_documents(index)
+        except IndexNotFoundError:
+            return 0
 
     def stats(self) -> dict[str, Any]:
         return {
             "shard": self.shard_index,
             "indexes": {
                 name: {"documents": self._shard.count_documents(name), "chunks": self._shard.count_chunks(name)}
-                for name in self._shard.list_indexes()
+                for name in self.list_indexes()
             },
         }
 
     # --- documents ----------------------------------------------------------------------------
     def find_by_hash(self, index: str, hashes: list[str]) -> dict[str, str]:
-        return self._shard.find_by_hash(index, hashes) if self._shard.has_index(index) else {}
+        try:
+            return self._shard.find_by_hash(index, hashes)
+        except IndexNotFoundError:
+            return {}
 
     def get_documents(self, index: str, doc_ids: list[str]) -> dict[str, StoredDocument]:
-        return self._shard.get_documents(index, doc_ids) if self._shard.has_index(index) else {}
+        try:
+            return self._shard.get_documents(index, doc_ids)
+        except IndexNotFoundError:
+            return {}
 
-    def upsert_documents(self, index: str, docs: list[DocumentWrite], only_existing: bool = False) -> list[str]:
-        if only_existing and not self._shard.has_index(index):
-            return []
-        return self._shard.upsert_documents(index, docs, only_existing=only_existing)
+    def upsert_documents(self, index: str, docs: list[DocumentWrite], only_existing: bool = False,
+                         generation: int | None = None, if_absent: bool = False) -> list[str]:
+        """``Shard.upsert_documents``; a write for a dropped or replaced generation is a 409."""
+        try:
+            return self._shard.upsert_documents(index, docs, only_existing=only_existing, if_absent=if_absent,
+                                                generation=generation)
+        except IndexDroppedError as e:
+            raise dropped_while_writing(index) from e
 
     def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
-        if not self._shard.has_index(index):
-            return [], list(doc_ids)
-        return self._shard.delete_documents(index, doc_ids)
+        try:
+            return self._shard.delete_documents(index, doc_ids)
+        except IndexNotFoundError:
+            return [], list(dict.fromkeys(doc_ids))
 
     def list_documents(self, index: str, *, limit: int, offset: int, max_text_length: int | None,
                        metadata_filter: dict[str, Any] | None) -> tuple[list[StoredDocument], int]:
-        if not self._shard.has_index(index):
+        try:
+            return self._shard.list_documents(index, limit=limit, offset=offset, max_text_length=max_text_length,
+                                              metadata_filter=metadata_filter)
+        except IndexNotFoundError:
             return [], 0
-        return self._shard.list_documents(index, limit=limit, offset=offset, max_text_length=max_text_length,
-                                          metadata_filter=metadata_filter)
 
     def search(self, index: str, vector: np.ndarray, k: int,
                metadata_filter: dict[str, Any] | None = None) -> list[SearchHit] | None:
         """Hits, or None when this shard has no such index (so a search needs no existence check)."""
-        if not self._shard.has_index(index):
+        try:
+            return self._shard.search(index, vector, k, metadata_filter=metadata_filter)
+        except IndexNotFoundError:
             return None
-        return self._shard.search(index, vector, k, metadata_filter=metadata_filter)
 
     # --- persistence --------------------------------------------------------------------------
-    def export_part(self, index: str, dest_dir: str) -> dict[str, Any]:
-        """Write this shard's part of ``index`` to ``dest_dir/part-NNN.sqlite``."""
-        dest = Path(dest_dir) / f"part-{self.shard_index:03d}.sqlite"
-        docs = self._shard.export_index(index, dest) if self._shard.has_index(index) else 0
-        dim = self._shard.dim(index) if self._shard.has_index(index) else None
+    def export_part(self, index: str, dest_dir: str, tag: str = "") -> dict[str, Any]:
+        """Write this shard's part of ``index`` to ``dest_dir/part-NNN[-tag].sqlite`` (a tag gives
+        each persist its own part files, so a new snapshot never overwrites the one it replaces)."""
+        dest = Path(dest_dir) / f"part-{self.shard_index:03d}{'-' + tag if tag else ''}.sqlite"
+        if not self._shard.has_index(index):
+            return {"file": None, "documents": 0, "dim": None}
+        try:
+            dim = self._shard.dim(index)
+            docs = self._shard.export_index(index, dest)
+        except IndexNotFoundError as e:
+            raise ConflictError(f"Index '{index}' was deleted while it was being persisted; nothing was "
+                                "written") from e
         return {"file": dest.name if docs or dest.exists() else None, "documents": docs, "dim": dim}
 
     def import_parts(self, index: str, part_files: list[str]) -> int:
         """Import, from every part of a snapshot, the documents that route to this shard. Each shard
-        reads the parts itself, so a snapshot taken with N shards loads into any number of shards."""
+        reads the parts itself, so a snapshot taken with N shards loads into any number of shards.
+        A load imports into a staging index (``STAGING_PREFIX``) and swaps it in only once every
+        shard has succeeded. An unreadable part (truncated, not a snapshot) is a 400 naming it."""
         imported = 0
         for f in part_files:
-            _, docs = read_export(f)
-            batch: list[DocumentWrite] = []
-            for doc in docs:
-                if shard_for(doc.doc_id, self.num_shards) != self.shard_index:
-                    continue
-                batch.append(doc)
-                if len(batch) >= IMPORT_BATCH:
+            try:
+                _, docs = read_export(f)
+                batch: list[DocumentWrite] = []
+                for doc in docs:
+                    if shard_for(doc.doc_id, self.num_shards) != self.shard_index:
+                        continue
+                    batch.append(doc)
+                    if len(batch) >= IMPORT_BATCH:
+                        self._shard.upsert_documents(index, batch)
+                        imported += len(batch)
+                        batch = []
+                if batch:
                     self._shard.upsert_documents(index, batch)
                     imported += len(batch)
-                    batch = []
-            if batch:
-                self._shard.upsert_documents(index, batch)
-                imported += len(batch)
+            except (sqlite3.DatabaseError, ValueError, KeyError, TypeError) as e:
+                raise BadRequestError(f"snapshot part {Path(f).name!r} is unreadable ({e}); the snapshot is "
+                                      "damaged or incomplete, nothing was loaded", param="path") from e
         return imported
 
     def snapshot(self) -> None:

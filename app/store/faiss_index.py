@@ -62,6 +62,22 @@ class VectorIndex:
         """Flat indexes copy to the GPU as they are; IVF and HNSW are searched on the CPU."""
         return self.spec.kind == "flat"
 
+    def ids(self) -> np.ndarray:
+        """The ids of the live vectors (masked HNSW deletions excluded), one entry per vector: what
+        the shard's self-check compares with its chunk rows."""
+        index = self.index
+        if hasattr(index, "id_map"):
+            found = faiss.vector_to_array(index.id_map).astype(np.int64)
+        else:  # a trained IVF index keeps its ids in the inverted lists
+            ivf = faiss.extract_index_ivf(index)
+            lists = ivf.invlists
+            found = np.concatenate([np.zeros(0, dtype=np.int64)] + [
+                faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).astype(np.int64).copy()
+                for i in range(ivf.nlist) if lists.list_size(i)])
+        if self.deleted:
+            found = found[~np.isin(found, np.fromiter(self.deleted, dtype=np.int64))]
+        return found
+
     # --- writes -------------------------------------------------------------------------------
     def add(self, vectors: np.ndarray, ids: np.ndarray) -> None:
         self.index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(ids, dtype=np.int64))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS changes (
     chunk_id INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS changes_by_index ON changes (index_name, seq);
+CREATE TABLE IF NOT EXISTS dropped_indexes (name TEXT PRIMARY KEY, generation INTEGER NOT NULL);
 """
 
 
@@ -58,5 +59,14 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
+    """Create the tables, and bring a version-1 file up to date: ``indexes.generation`` (0 for
+    indexes created before generations existed), ``indexes.origin`` and ``dropped_indexes`` (the highest generation of
+    each name ever dropped, so a late write for a dropped index is refused instead of reviving it)."""
     conn.executescript(DDL)
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(indexes)")}
+    if "generation" not in columns:
+        conn.execute("ALTER TABLE indexes ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+    if "origin" not in columns:  # the staging index a load swapped in (makes a retried swap a no-op)
+        conn.execute("ALTER TABLE indexes ADD COLUMN origin TEXT")
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))

@@ -2,12 +2,24 @@
 
 Writes commit to SQLite before they return (the acknowledgement point), then update FAISS. On open,
 each FAISS index is loaded from its snapshot and the change log after it is replayed, or rebuilt
-from the chunks table when there is no usable snapshot; so no acknowledged write is ever lost.
+from the chunks table when there is no usable snapshot; the result is then checked against SQLite
+(``verify``: one vector per chunk row, nothing else) and rebuilt when it disagrees. So no
+acknowledged write is ever lost, and no deleted one comes back.
 
-Thread safety: one writer at a time (a lock around the write connection); readers use their own
-connection per thread (WAL lets them read while a write is in progress); FAISS mutations and
-searches are serialised by a lock, and search results are re-read from SQLite so a hit whose
-chunk was deleted concurrently is dropped rather than returned stale.
+Thread safety: one writer at a time. The write lock covers the whole of a write: the existence
+check, the SQLite transaction *and* the FAISS mutation that follows the commit. So FAISS changes in
+commit order (two updates of one document cannot apply their vectors the other way round), a
+snapshot never sees a committed write whose vectors are not in FAISS yet, and an index cannot be
+created twice or dropped between a write's check and its commit. Readers use their own connection
+per thread (WAL lets them read while a write is in progress); searches take only the FAISS lock,
+and their hits are re-read from SQLite so a chunk deleted concurrently is dropped, not returned.
+
+Generations: every index carries a generation number, and the highest dropped generation of each
+name is remembered. The document service reads an index's generation on its home shard and sends it
+with each write; a shard refuses a write of a dropped generation (``IndexDroppedError``), and a write
+of a newer generation first drops what the shard still holds of an older one. So a write racing a
+delete-index (or a load that replaces the index) either lands before the drop and is dropped with
+it, or fails and stores nothing: it never leaves rows that reappear when the name is reused.
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from app.config import MAX_LIST_PAGE
 from app.index_spec import IndexSpec
 from app.store.faiss_index import (
     VectorIndex,
@@ -38,6 +51,8 @@ from app.store.schema import connect, create_schema
 from app.store.types import (
     DimensionMismatchError,
     DocumentWrite,
+    IndexDroppedError,
+    IndexExistsError,
     IndexNotFoundError,
     SearchHit,
     StoredDocument,
@@ -74,13 +89,23 @@ class Shard:
         self._readers_lock = threading.Lock()
         self._faiss: dict[str, VectorIndex] = {}
         self._dims: dict[str, int] = {}
+        self._gens: dict[str, int] = {}
         self._pending: dict[str, int] = {}  # changes since the last snapshot, per index
         self._versions: dict[str, int] = {}  # bumped on every FAISS mutation (GPU mirrors follow it)
         self._gpu = GpuMirror() if resolve_faiss_device(faiss_device) == "gpu" else None
         self._closed = False
-        for name, dim in self._write.execute("SELECT name, dim FROM indexes").fetchall():
+        self._purge_orphans()
+        for name, dim, gen in self._write.execute("SELECT name, dim, generation FROM indexes").fetchall():
             self._dims[name] = dim
-            self._faiss[name] = self._open_faiss(name, dim)
+            self._gens[name] = gen
+            fidx = self._open_faiss(name, dim)
+            problems = self._vector_problems(name, fidx)
+            if problems:
+                log.warning("the FAISS index of %r disagrees with SQLite (%s): rebuilding it from SQLite",
+                            name, "; ".join(problems[:3]))
+                remove_snapshot(self.snapshot_dir, name)  # not to be loaded again
+                fidx = self._rebuild(name, dim)
+            self._faiss[name] = fidx
 
     # --- connections --------------------------------------------------------------------------
     def _reader(self) -> sqlite3.Connection:
@@ -94,14 +119,27 @@ class Shard:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._write_lock:
-            self._write.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._write
-            except BaseException:
-                self._write.execute("ROLLBACK")
-                raise
-            self._write.execute("COMMIT")
+        """One SQLite write transaction. Callers hold ``_write_lock`` around it *and* around the
+        FAISS change that follows the commit (see the module docstring)."""
+        self._write.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._write
+        except BaseException:
+            self._write.execute("ROLLBACK")
+            raise
+        self._write.execute("COMMIT")
+
+    def _purge_orphans(self) -> None:
+        """Rows of an index that no longer exists (left by a write that raced a drop before
+        generations existed) would come back when the name is reused: remove them at open."""
+        with self._transaction() as db:
+            counts = {}
+            for table in ("chunks", "documents", "changes"):
+                n = db.execute(f"DELETE FROM {table} WHERE index_name NOT IN (SELECT name FROM indexes)").rowcount
+                if n:
+                    counts[table] = n
+        if counts:
+            log.warning("removed rows of indexes that no longer exist from %s: %s", self.db_path, counts)
 
     # --- FAISS state --------------------------------------------------------------------------
     def _open_faiss(self, index: str, dim: int) -> VectorIndex:
@@ -157,19 +195,87 @@ class Shard:
         self._pending[index] = 1 if fidx.ntotal else 0  # snapshot it at the next opportunity
         return fidx
 
+    def _apply_faiss(self, index: str, removed: list[int], added: list[int], vectors: list[np.ndarray]) -> None:
+        """Mirror a committed write in FAISS; callers hold the write lock, so this runs in commit
+        order. Should FAISS fail here, the write is committed all the same: FAISS is rebuilt from
+        SQLite rather than left disagreeing with it."""
+        with self._faiss_lock:
+            fidx = self._faiss[index]
+            try:
+                if removed:
+                    fidx.remove(removed)
+                if added:
+                    fidx.add(np.vstack(vectors), np.asarray(added, dtype=np.int64))
+            except Exception:
+                log.exception("FAISS update of %r failed after the commit: rebuilding it from SQLite", index)
+                self._faiss[index] = self._rebuild(index, fidx.dim)
+            self._versions[index] = self._versions.get(index, 0) + 1
+
+    def _vector_problems(self, index: str, fidx: VectorIndex | None) -> list[str]:
+        """What is wrong between the chunk rows of ``index`` and its FAISS vectors (empty: nothing)."""
+        rows = np.asarray([r[0] for r in self._write.execute(
+            "SELECT id FROM chunks WHERE index_name = ?", (index,))], dtype=np.int64)
+        if fidx is None:
+            return [f"{index!r}: no FAISS index for {len(rows)} chunk rows"]
+        ids = fidx.ids()
+        problems = []
+        unique, counts = np.unique(ids, return_counts=True)
+        if (counts > 1).any():
+            problems.append(f"{index!r}: chunk ids with more than one vector: {unique[counts > 1][:10].tolist()}")
+        missing = np.setdiff1d(rows, unique)
+        if missing.size:
+            problems.append(f"{index!r}: chunk rows without a vector: {missing[:10].tolist()}")
+        extra = np.setdiff1d(unique, rows)
+        if extra.size:
+            problems.append(f"{index!r}: vectors without a row: {extra[:10].tolist()}")
+        if fidx.ntotal != len(rows):
+            problems.append(f"{index!r}: FAISS holds {fidx.ntotal} vectors for {len(rows)} chunk rows")
+        return problems
+
+    def verify(self) -> list[str]:
+        """The shard's self-check: every chunk row has exactly one vector in FAISS, no vector is
+        without a row, FAISS counts what SQLite counts, and no row belongs to a missing index or
+        document. Returns the problems found (empty when healthy). Runs at open (a failing index is
+        rebuilt from SQLite) and after every concurrency test."""
+        with self._write_lock, self._faiss_lock:
+            problems: list[str] = []
+            for table in ("chunks", "documents"):
+                for name, n in self._write.execute(
+                        f"SELECT index_name, COUNT(*) FROM {table} WHERE index_name NOT IN "
+                        "(SELECT name FROM indexes) GROUP BY index_name"):
+                    problems.append(f"{n} {table} rows of {name!r}, which is not an index")
+            n = self._write.execute(
+                "SELECT COUNT(*) FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE "
+                "d.index_name = c.index_name AND d.doc_id = c.doc_id)").fetchone()[0]
+            if n:
+                problems.append(f"{n} chunk rows without their document")
+            for index in sorted(self._dims):
+                problems += self._vector_problems(index, self._faiss.get(index))
+            return problems
+
     def _require(self, index: str) -> int:
         dim = self._dims.get(index)
         if dim is None:
             raise IndexNotFoundError(index)
         return dim
 
-    def _note_changes(self, index: str, n: int) -> None:
+    def _after_write_locked(self, index: str, n: int) -> None:
+        """Maintenance due after a write, under the write lock: an IVF (re)training or HNSW
+        compaction, then a snapshot when enough changes have accumulated."""
+        fidx = self._faiss.get(index)
+        if fidx is not None and fidx.needs_rebuild():
+            with self._faiss_lock:
+                log.info("rebuilding the %s index of %r (%d vectors)", fidx.spec.kind, index, fidx.ntotal)
+                self._faiss[index] = self._rebuild(index, fidx.dim)
+                self._versions[index] = self._versions.get(index, 0) + 1
+            self._snapshot_locked(index)
+            return
         self._pending[index] = self._pending.get(index, 0) + n
         if self.snapshot_every and self._pending[index] >= self.snapshot_every:
-            self._snapshot_one(index)
+            self._snapshot_locked(index)
 
-    def _snapshot_one(self, index: str) -> None:
-        with self._write_lock, self._faiss_lock:
+    def _snapshot_locked(self, index: str) -> None:
+        with self._faiss_lock:
             fidx = self._faiss.get(index)
             if fidx is None:
                 return
@@ -179,16 +285,45 @@ class Shard:
             self._write.execute("DELETE FROM changes WHERE index_name = ? AND seq <= ?", (index, seq))
             self._pending[index] = 0
 
-    def _maybe_rebuild(self, index: str) -> None:
-        """IVF trains (or retrains) and HNSW drops its masked deletions when they are due."""
-        with self._write_lock, self._faiss_lock:
-            fidx = self._faiss.get(index)
-            if fidx is None or not fidx.needs_rebuild():
-                return
-            log.info("rebuilding the %s index of %r (%d vectors)", fidx.spec.kind, index, fidx.ntotal)
-            self._faiss[index] = self._rebuild(index, fidx.dim)
+    # --- generations ----------------------------------------------------------------------------
+    def _dropped_through(self, index: str) -> int:
+        """The highest generation of ``index`` ever dropped here (-1: none)."""
+        row = self._write.execute("SELECT generation FROM dropped_indexes WHERE name = ?", (index,)).fetchone()
+        return -1 if row is None else int(row[0])
+
+    def _next_generation(self, index: str) -> int:
+        return max(self._dropped_through(index), self._gens.get(index, 0)) + 1
+
+    @staticmethod
+    def _tombstone(db: sqlite3.Connection, index: str, generation: int) -> None:
+        db.execute("INSERT INTO dropped_indexes (name, generation) VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
+                   "SET generation = MAX(generation, excluded.generation)", (index, generation))
+
+    @staticmethod
+    def _delete_rows(db: sqlite3.Connection, index: str) -> None:
+        for table in ("chunks", "documents", "changes"):
+            db.execute(f"DELETE FROM {table} WHERE index_name = ?", (index,))
+        db.execute("DELETE FROM indexes WHERE name = ?", (index,))
+
+    def _forget(self, index: str) -> None:
+        """Drop the in-memory and snapshot state of an index whose rows were deleted (write lock held)."""
+        with self._faiss_lock:
+            self._faiss.pop(index, None)
+            self._dims.pop(index, None)
+            self._gens.pop(index, None)
+            if self._gpu is not None:
+                self._gpu.drop(index)
+            self._pending.pop(index, None)
             self._versions[index] = self._versions.get(index, 0) + 1
-        self._snapshot_one(index)
+        remove_snapshot(self.snapshot_dir, index)
+
+    def _install(self, index: str, dim: int, generation: int, fidx: VectorIndex | None = None) -> None:
+        with self._faiss_lock:
+            self._faiss[index] = fidx if fidx is not None else VectorIndex(dim, self.spec)
+            self._dims[index] = dim
+            self._gens[index] = generation
+            self._pending[index] = 0
+            self._versions[index] = self._versions.get(index, 0) + 1
 
     # --- indexes ------------------------------------------------------------------------------
     def list_indexes(self) -> list[str]:
@@ -200,37 +335,136 @@ class Shard:
     def dim(self, index: str) -> int:
         return self._require(index)
 
-    def create_index(self, index: str, dim: int) -> None:
+    def generation(self, index: str) -> int | None:
+        """The generation of ``index`` here, or None when this shard does not hold it."""
+        return self._gens.get(index)
+
+    def _check_dim(self, index: str, dim: int) -> None:
+        existing = self._dims[index]
+        if existing != dim:
+            raise DimensionMismatchError(f"index {index!r} holds {existing}-d vectors, got {dim}-d")
+
+    def ensure_index(self, index: str, dim: int) -> int:
+        """The generation of ``index``, creating the index (empty, next generation) when absent.
+        Atomic under the write lock: two first writes agree on one index and one generation."""
         if dim < 1:
             raise ValueError("dim must be positive")
-        existing = self._dims.get(index)
-        if existing is not None:
-            if existing != dim:
-                raise DimensionMismatchError(f"index {index!r} holds {existing}-d vectors, got {dim}-d")
-            return
-        with self._transaction() as db:
-            db.execute("INSERT OR IGNORE INTO indexes (name, dim, created_at) VALUES (?, ?, ?)",
-                       (index, dim, time.time()))
-        with self._faiss_lock:
-            self._faiss[index] = VectorIndex(dim, self.spec)
-            self._dims[index] = dim
-            self._pending[index] = 0
+        held, gen = self._dims.get(index), self._gens.get(index)
+        if held == dim and gen is not None:  # the common case, without waiting for the write lock
+            return gen
+        with self._write_lock:
+            if index in self._dims:
+                self._check_dim(index, dim)
+                return self._gens[index]
+            gen = self._next_generation(index)
+            with self._transaction() as db:
+                db.execute("INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
+                           (index, dim, time.time(), gen))
+            self._install(index, dim, gen)
+            return gen
 
-    def drop_index(self, index: str) -> bool:
-        if index not in self._dims:
-            return False
-        with self._transaction() as db:
-            for table in ("chunks", "documents", "changes"):
-                db.execute(f"DELETE FROM {table} WHERE index_name = ?", (index,))
-            db.execute("DELETE FROM indexes WHERE name = ?", (index,))
-        with self._faiss_lock:
-            self._faiss.pop(index, None)
-            self._dims.pop(index, None)
-            if self._gpu is not None:
-                self._gpu.drop(index)
-            self._pending.pop(index, None)
-        remove_snapshot(self.snapshot_dir, index)
-        return True
+    def create_index(self, index: str, dim: int) -> None:
+        self.ensure_index(index, dim)
+
+    def drop_index(self, index: str, generation: int | None = None) -> bool:
+        """Drop ``index``; with ``generation``, only that generation or an older one (a newer one,
+        created after the drop was decided, stays), and remember it as dropped either way so a late
+        write of it is refused. True when something was dropped here."""
+        with self._write_lock:
+            held = self._gens.get(index)
+            dropped = held is not None and (generation is None or held <= generation)
+            tomb = generation if generation is not None else held
+            if not dropped and tomb is None:
+                return False
+            with self._transaction() as db:
+                if dropped:
+                    self._delete_rows(db, index)
+                if tomb is not None:
+                    self._tombstone(db, index, tomb)
+            if dropped:
+                self._forget(index)
+            return dropped
+
+    def replace_index(self, staging: str, index: str, *, generation: int | None = None, overwrite: bool = True,
+                      dim: int | None = None, expect_staged: bool = False) -> int | None:
+        """Swap the fully imported index ``staging`` in as ``index``, in one transaction (a load).
+
+        Without ``generation`` (the home shard) a new generation is allocated here, and an existing
+        ``index`` is refused unless ``overwrite`` (``IndexExistsError``). With ``generation`` (the
+        other shards): an older ``index`` is dropped, a newer one (created after this load) is kept
+        and ``staging`` dropped instead, and documents that writers of the same generation stored
+        here first are kept over the snapshot's. ``dim`` creates ``index`` empty on a shard that
+        received no document of the snapshot. ``expect_staged``: this shard imported documents into
+        ``staging``, so its absence is an error (``IndexNotFoundError``), not an empty part.
+        Returns the generation installed, or None."""
+        with self._write_lock:
+            held = self._gens.get(index)
+            if held is not None and staging not in self._dims and self._origin(index) == staging:
+                return held  # this swap already happened: a retried call (the shard actor restarted)
+            if expect_staged and staging not in self._dims:
+                raise IndexNotFoundError(staging)
+            if generation is None:
+                if held is not None and not overwrite:
+                    raise IndexExistsError(index)
+                gen = self._next_generation(index)
+            else:
+                gen = generation
+                if held is not None and held > gen:
+                    self._drop_locked(staging)
+                    return None
+            merge = held is not None and held == gen
+            sdim = self._dims.get(staging)
+            new_dim = sdim or dim or self._dims.get(index)
+            if new_dim is None:  # nothing staged, nothing held, no dimension to create it with
+                return gen
+            with self._transaction() as db:
+                if held is not None and not merge:
+                    self._delete_rows(db, index)
+                    self._tombstone(db, index, held)
+                if sdim is not None:
+                    if merge:  # writers of this generation got here first: their documents win
+                        db.execute("DELETE FROM chunks WHERE index_name = ? AND doc_id IN "
+                                   "(SELECT doc_id FROM documents WHERE index_name = ?)", (staging, index))
+                        db.execute("DELETE FROM documents WHERE index_name = ? AND doc_id IN "
+                                   "(SELECT doc_id FROM documents WHERE index_name = ?)", (staging, index))
+                        db.execute("DELETE FROM indexes WHERE name = ?", (staging,))
+                    else:
+                        db.execute("UPDATE indexes SET name = ?, generation = ? WHERE name = ?", (index, gen, staging))
+                    for table in ("chunks", "documents", "changes"):
+                        db.execute(f"UPDATE {table} SET index_name = ? WHERE index_name = ?", (index, staging))
+                elif not merge:
+                    db.execute("INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
+                               (index, new_dim, time.time(), gen))
+                db.execute("UPDATE indexes SET origin = ? WHERE name = ?", (staging, index))
+            staged = self._faiss.get(staging)
+            if sdim is not None:
+                self._forget(staging)
+            if held is not None and not merge:
+                self._forget(index)
+            remove_snapshot(self.snapshot_dir, index)
+            if merge and sdim is not None:
+                with self._faiss_lock:
+                    self._faiss[index] = self._rebuild(index, new_dim)
+                    self._versions[index] = self._versions.get(index, 0) + 1
+            elif not merge:
+                self._install(index, new_dim, gen, staged)
+            self._pending[index] = 1  # snapshot it at the next opportunity
+            return gen
+
+    def created_at(self, index: str) -> float | None:
+        """When ``index`` was created here (seconds since the epoch), None when absent."""
+        row = self._write.execute("SELECT created_at FROM indexes WHERE name = ?", (index,)).fetchone()
+        return None if row is None else float(row[0])
+
+    def _origin(self, index: str) -> str | None:
+        row = self._write.execute("SELECT origin FROM indexes WHERE name = ?", (index,)).fetchone()
+        return None if row is None else row[0]
+
+    def _drop_locked(self, index: str) -> None:
+        if index in self._dims:
+            with self._transaction() as db:
+                self._delete_rows(db, index)
+            self._forget(index)
 
     def count_documents(self, index: str) -> int:
         self._require(index)
@@ -241,94 +475,124 @@ class Shard:
         return self._reader().execute("SELECT COUNT(*) FROM chunks WHERE index_name = ?", (index,)).fetchone()[0]
 
     # --- writes -------------------------------------------------------------------------------
-    def upsert_documents(self, index: str, docs: list[DocumentWrite], *, only_existing: bool = False) -> list[str]:
+    def upsert_documents(self, index: str, docs: list[DocumentWrite], *, only_existing: bool = False,
+                         if_absent: bool = False, generation: int | None = None) -> list[str]:
         """Insert or replace documents with their chunks, in one transaction; returns the doc ids
         written. ``only_existing`` (updates) skips documents that are no longer there when the
-        transaction runs, so an update racing a delete cannot bring the document back."""
+        transaction runs, so an update racing a delete cannot bring the document back.
+        ``if_absent`` (new documents with content-derived ids) skips documents whose id is already
+        stored, so identical concurrent writes store one document. ``generation`` (see the module
+        docstring) makes a write for a dropped or replaced index fail with ``IndexDroppedError``,
+        storing nothing; without it the write goes to the index as it is, created when absent."""
         if not docs:
             return []
         dims = {int(np.asarray(c.vector).shape[-1]) for d in docs for c in d.chunks}
         if len(dims) > 1:
             raise DimensionMismatchError(f"vectors of several dimensions in one batch: {sorted(dims)}")
-        if index not in self._dims:
-            if not dims:
-                raise ValueError("cannot create an index from documents without chunks")
-            self.create_index(index, dims.pop())
-        dim = self._dims[index]
-        if dims and dims != {dim}:
-            raise DimensionMismatchError(f"index {index!r} holds {dim}-d vectors, got {dims.pop()}-d")
-        now = time.time()
-        with self._transaction() as db:
-            if only_existing:
+        with self._write_lock:
+            held = self._gens.get(index)
+            stale = False  # the shard still holds an older generation than the writer's: drop it
+            if held is not None and generation is not None and held not in (0, generation):
+                if held > generation:
+                    raise IndexDroppedError(index, generation)
+                if only_existing:
+                    return []
+                stale = True
+            create = held is None or stale
+            if create:
+                if only_existing:
+                    return []
+                if generation is not None and generation <= self._dropped_through(index):
+                    raise IndexDroppedError(index, generation)
+                if not dims:
+                    raise ValueError("cannot create an index from documents without chunks")
+                dim = next(iter(dims))
+                gen = generation if generation is not None else self._next_generation(index)
+            else:
+                dim = self._dims[index]
+                if dims and dims != {dim}:
+                    raise DimensionMismatchError(f"index {index!r} holds {dim}-d vectors, got {dims.pop()}-d")
+                gen = generation if generation is not None else self._gens[index]
+            now = time.time()
+            with self._transaction() as db:
+                if stale:
+                    assert held is not None
+                    self._delete_rows(db, index)
+                    self._tombstone(db, index, held)
+                if create:
+                    db.execute("INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
+                               (index, dim, now, gen))
+                elif held == 0 and generation:  # an index from before generations: adopt the writer's
+                    db.execute("UPDATE indexes SET generation = ? WHERE name = ?", (generation, index))
+                if (only_existing or if_absent) and not create:
+                    present: dict[str, str] = {}
+                    for part in _chunks([d.doc_id for d in docs]):
+                        marks = ",".join("?" * len(part))
+                        present.update(db.execute(
+                            f"SELECT doc_id, hash_value FROM documents WHERE index_name = ? AND doc_id IN ({marks})",
+                            (index, *part)).fetchall())
+                    docs = [d for d in docs if (d.doc_id in present) == only_existing]
+                doc_ids = [d.doc_id for d in docs]
+                old_ids: list[int] = []
+                for part in _chunks(doc_ids):
+                    marks = ",".join("?" * len(part))
+                    old_ids += [r[0] for r in db.execute(
+                        f"SELECT id FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))]
+                    db.execute(f"DELETE FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))
+                db.executemany("INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'del', ?)",
+                               [(index, i) for i in old_ids])
+                db.executemany(
+                    "INSERT INTO documents (index_name, doc_id, text, metadata, hash_value, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (index_name, doc_id) DO UPDATE SET "
+                    "text = excluded.text, metadata = excluded.metadata, hash_value = excluded.hash_value, "
+                    "updated_at = excluded.updated_at",
+                    [(index, d.doc_id, d.text, json.dumps(d.metadata, ensure_ascii=False), d.hash_value, now)
+                     for d in docs])
+                new_ids: list[int] = []
+                vectors: list[np.ndarray] = []
+                for d in docs:
+                    for c in d.chunks:
+                        vec = np.ascontiguousarray(c.vector, dtype=np.float32).reshape(dim)
+                        cur = db.execute(
+                            "INSERT INTO chunks (index_name, doc_id, node_id, chunk_index, text, vector) "
+                            "VALUES (?, ?, ?, ?, ?, ?)", (index, d.doc_id, c.node_id, c.chunk_index, c.text,
+                                                          vec.tobytes()))
+                        assert cur.lastrowid is not None  # an INSERT into a rowid table always sets it
+                        new_ids.append(cur.lastrowid)
+                        vectors.append(vec)
+                db.executemany("INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'add', ?)",
+                               [(index, i) for i in new_ids])
+            # committed; still under the write lock, so FAISS follows in commit order
+            if stale:
+                self._forget(index)
+            if create:
+                self._install(index, dim, gen)
+            elif held == 0 and generation:
+                self._gens[index] = generation
+            self._apply_faiss(index, old_ids, new_ids, vectors)
+            self._after_write_locked(index, len(old_ids) + len(new_ids))
+            return doc_ids
+
+    def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
+        unique = list(dict.fromkeys(doc_ids))
+        with self._write_lock:
+            self._require(index)
+            with self._transaction() as db:
                 present: set[str] = set()
-                for part in _chunks([d.doc_id for d in docs]):
+                removed: list[int] = []
+                for part in _chunks(unique):
                     marks = ",".join("?" * len(part))
                     present |= {r[0] for r in db.execute(
                         f"SELECT doc_id FROM documents WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))}
-                docs = [d for d in docs if d.doc_id in present]
-            doc_ids = [d.doc_id for d in docs]
-            old_ids: list[int] = []
-            for part in _chunks(doc_ids):
-                marks = ",".join("?" * len(part))
-                old_ids += [r[0] for r in db.execute(
-                    f"SELECT id FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))]
-                db.execute(f"DELETE FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))
-            db.executemany("INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'del', ?)",
-                           [(index, i) for i in old_ids])
-            db.executemany(
-                "INSERT INTO documents (index_name, doc_id, text, metadata, hash_value, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (index_name, doc_id) DO UPDATE SET "
-                "text = excluded.text, metadata = excluded.metadata, hash_value = excluded.hash_value, "
-                "updated_at = excluded.updated_at",
-                [(index, d.doc_id, d.text, json.dumps(d.metadata, ensure_ascii=False), d.hash_value, now)
-                 for d in docs])
-            new_ids: list[int] = []
-            vectors: list[np.ndarray] = []
-            for d in docs:
-                for c in d.chunks:
-                    vec = np.ascontiguousarray(c.vector, dtype=np.float32).reshape(dim)
-                    cur = db.execute(
-                        "INSERT INTO chunks (index_name, doc_id, node_id, chunk_index, text, vector) "
-                        "VALUES (?, ?, ?, ?, ?, ?)", (index, d.doc_id, c.node_id, c.chunk_index, c.text,
-                                                      vec.tobytes()))
-                    new_ids.append(int(cur.lastrowid))
-                    vectors.append(vec)
-            db.executemany("INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'add', ?)",
-                           [(index, i) for i in new_ids])
-        # committed: now the derived FAISS state
-        with self._faiss_lock:
-            fidx = self._faiss[index]
-            if old_ids:
-                fidx.remove(old_ids)
-            if new_ids:
-                fidx.add(np.vstack(vectors), np.asarray(new_ids, dtype=np.int64))
-            self._versions[index] = self._versions.get(index, 0) + 1
-        self._maybe_rebuild(index)
-        self._note_changes(index, len(old_ids) + len(new_ids))
-        return doc_ids
-
-    def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
-        self._require(index)
-        unique = list(dict.fromkeys(doc_ids))
-        with self._transaction() as db:
-            present: set[str] = set()
-            removed: list[int] = []
-            for part in _chunks(unique):
-                marks = ",".join("?" * len(part))
-                present |= {r[0] for r in db.execute(
-                    f"SELECT doc_id FROM documents WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))}
-                removed += [r[0] for r in db.execute(
-                    f"SELECT id FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))]
-                db.execute(f"DELETE FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))
-                db.execute(f"DELETE FROM documents WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))
-            db.executemany("INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'del', ?)",
-                           [(index, i) for i in removed])
-        if removed:
-            with self._faiss_lock:
-                self._faiss[index].remove(removed)
-                self._versions[index] = self._versions.get(index, 0) + 1
-            self._maybe_rebuild(index)
-            self._note_changes(index, len(removed))
+                    removed += [r[0] for r in db.execute(
+                        f"SELECT id FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))]
+                    db.execute(f"DELETE FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))
+                    db.execute(f"DELETE FROM documents WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))
+                db.executemany("INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'del', ?)",
+                               [(index, i) for i in removed])
+            if removed:
+                self._apply_faiss(index, removed, [], [])
+                self._after_write_locked(index, len(removed))
         return [d for d in unique if d in present], [d for d in unique if d not in present]
 
     # --- reads --------------------------------------------------------------------------------
@@ -358,8 +622,8 @@ class Shard:
                        metadata_filter: dict[str, Any] | None = None) -> tuple[list[StoredDocument], int]:
         """A page in insertion order and the total number of matching documents."""
         self._require(index)
-        if not 1 <= limit <= 100:
-            raise ValueError("limit must be between 1 and 100")
+        if not 1 <= limit <= MAX_LIST_PAGE:
+            raise ValueError(f"limit must be between 1 and {MAX_LIST_PAGE}")
         if offset < 0:
             raise ValueError("offset must be >= 0")
         if max_text_length is not None and max_text_length < 0:
@@ -402,7 +666,9 @@ class Shard:
                 return []
             allowed = ids
         with self._faiss_lock:
-            fidx = self._faiss[index]
+            fidx = self._faiss.get(index)
+            if fidx is None:  # dropped since the check above
+                raise IndexNotFoundError(index)
             if fidx.ntotal == 0:
                 return []
             if self._gpu is not None and allowed is None and fidx.gpu_mirrorable:
@@ -427,14 +693,15 @@ class Shard:
 
     # --- durability ---------------------------------------------------------------------------
     def snapshot(self) -> None:
-        for index in list(self._dims):
-            self._snapshot_one(index)
+        with self._write_lock:
+            for index in list(self._dims):
+                self._snapshot_locked(index)
 
     def export_index(self, index: str, dest_file: str | Path) -> int:
         from app.store.export import export_index
 
-        self._require(index)
-        return export_index(self.db_path, index, self._dims[index], Path(dest_file))
+        dim = self._require(index)
+        return export_index(self.db_path, index, dim, Path(dest_file))
 
     def close(self) -> None:
         if self._closed:

@@ -53,3 +53,23 @@ class IndexNotFoundError(KeyError):
 
 class DimensionMismatchError(ValueError):
     """Vectors of another dimension than the index's (a different embedding model)."""
+
+
+class IndexDroppedError(LookupError):
+    """A write carried a generation of an index that has since been dropped or replaced (by a
+    delete-index or a load): nothing of it is stored. ``generation`` names what the writer saw."""
+
+    def __init__(self, index: str, generation: int | None = None):
+        super().__init__(index, generation)
+        self.index = index
+        self.generation = generation
+
+    def __str__(self) -> str:
+        return f"index {self.index!r} was deleted or replaced while this write was in flight"
+
+
+class IndexExistsError(LookupError):
+    """A load without ``overwrite`` found the index already there."""
+
+    def __str__(self) -> str:
+        return f"index {self.args[0]!r} already exists"

@@ -146,8 +146,8 @@ def test_persist_delete_load(client: httpx.Client, indexed: dict[str, str]) -> N
     assert client.post("/persist/kb", params={"path": "../escape"}).status_code == 400
     assert client.delete("/indexes/kb").json() == {"message": "Successfully deleted index kb."}
     assert client.get("/indexes").json() == []
-    assert client.post("/load/kb", params={"path": "backups/kb"}).status_code == 200
-    assert client.post("/load/kb", params={"path": "backups/kb"}).status_code == 409
+    assert client.post("/load/kb", params={"path": "backups/kb/kb"}).status_code == 200  # KAITO: <path>/<name>
+    assert client.post("/load/kb", params={"path": "backups/kb/kb"}).status_code == 409
     assert client.get("/indexes/kb/documents").json()["total_items"] == 4
     r = client.post("/retrieve", json={"index_name": "kb", "query": "sourdough starter", "top_k": 1}).json()
     assert r["results"][0]["doc_id"] == indexed["bread"]

@@ -152,3 +152,11 @@ def test_rag_names_the_generating_model_and_forwards_sampling_fields(client: Tes
     assert first["model"] == "client-model" and fake.requests[-1]["presence_penalty"] == 0.5
     r = client.post("/v1/chat/completions", json={**body, "n": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
+def test_every_list_limit_the_settings_allow_is_served(tmp_path, embedder, fake: FakeOpenAI) -> None:
+    with inprocess_app(tmp_path, embedder, fake.url, max_list_limit=1000) as (app, _), TestClient(app) as c:
+        c.post("/index", json={"index_name": "kb", "documents": [{"text": f"Note {i}."} for i in range(3)]})
+        r = c.get("/indexes/kb/documents", params={"limit": 500})
+        assert r.status_code == 200 and r.json()["count"] == 3, r.text
+        assert c.get("/indexes/kb/documents", params={"limit": 1001}).status_code == 422

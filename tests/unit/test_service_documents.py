@@ -145,12 +145,12 @@ async def test_persist_and_load_into_a_different_shard_count(tmp_path: Path, emb
     svc, pool = make_service(tmp_path / "a", embedder, num_shards=3)
     records = await svc.add_documents("kb", docs("kaito", "rag", "faiss", "bread", "tides"))
     message = await svc.persist("kb", "backups/kb1")
-    assert message == "Successfully persisted index kb to snapshots/backups/kb1."
-    manifest = json.loads((tmp_path / "a" / "snapshots" / "backups" / "kb1" / "manifest.json").read_text())
+    assert message == "Successfully persisted index kb to backups/kb1/kb."  # KAITO: <path>/<name>
+    manifest = json.loads((tmp_path / "a" / "snapshots" / "backups" / "kb1" / "kb" / "manifest.json").read_text())
     assert manifest["documents"] == 5 and manifest["embedding_model"] == "all-MiniLM-L6-v2"
     with pytest.raises(ConflictError):
-        await svc.load("kb", "backups/kb1")
-    await svc.load("kb", "backups/kb1", overwrite=True)
+        await svc.load("kb", "backups/kb1/kb")
+    await svc.load("kb", "backups/kb1/kb", overwrite=True)
     assert (await svc.list_documents("kb")).total_items == 5
     pool.close()
 
@@ -160,7 +160,7 @@ async def test_persist_and_load_into_a_different_shard_count(tmp_path: Path, emb
 
     shutil.copytree(tmp_path / "a" / "snapshots", tmp_path / "b" / "snapshots")
     svc2, pool2 = make_service(tmp_path / "b", embedder, num_shards=2)
-    await svc2.load("kb", "backups/kb1")
+    await svc2.load("kb", "backups/kb1/kb")
     page = await svc2.list_documents("kb", limit=100)
     assert sorted(d.doc_id for d in page.documents) == sorted(r.doc_id for r in records)
     nodes, _ = await svc2.retrieve("kb", "similarity search over vectors", 1)
@@ -180,9 +180,11 @@ async def test_persist_and_load_paths_are_confined(service: DocumentService, pat
 
 async def test_default_and_nested_snapshot_paths_stay_in_the_snapshot_folder(service: DocumentService) -> None:
     await service.add_documents("kb", docs("kaito"))
-    assert (await service.persist("kb", None)).endswith("to snapshots/kb.")
+    assert (await service.persist("kb", None)).endswith("to kb.")
+    assert (service.storage_dir / "snapshots" / "kb" / "manifest.json").is_file()
     # a path that names a live-data folder lands in snapshots/, never on the shards
-    assert (await service.persist("kb", "shards")).endswith("to snapshots/shards.")
+    assert (await service.persist("kb", "shards")).endswith("to shards/kb.")
+    assert (service.storage_dir / "snapshots" / "shards" / "kb" / "manifest.json").is_file()
     assert (service.storage_dir / "shards").is_dir() and (await service.list_documents("kb")).total_items == 1
 
 
@@ -238,4 +240,5 @@ async def test_an_update_racing_a_delete_does_not_bring_the_document_back(tmp_pa
     assert [d.doc_id for d in result.updated_documents] == ["b"]
     page = await svc.list_documents("kb")
     assert page.total_items == 1 and page.documents[0].text == "second, edited"
+    assert await pool.call_all("verify") == [[], []]
     pool.close()

@@ -103,7 +103,7 @@ def test_filter_pagination_total_and_truncation(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         s.list_documents("ix", limit=0)
     with pytest.raises(ValueError):
-        s.list_documents("ix", limit=101)
+        s.list_documents("ix", limit=1001)
 
 
 def test_filters_respect_json_types(tmp_path: Path) -> None:
@@ -254,3 +254,4 @@ def test_concurrent_readers_during_writes(tmp_path: Path) -> None:
     assert errors == []
     assert s.count_documents("ix") == 210 - 10
     assert s._faiss["ix"].ntotal == s.count_chunks("ix") == 2 * 200
+    assert s.verify() == []

@@ -22,6 +22,7 @@ from app.api.documents import (
     UpdateDocumentsResponse,
     validate_metadata_filter,
 )
+from app.config import MAX_LIST_PAGE
 from app.errors import BadRequestError
 from app.http.errors import DOCUMENT_ERRORS
 from app.http.routes.common import allow, checked_index, report_latencies
@@ -53,7 +54,7 @@ def documents_router(services: Services) -> APIRouter:
     async def list_documents(
         request: Request,
         index_name: str,
-        limit: int = Query(10, ge=1, le=1000),
+        limit: int = Query(10, ge=1, le=MAX_LIST_PAGE),
         offset: int = Query(0, ge=0),
         max_text_length: int | None = Query(1000, ge=1),
         metadata_filter: str | None = Query(None, description="JSON object of key: value pairs"),

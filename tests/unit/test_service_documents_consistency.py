@@ -1,0 +1,223 @@
+"""DocumentService under races and bad input: writes racing a drop, failed loads, crash-safe and
+KAITO-shaped snapshots, atomic dedupe, repeated doc ids, updates that omit metadata."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.api.documents import Document, UpdateDocument
+from app.errors import BadRequestError, ConflictError
+from app.ingest import DocumentChunker, hf_token_counter
+from app.service.documents import DocumentService
+from app.service.pool import LocalShardPool
+from app.service.shard_service import ShardService, check_layout
+from tests.unit.test_service_documents import TEXTS, docs, make_service
+
+
+@pytest.fixture
+def service(tmp_path, embedder):
+    svc, pool = make_service(tmp_path, embedder)
+    yield svc
+    pool.close()
+
+
+async def assert_healthy(svc: DocumentService) -> None:
+    """Every shard passes its self-check (one vector per chunk row, nothing else)."""
+    assert await svc.pool.call_all("verify") == [[]] * svc.pool.num_shards
+
+
+class _DropBeforeWrite(LocalShardPool):
+    """A pool on which the index is dropped just before a write reaches its shard."""
+
+    def __init__(self, shards: list[Any]):
+        super().__init__(shards)
+        self.armed = False
+        self.service: DocumentService | None = None
+
+    async def call(self, shard: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        if method == "upsert_documents" and self.armed:
+            self.armed = False
+            assert self.service is not None
+            await self.service.drop_index(args[0])
+        return await super().call(shard, method, *args, **kwargs)
+
+
+def _service(tmp_path: Path, embedder: Any, pool_cls: type[LocalShardPool], num_shards: int = 2) -> DocumentService:
+    check_layout(tmp_path, num_shards)
+    pool = pool_cls([ShardService(tmp_path, i, num_shards) for i in range(num_shards)])
+    chunker = DocumentChunker(hf_token_counter(embedder.model.tokenizer), chunk_size=64, chunk_overlap=8)
+    return DocumentService(pool, embedder, chunker, storage_dir=tmp_path, embedding_model="all-MiniLM-L6-v2")
+
+
+# --- item 2 -------------------------------------------------------------------------------------
+async def test_a_write_racing_a_drop_fails_cleanly_and_leaves_no_rows(tmp_path: Path, embedder) -> None:
+    svc = _service(tmp_path, embedder, _DropBeforeWrite)
+    pool = svc.pool
+    assert isinstance(pool, _DropBeforeWrite)
+    pool.service = svc
+    await svc.add_documents("kb", [Document(text="first document", doc_id="a")])
+    pool.armed = True
+    with pytest.raises(ConflictError, match="deleted"):
+        await svc.add_documents("kb", [Document(text="second document", doc_id="b")])
+    assert not await svc.index_exists("kb")
+    # the name is reused: nothing of the dropped index or of the refused write comes back
+    await svc.add_documents("kb", [Document(text="third document", doc_id="c")])
+    page = await svc.list_documents("kb")
+    assert [d.doc_id for d in page.documents] == ["c"]
+    await assert_healthy(svc)
+    pool.close()
+
+
+# --- item 4 -------------------------------------------------------------------------------------
+def _truncate_a_part(snapshot: Path) -> None:
+    manifest = json.loads((snapshot / "manifest.json").read_text())
+    part = snapshot / manifest["parts"][0]
+    data = part.read_bytes()
+    part.write_bytes(data[: len(data) // 3])
+
+
+async def test_a_failed_load_changes_nothing(tmp_path: Path, embedder) -> None:
+    svc, pool = make_service(tmp_path, embedder)
+    await svc.add_documents("kb", docs("kaito", "rag", "faiss", "bread", "tides"))
+    await svc.persist("kb", "backups")
+    snapshot = next((tmp_path / "snapshots" / "backups").rglob("manifest.json")).parent
+    rel = str(snapshot.relative_to(tmp_path / "snapshots"))
+    bread = [d.doc_id for d in (await svc.list_documents("kb")).documents if d.metadata["topic"] == "bread"]
+    await svc.delete_documents("kb", bread)  # the live index differs from the snapshot now
+    _truncate_a_part(snapshot)
+    with pytest.raises(BadRequestError, match="snapshot"):
+        await svc.load("kb", rel, overwrite=True)
+    assert (await svc.list_documents("kb")).total_items == 4  # the live index is untouched
+    nodes, _ = await svc.retrieve("kb", "ocean tides and the moon", 1)
+    assert nodes and nodes[0].metadata["topic"] == "tides"
+    with pytest.raises(BadRequestError, match="snapshot"):
+        await svc.load("copy", rel)
+    assert not await svc.index_exists("copy")  # nothing half-imported is left behind
+    assert await svc.list_indexes() == ["kb"]
+    await assert_healthy(svc)
+    pool.close()
+
+
+# --- items 5 and 12 -----------------------------------------------------------------------------
+async def test_persist_and_load_follow_kaitos_layout(service: DocumentService) -> None:
+    await service.add_documents("kb", docs("kaito", "rag"))
+    message = await service.persist("kb", "backups")
+    assert message == "Successfully persisted index kb to backups/kb."
+    assert (service.storage_dir / "snapshots" / "backups" / "kb" / "manifest.json").is_file()
+    # a KAITO client loads from <path>/<name>
+    assert await service.load("kb", "backups/kb", overwrite=True) == "Successfully loaded index kb from backups/kb."
+    assert (await service.list_documents("kb")).total_items == 2
+    # no path: <snapshots>/<name>, both ways
+    assert await service.persist("kb") == "Successfully persisted index kb to kb."
+    await service.drop_index("kb")
+    assert await service.load("kb") == "Successfully loaded index kb from kb."
+    assert (await service.list_documents("kb")).total_items == 2
+    await assert_healthy(service)
+
+
+async def test_a_crash_while_persisting_keeps_the_previous_snapshot(service: DocumentService, monkeypatch) -> None:
+    await service.add_documents("kb", docs("kaito", "rag"))
+    await service.persist("kb", "b")
+    snapshot = next((service.storage_dir / "snapshots" / "b").rglob("manifest.json")).parent
+    await service.add_documents("kb", docs("bread"))
+
+    def crash_on_commit(real):  # type: ignore[no-untyped-def]
+        def wrapped(src, dst, *a, **k):  # type: ignore[no-untyped-def]
+            target = Path(dst)
+            if target == snapshot or target == snapshot / "manifest.json":
+                raise OSError("simulated crash while swapping the snapshot in")
+            return real(src, dst, *a, **k)
+        return wrapped
+
+    monkeypatch.setattr(os, "replace", crash_on_commit(os.replace))
+    monkeypatch.setattr(os, "rename", crash_on_commit(os.rename))
+    monkeypatch.setattr(Path, "rename", lambda self, dst: crash_on_commit(os.rename)(self, dst) or Path(dst))
+    monkeypatch.setattr(Path, "replace", lambda self, dst: crash_on_commit(os.replace)(self, dst) or Path(dst))
+    with pytest.raises(OSError, match="simulated crash"):
+        await service.persist("kb", "b")
+    monkeypatch.undo()
+    rel = str(snapshot.relative_to(service.storage_dir / "snapshots"))
+    await service.load("old", rel)  # the previous snapshot is complete
+    assert (await service.list_documents("old")).total_items == 2
+
+
+async def test_nested_snapshot_paths_never_destroy_each_other(service: DocumentService) -> None:
+    await service.add_documents("kb", docs("kaito", "rag"))
+    await service.persist("kb", "team/a")
+    await service.persist("kb", "team")
+    for rel in ("team/a/kb", "team/kb"):
+        await service.load(f"copy-{rel.count('/')}", rel)
+    assert (await service.list_documents("copy-2")).total_items == 2
+    assert (await service.list_documents("copy-1")).total_items == 2
+    # a snapshot inside another one, or around another one, is refused with what to do instead
+    await service.persist("kb", "solo")          # snapshots/solo/kb
+    with pytest.raises(BadRequestError, match="inside the snapshot"):
+        await service.persist("kb", "solo/kb")     # snapshots/solo/kb/kb
+    await service.add_documents("team", docs("bread"))
+    with pytest.raises(BadRequestError, match="contains"):
+        await service.persist("team")            # snapshots/team would hold team/a/kb and team/kb
+    assert (await service.load("copy-3", "team/a/kb", overwrite=True)).startswith("Successfully loaded")
+
+
+async def test_a_path_naming_a_file_is_a_400(service: DocumentService) -> None:
+    await service.add_documents("kb", docs("kaito"))
+    await service.persist("kb", "a")
+    manifest = next((service.storage_dir / "snapshots" / "a").rglob("manifest.json"))
+    rel = str(manifest.relative_to(service.storage_dir / "snapshots"))
+    with pytest.raises(BadRequestError, match="file"):
+        await service.persist("kb", rel)
+    with pytest.raises(BadRequestError, match="file"):
+        await service.load("kb", rel, overwrite=True)
+    assert (await service.list_documents("kb")).total_items == 1
+
+
+# --- item 6 -------------------------------------------------------------------------------------
+async def test_identical_concurrent_adds_without_doc_id_store_one_document(service: DocumentService) -> None:
+    first, second = await asyncio.gather(service.add_documents("kb", docs("kaito")),
+                                         service.add_documents("kb", docs("kaito")))
+    assert first[0].doc_id == second[0].doc_id
+    assert (await service.list_documents("kb")).total_items == 1
+    await assert_healthy(service)
+
+
+async def test_dedupe_survives_a_reused_content_id(service: DocumentService) -> None:
+    """The content-derived id of a text already names another document (edited since): the new
+    document gets another id and both are kept."""
+    (rec,) = await service.add_documents("kb", docs("kaito"))
+    await service.update_documents("kb", [UpdateDocument(doc_id=rec.doc_id, text=TEXTS["rag"], metadata={})])
+    (again,) = await service.add_documents("kb", docs("kaito"))
+    assert again.doc_id != rec.doc_id
+    page = await service.list_documents("kb")
+    assert {d.doc_id: d.text for d in page.documents} == {rec.doc_id: TEXTS["rag"], again.doc_id: TEXTS["kaito"]}
+    (third,) = await service.add_documents("kb", docs("kaito"))
+    assert third.doc_id == again.doc_id and (await service.list_documents("kb")).total_items == 2
+
+
+# --- item 8 -------------------------------------------------------------------------------------
+async def test_a_doc_id_repeated_in_one_request_is_a_400_naming_it(service: DocumentService) -> None:
+    await service.add_documents("kb", [Document(text="one", doc_id="x"), Document(text="two", doc_id="y")])
+    with pytest.raises(BadRequestError, match="'x'"):
+        await service.update_documents("kb", [UpdateDocument(doc_id="x", text="first text"),
+                                              UpdateDocument(doc_id="x", text="second text")])
+    with pytest.raises(BadRequestError, match="'z'"):
+        await service.add_documents("kb", [Document(text="a", doc_id="z"), Document(text="b", doc_id="z")])
+    page = await service.list_documents("kb")
+    assert {d.doc_id: d.text for d in page.documents} == {"x": "one", "y": "two"}  # nothing stored
+
+
+# --- item 14 ------------------------------------------------------------------------------------
+async def test_an_update_without_metadata_keeps_the_stored_metadata(service: DocumentService) -> None:
+    await service.add_documents("kb", [Document(text="old text", doc_id="x", metadata={"team": "a"})])
+    result = await service.update_documents("kb", [UpdateDocument(doc_id="x", text="new text")])
+    assert result.updated_documents[0].metadata == {"team": "a"}
+    page = await service.list_documents("kb")
+    assert page.documents[0].text == "new text" and page.documents[0].metadata == {"team": "a"}
+    # an explicit empty object still clears it
+    await service.update_documents("kb", [UpdateDocument(doc_id="x", text="new text", metadata={})])
+    assert (await service.list_documents("kb")).documents[0].metadata == {}
