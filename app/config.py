@@ -1,4 +1,4 @@
-"""The application's settings: the configuration contract of ARCHITECTURE §3.
+"""The application's settings: the configuration contract of docs/architecture.md §3.
 
 One model is the ``args`` of ``deployments.builder:build_app`` in every serve config file.
 Every field can be overridden by an environment variable ``RAGSERVE_<FIELD>`` (list and dict
@@ -82,7 +82,7 @@ class Settings(BaseSettings):
     chunk_size: int = Field(default=256, ge=16, description="Sentence chunk size in embedding-model tokens.")
     chunk_overlap: int = Field(default=32, ge=0)
 
-    # --- token budget (ARCHITECTURE §5) -----------------------------------------------------
+    # --- token budget (docs/architecture.md §5) -----------------------------------------------------
     context_token_ratio: float = Field(default=0.5, ge=0.2, le=0.8)
     history_min_messages: int = Field(default=0, ge=0)
     history_max_messages: int = Field(default=200, ge=0)

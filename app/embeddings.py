@@ -1,7 +1,7 @@
 """Embedding models: the local sentence-transformers model and a remote OpenAI-compatible one.
 
 Both return L2-normalised float32 vectors, so inner product is cosine similarity everywhere
-(ARCHITECTURE §3). The embedder deployment batches and caches around one of these.
+(docs/architecture.md §3). The embedder deployment batches and caches around one of these.
 """
 
 from __future__ import annotations

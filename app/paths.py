@@ -1,4 +1,4 @@
-"""Confinement of client-given paths to ``storage_dir`` (persist/load, ARCHITECTURE §6).
+"""Confinement of client-given paths to ``storage_dir`` (persist/load, docs/architecture.md §6).
 
 KAITO RAGEngine accepts any filesystem path; ragserve resolves the path (following symlinks)
 and refuses anything that lands outside the storage root.

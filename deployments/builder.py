@@ -1,4 +1,4 @@
-"""``build_app(args)``: the application builder named by every serve config (ARCHITECTURE §3).
+"""``build_app(args)``: the application builder named by every serve config (docs/architecture.md §3).
 
 ``args`` are the fields of ``app.config.Settings``; ``RAGSERVE_<FIELD>`` environment variables win.
 """

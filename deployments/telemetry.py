@@ -1,4 +1,4 @@
-"""``app.telemetry.Telemetry`` on Ray Serve's Prometheus metrics (ARCHITECTURE §7)."""
+"""``app.telemetry.Telemetry`` on Ray Serve's Prometheus metrics (docs/architecture.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Document API models, shaped after KAITO RAGEngine's REST API (ARCHITECTURE §8)."""
+"""Document API models, shaped after KAITO RAGEngine's REST API (docs/architecture.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Token budget: counters, context windows, and fitting a request into the window (ARCHITECTURE §5)."""
+"""Token budget: counters, context windows, and fitting a request into the window (docs/architecture.md §5)."""
 
 from app.budget.fit import FitResult, PromptTooLongError, fit, fit_passthrough
 from app.budget.tokenizers import (

@@ -1,4 +1,4 @@
-"""Fitting system prompt, history, retrieved context and completion into the window (ARCHITECTURE §5).
+"""Fitting system prompt, history, retrieved context and completion into the window (docs/architecture.md §5).
 
 Everything is counted with the served model's counter over the messages as they will be sent, so
 the request never overflows the window upstream, and ``max_tokens`` sent is never null.

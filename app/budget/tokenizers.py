@@ -1,6 +1,6 @@
 """Token counters: how many tokens a text or a chat costs *as the model will see it*.
 
-Three kinds, in order of preference (ARCHITECTURE §5):
+Three kinds, in order of preference (docs/architecture.md §5):
   * ``HFTokenCounter``: the served model's own Hugging Face tokenizer over the chat as its
     template renders it (the tokenizer's ``chat_template``, or a renderer the engine supplies,
     e.g. Gemma's turn format for a GGUF that ships no template). Exact.

@@ -1,4 +1,4 @@
-"""Context windows of well-known models, and which window applies (ARCHITECTURE §5).
+"""Context windows of well-known models, and which window applies (docs/architecture.md §5).
 
 Precedence: the operator's ``context_window`` (an explicit override, e.g. to cap cost), then what
 the engine reports (vLLM ``max_model_len``, the model config), then this table, then 8192.

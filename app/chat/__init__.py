@@ -1,4 +1,4 @@
-"""Chat-completion planning: bypass decision and message split (ARCHITECTURE §4)."""
+"""Chat-completion planning: bypass decision and message split (docs/architecture.md §4)."""
 
 from app.chat.plan import (
     EMPTY_QUERY_MESSAGE,

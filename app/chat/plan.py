@@ -1,4 +1,4 @@
-"""Decide what a chat request becomes: a passthrough, a RAG plan, or a client error (ARCHITECTURE §4).
+"""Decide what a chat request becomes: a passthrough, a RAG plan, or a client error (docs/architecture.md §4).
 
 Pure: it looks only at the request and at whether the named index exists, so every bypass and
 split rule is testable without a server. The ingress turns the plan into calls.
@@ -126,7 +126,7 @@ def split_messages(messages: list[ChatMessage]) -> tuple[str, list[dict[str, Any
 
 
 def plan(request: ChatCompletionRequest, index_exists: Callable[[str], bool]) -> ChatPlan:
-    """The decision of ARCHITECTURE §4 for one request."""
+    """The decision of docs/architecture.md §4 for one request."""
     error = _validate_messages(request.messages)
     if error is not None:
         return error

@@ -1,4 +1,4 @@
-"""The generation engine a ``Settings`` asks for (ARCHITECTURE §3).
+"""The generation engine a ``Settings`` asks for (docs/architecture.md §3).
 
 Engines are imported here only when chosen, so a remote-LLM deployment never imports torch and a
 CPU deployment never looks for vLLM.

@@ -2,7 +2,7 @@
 
 The packaged Gemma 3 270M GGUF carries no chat template, so the tokenizer converted from it has
 none either. Both generation and token counting go through ``render_gemma`` so that the prompt the
-model sees and the prompt the budget counts are the same string (ARCHITECTURE §5).
+model sees and the prompt the budget counts are the same string (docs/architecture.md §5).
 
 Format (as Gemma's own template renders it)::
 

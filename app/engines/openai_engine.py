@@ -2,7 +2,7 @@
 
 One shared ``httpx.AsyncClient`` per engine: connections are pooled and kept alive, so a chat
 costs one request on a warm connection rather than a TCP handshake. Every failure becomes an
-``EngineError`` that the ingress can show the client as it is (ARCHITECTURE §4: an upstream error
+``EngineError`` that the ingress can show the client as it is (docs/architecture.md §4: an upstream error
 keeps its status code and message):
 
 * the upstream answered with an HTTP error: its status and its ``error.message`` (or body text);
@@ -176,7 +176,7 @@ class OpenAIEngine(GenerationEngine):
         counter = counter_for_model(model)
         if isinstance(counter, TiktokenCounter) and not _is_openai_model(model):
             # A tiktoken encoding is only an estimate for another vendor's model: say so, so the
-            # budget keeps its safety margin (ARCHITECTURE §5.7).
+            # budget keeps its safety margin (docs/architecture.md §5.7).
             counter.exact = False
             counter.name = f"{counter.name}~{model}"
             log.warning("token counts for model %r are ESTIMATED with %s (no local tokenizer); the budget "

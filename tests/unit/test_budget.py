@@ -1,4 +1,4 @@
-"""The token budget of ARCHITECTURE §5, with a hand-checkable counter, and the context windows."""
+"""The token budget of docs/architecture.md §5, with a hand-checkable counter, and the context windows."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bypass and split rules of ARCHITECTURE §4, with every example of the RAGEngine algorithm."""
+"""Bypass and split rules of docs/architecture.md §4, with every example of the RAGEngine algorithm."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""ARCHITECTURE §2: ``app/`` is pure logic with no Ray, so the RAG core is testable in milliseconds
+"""docs/architecture.md §2: ``app/`` is pure logic with no Ray, so the RAG core is testable in milliseconds
 and reusable outside Serve; only ``deployments/`` may import Ray."""
 
 from __future__ import annotations
