@@ -78,22 +78,30 @@ class UpdateDocument(BaseModel):
 
 
 class UpdateDocumentsRequest(BaseModel):
+    """``POST /indexes/{name}/documents``: new text (and metadata) for documents by id."""
+
     model_config = ConfigDict(extra="forbid")
     documents: list[UpdateDocument] = Field(min_length=1)
 
 
 class UpdateDocumentsResponse(BaseModel):
+    """Which documents changed (re-chunked and re-embedded), which were already so, which do not exist."""
+
     updated_documents: list[DocumentRecord]
     unchanged_documents: list[DocumentRecord]
     not_found_documents: list[UpdateDocument]
 
 
 class DeleteDocumentsRequest(BaseModel):
+    """``POST /indexes/{name}/documents/delete``."""
+
     model_config = ConfigDict(extra="forbid")
     doc_ids: list[str] = Field(min_length=1)
 
 
 class DeleteDocumentsResponse(BaseModel):
+    """Each requested id once, in one of the two lists."""
+
     deleted_doc_ids: list[str]
     not_found_doc_ids: list[str]
 

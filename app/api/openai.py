@@ -153,19 +153,26 @@ def new_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
-class ChatCompletionResponse(BaseModel):
-    """A full chat completion; ``source_nodes`` is set on RAG answers. Written with ``exclude_unset``
-    like the chunks, so a relayed upstream body keeps its own shape."""
+class _CompletionBody(BaseModel):
+    """What a whole completion and a chunk of one share. Bodies are written with ``exclude_unset``,
+    so a relayed upstream body keeps its own fields and ragserve's own set every field they send."""
 
     model_config = ConfigDict(extra="allow")
-    id: str = Field(default_factory=new_completion_id)
-    object: str = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
-    choices: list[ChatCompletionChoice]
+    id: str = ""
+    object: str
+    created: int = 0
+    model: str = ""
     usage: UsageInfo | None = None
     source_nodes: list[NodeWithScore] | None = Field(
-        default=None, description="RAG answers: the retrieved chunks the answer was given, with their scores.")
+        default=None, description="RAG answers: the retrieved chunks the answer was given, with their scores "
+        "(on the first chunk of a stream).")
+
+
+class ChatCompletionResponse(_CompletionBody):
+    """A full chat completion."""
+
+    object: str = "chat.completion"
+    choices: list[ChatCompletionChoice]
 
 
 class DeltaMessage(BaseModel):
@@ -181,19 +188,11 @@ class ChatCompletionChunkChoice(BaseModel):
     finish_reason: str | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    """One streamed piece. Fields a sender left unset are not sent (bodies are written with
-    ``exclude_unset``), so a relayed upstream chunk keeps its own shape."""
+class ChatCompletionChunk(_CompletionBody):
+    """One streamed piece (``text/event-stream`` events of a streamed chat completion)."""
 
-    model_config = ConfigDict(extra="allow")
-    id: str = ""
     object: str = "chat.completion.chunk"
-    created: int = 0
-    model: str = ""
     choices: list[ChatCompletionChunkChoice]
-    usage: UsageInfo | None = None
-    source_nodes: list[NodeWithScore] | None = Field(
-        default=None, description="RAG streams: on the first chunk, the retrieved chunks the answer was given.")
 
 
 class EmbeddingRequest(BaseModel):

@@ -199,16 +199,9 @@ class OpenAIEngine(GenerationEngine):
     def _chat_body(self, messages: Sequence[Message], params: SamplingParams, stream: bool) -> dict[str, Any]:
         body: dict[str, Any] = {**params.extra, "messages": list(messages), "max_tokens": params.max_tokens,
                                 "stream": stream}
+        body.update(params.set_fields())
         if params.model:
             body["model"] = params.model
-        if params.temperature is not None:
-            body["temperature"] = params.temperature
-        if params.top_p is not None:
-            body["top_p"] = params.top_p
-        if params.stop:
-            body["stop"] = list(params.stop)
-        if params.seed is not None:
-            body["seed"] = params.seed
         if stream:
             body["stream_options"] = {"include_usage": True}
         return self._with_model(body)

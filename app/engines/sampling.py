@@ -48,6 +48,12 @@ class SamplingParams:
     #: engine that cannot honour them refuses the request rather than drop them.
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def set_fields(self) -> dict[str, Any]:
+        """The typed sampling fields the request set, by their OpenAI names (what an engine passes on)."""
+        fields: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p,
+                                  "stop": list(self.stop) or None, "seed": self.seed}
+        return {k: v for k, v in fields.items() if v is not None}
+
     @classmethod
     def from_body(cls, body: Mapping[str, Any], default_max_tokens: int) -> SamplingParams:
         """From an OpenAI chat body (passthrough on a local engine, which serves the body's messages

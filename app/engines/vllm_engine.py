@@ -119,15 +119,7 @@ class VLLMEngine(GenerationEngine):
     def sampling_params(self, params: SamplingParams) -> Any:
         """The vLLM ``SamplingParams`` for a request: the model's defaults, then what the request set."""
         kwargs: dict[str, Any] = dict(self._defaults)
-        kwargs.update(n=1, max_tokens=params.max_tokens)
-        if params.temperature is not None:
-            kwargs["temperature"] = params.temperature
-        if params.top_p is not None:
-            kwargs["top_p"] = params.top_p
-        if params.stop:
-            kwargs["stop"] = list(params.stop)
-        if params.seed is not None:
-            kwargs["seed"] = params.seed
+        kwargs.update(n=1, max_tokens=params.max_tokens, **params.set_fields())
         return self._sampling_params_cls(**kwargs)
 
     async def chat_stream(self, messages: Sequence[Message],

@@ -21,26 +21,27 @@ from app.errors import EngineError, ServiceError
 from app.telemetry import Telemetry
 
 #: What the OpenAPI document lists for the errors of each kind of route.
-OPENAI_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": what} for code, what in (
-        (400, "The request is invalid (the message says what to fix)."),
-        (401, "Missing or wrong API key."),
-        (403, "The API key does not reach this index or operation."),
-        (404, "The named index does not exist."),
-        (413, "The request is too large."),
-        (500, "Internal error."),
-        (502, "The upstream LLM failed."),
-        (504, "The upstream LLM timed out."))}
-DOCUMENT_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": DetailResponse, "description": what} for code, what in (
-        (400, "The request is invalid (the message says what to fix)."),
-        (401, "Missing or wrong API key."),
-        (403, "The API key does not reach this index or operation."),
-        (404, "The index does not exist."),
-        (409, "Conflicts with the current state (an index that exists, say)."),
-        (413, "The request is too large."),
-        (422, "The body or query does not match the schema."),
-        (500, "Internal error."))}
+_ERRORS = {
+    400: "The request is invalid (the message says what to fix).",
+    401: "Missing or wrong API key.",
+    403: "The API key does not reach this index or operation.",
+    404: "The named index does not exist.",
+    409: "Conflicts with the current state (an index that exists, a write racing a drop).",
+    413: "The request is too large.",
+    422: "The body or query does not match the schema.",
+    500: "Internal error.",
+    502: "The upstream LLM failed.",
+    504: "The upstream LLM timed out.",
+}
+
+
+def _declared(model: type, codes: tuple[int, ...]) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": model, "description": _ERRORS[code]} for code in codes}
+
+
+#: What the OpenAPI document lists for the errors of each kind of route.
+OPENAI_ERRORS = _declared(ErrorResponse, (400, 401, 403, 404, 413, 500, 502, 504))
+DOCUMENT_ERRORS = _declared(DetailResponse, (400, 401, 403, 404, 409, 413, 422, 500))
 
 
 def route_path(scope: MutableMapping[str, Any]) -> str:

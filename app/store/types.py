@@ -17,20 +17,26 @@ class ChunkWrite:
 
 
 @dataclass(frozen=True)
-class DocumentWrite:
+class _Document:
+    """What a shard keeps of a document besides its chunks."""
+
     doc_id: str
     text: str
     metadata: dict[str, Any]
     hash_value: str
+
+
+@dataclass(frozen=True)
+class DocumentWrite(_Document):
+    """A document to write with its embedded chunks."""
+
     chunks: list[ChunkWrite] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
-class StoredDocument:
-    doc_id: str
-    text: str
-    metadata: dict[str, Any]
-    hash_value: str
+class StoredDocument(_Document):
+    """A document as read back; ``text`` may be cut to a listing's ``max_text_length``."""
+
     is_truncated: bool = False
 
 
