@@ -46,6 +46,7 @@ from app.api.openai import (
 )
 from app.engines.base import EngineError
 from app.http.limits import BodySizeMiddleware, RequestLimits
+from app.http.routes_extra import add_extra_routes
 from app.http.security import ApiKeyMiddleware
 from app.http.telemetry import NullTelemetry, RequestCountingMiddleware, Telemetry
 from app.service.chat import ChatOutcome, ChatService
@@ -287,6 +288,7 @@ def create_app(services: Services) -> FastAPI:
         text = await services.metrics_text() if services.metrics_text else ""
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
+    add_extra_routes(app, services)  # stats, settings, file upload, the /ui playground (routes_extra.py)
     return app
 
 

@@ -19,7 +19,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Probes stay open: Kubernetes and Prometheus do not carry the clients' keys.
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/metrics", "/ui", "/ui/"})
+# The playground's page and assets (app/http/routes_extra.py): the page asks for a key, its API calls send it.
+OPEN_PREFIXES = ("/ui/static/",)
 
 
 def route_path(scope: Scope) -> str:
@@ -87,7 +89,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         path = route_path(scope)
-        if path in OPEN_PATHS:
+        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         token = bearer_token(scope)
