@@ -402,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = args.url or os.environ.get("RAGSERVE_URL") or DEFAULT_URL
     key = args.api_key or os.environ.get("RAGSERVE_API_KEY") or None
     console = Console(stderr=True)  # progress, warnings and errors
-    out = Console()  # answers, tables and summaries (JSON is written to stdout directly)
+    out = Console(soft_wrap=True)  # answers, tables and summaries (JSON is written to stdout directly)
     try:
         with RagClient(url, key, timeout=args.timeout) as client:
             return int(args.func(args, client, console, out))
