@@ -169,7 +169,7 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
     progress: ProgressSink = RichProgress(console) if show_progress else NoProgress()
     syncer = Syncer(client, args.index, roots, base=Path(args.base) if args.base else None, include=args.include,
                     exclude=args.exclude, gitignore=not args.no_gitignore, delete=args.delete, limits=limits,
-                    batch_documents=args.batch_size, progress=progress)
+                    batch_documents=args.batch_size, progress=progress, checksum=args.checksum)
     stop = threading.Event()
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -370,6 +370,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delete", action="store_true",
                    help="delete documents whose files under PATH are gone (or no longer selected)")
     p.add_argument("--watch", action="store_true", help="keep syncing as files change")
+    p.add_argument("--checksum", action="store_true",
+                   help="compare every file's content hash, not only its modification time")
     p.add_argument("--base", help="directory that document ids are relative to (default: the current one)")
     p.add_argument("--batch-size", type=int, default=64, help="documents per request (at most the server's limit)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")

@@ -150,7 +150,8 @@ class Syncer:
     def __init__(self, client: RagClient, index: str, roots: Sequence[Path], *, base: Path | None = None,
                  include: Sequence[str] = (), exclude: Sequence[str] = (), gitignore: bool = True,
                  delete: bool = False, limits: Limits | None = None, batch_documents: int = 64,
-                 progress: ProgressSink | None = None, convert_file: Callable[[bytes, str], Converted] = convert):
+                 progress: ProgressSink | None = None, convert_file: Callable[[bytes, str], Converted] = convert,
+                 checksum: bool = False):
         self.client = client
         self.index = index
         self.roots = [Path(r) for r in roots]
@@ -163,6 +164,7 @@ class Syncer:
         self.max_bytes = int(self.limits.max_request_bytes * 0.9) - JSON_OVERHEAD
         self.progress = progress or NoProgress()
         self.convert_file = convert_file
+        self.checksum = checksum  # read every file and compare hashes, even when its mtime is unchanged
         self.remote: dict[str, RemoteDoc] | None = None
         self._last_chunks = 0.0
 
@@ -193,7 +195,7 @@ class Syncer:
     def plan_file(self, file: LocalFile, existing_ids: set[str]) -> FilePlan:
         remote = self.remote or {}
         mtime = iso_mtime(file.mtime)
-        if existing_ids and all(remote[i].metadata.get("mtime") == mtime for i in existing_ids):
+        if not self.checksum and existing_ids and all(remote[i].metadata.get("mtime") == mtime for i in existing_ids):
             return FilePlan(file, "unchanged")
         try:
             data = file.path.read_bytes()

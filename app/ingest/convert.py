@@ -301,7 +301,10 @@ def split_text(text: str, max_chars: int) -> list[str]:
 
 
 def iso_mtime(mtime: float) -> str:
-    return datetime.fromtimestamp(int(mtime), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """UTC ISO 8601, to the microsecond when the file system gives one: a sync skips a file whose
+    recorded mtime is unchanged, so a whole-second mtime would miss an edit made in the same second."""
+    dt = datetime.fromtimestamp(mtime, tz=timezone.utc)
+    return dt.isoformat(timespec="microseconds" if dt.microsecond else "seconds").replace("+00:00", "Z")
 
 
 def doc_id_for(rel: str, suffix: str = "") -> str:

@@ -93,6 +93,14 @@ def test_ingest_then_sync_updates_skips_and_deletes(server: str, tmp_path: Path,
     assert report["unchanged"] == 2
     docs = docs_of(server, "proj")
     assert "docs/manual.pdf#p2" not in docs and "every second week" in docs["docs/pumps.md"]["text"]
+    # the same mtime hides an edit unless --checksum (as with rsync -c)
+    pumps = root / "docs" / "pumps.md"
+    before = pumps.stat()
+    pumps.write_text("# Pump servicing\n\nPumps are now serviced every third week.\n")
+    os.utime(pumps, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert json.loads(run(capsys, "ingest", str(pumps), "--index", "proj", "--json")[1])["unchanged"] == 1
+    assert json.loads(run(capsys, "ingest", str(pumps), "--index", "proj", "--json", "--checksum")[1])["updated"] \
+        == ["docs/pumps.md"]
     (root / "docs" / "valves.html").unlink()
     code, out, _ = run(capsys, "ingest", "docs", "--index", "proj", "--json")
     assert json.loads(out)["stale"] == ["docs/valves.html"] and "docs/valves.html" in docs_of(server, "proj")
