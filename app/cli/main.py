@@ -169,7 +169,8 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
     progress: ProgressSink = RichProgress(console) if show_progress else NoProgress()
     syncer = Syncer(client, args.index, roots, base=Path(args.base) if args.base else None, include=args.include,
                     exclude=args.exclude, gitignore=not args.no_gitignore, delete=args.delete, limits=limits,
-                    batch_documents=args.batch_size, progress=progress, checksum=args.checksum)
+                    batch_documents=args.batch_size, batch_bytes=args.batch_kb * 1024, progress=progress,
+                    checksum=args.checksum)
     stop = threading.Event()
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -218,7 +219,7 @@ def _source_line(i: int, node: dict[str, Any]) -> str:
     where = meta.get("path") or node.get("doc_id")
     page = f" p.{meta['page']}" if meta.get("page") else ""
     title = meta.get("title")
-    label = f"{where}{page}" + (f" — {title}" if title and title != where else "")
+    label = f"{where}{page}" + (f" — {title}" if title and not str(where).endswith(str(title)) else "")
     return f"  [{i}] {label}  (score {float(node.get('score', 0)):.3f})"
 
 
@@ -373,7 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checksum", action="store_true",
                    help="compare every file's content hash, not only its modification time")
     p.add_argument("--base", help="directory that document ids are relative to (default: the current one)")
-    p.add_argument("--batch-size", type=int, default=64, help="documents per request (at most the server's limit)")
+    p.add_argument("--batch-size", type=int, default=16, help="documents per request (at most the server's limit)")
+    p.add_argument("--batch-kb", type=int, default=64,
+                   help="text per request in KiB, a soft target for a moving progress bar (a larger file goes whole)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_ingest)
 

@@ -21,6 +21,7 @@ per document), and all documents of one file travel in the same request, so stop
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
 import time
@@ -140,6 +141,7 @@ class FilePlan:
     def writes(self) -> int:
         return len(self.adds) + len(self.updates) + len(self.deletes)
 
+    @functools.cached_property
     def size(self) -> int:
         return sum(_doc_bytes(d) for d in (*self.adds, *self.updates)) + sum(len(i) + 4 for i in self.deletes)
 
@@ -149,7 +151,8 @@ class Syncer:
 
     def __init__(self, client: RagClient, index: str, roots: Sequence[Path], *, base: Path | None = None,
                  include: Sequence[str] = (), exclude: Sequence[str] = (), gitignore: bool = True,
-                 delete: bool = False, limits: Limits | None = None, batch_documents: int = 64,
+                 delete: bool = False, limits: Limits | None = None, batch_documents: int = 16,
+                 batch_bytes: int = 64 * 1024,
                  progress: ProgressSink | None = None, convert_file: Callable[[bytes, str], Converted] = convert,
                  checksum: bool = False):
         self.client = client
@@ -162,6 +165,9 @@ class Syncer:
         self.limits = limits or Limits()
         self.batch_documents = max(1, min(batch_documents, self.limits.max_documents_per_request))
         self.max_bytes = int(self.limits.max_request_bytes * 0.9) - JSON_OVERHEAD
+        # A soft target: small requests keep the progress bar moving (the server embeds while we wait);
+        # a single file larger than it still travels whole, up to max_bytes.
+        self.batch_bytes = max(1, min(batch_bytes, self.max_bytes))
         self.progress = progress or NoProgress()
         self.convert_file = convert_file
         self.checksum = checksum  # read every file and compare hashes, even when its mtime is unchanged
@@ -254,8 +260,8 @@ class Syncer:
         adds = sum(len(p.adds) for p in batch) + len(plan.adds)
         updates = sum(len(p.updates) for p in batch) + len(plan.updates)
         deletes = sum(len(p.deletes) for p in batch) + len(plan.deletes)
-        size = sum(p.size() for p in batch) + plan.size()
-        return max(adds + updates, deletes) <= self.batch_documents and size <= self.max_bytes
+        size = sum(p.size for p in batch) + plan.size
+        return max(adds + updates, deletes) <= self.batch_documents and size <= self.batch_bytes
 
     def _split(self, docs: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         """Requests within the document-count and byte limits (a single file larger than one request)."""

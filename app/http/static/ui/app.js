@@ -163,7 +163,7 @@ function sourceLabel(node) {
   const m = node.metadata || {};
   const where = m.path || node.doc_id;
   const page = m.page ? ` p.${m.page}` : "";
-  return m.title && m.title !== where ? `${m.title} — ${where}${page}` : `${where}${page}`;
+  return m.title && !String(where).endsWith(m.title) ? `${m.title} — ${where}${page}` : `${where}${page}`;
 }
 
 function renderSources(div, nodes) {
