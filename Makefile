@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[cpu,test]"
+	bash scripts/ensure-chromium.sh
 	touch $(STAMP)
 
 install: $(STAMP)

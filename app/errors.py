@@ -81,3 +81,10 @@ class EngineError(ServiceError):
                  param: str | None = None, code: str | int | None = None):
         super().__init__(message, status=status, param=param, code=code, type_=type_)
         self.body = body
+
+
+class UnsupportedMediaTypeError(ServiceError):
+    """A file of a kind no converter reads (415)."""
+
+    status = 415
+    type = "invalid_request_error"

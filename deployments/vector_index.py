@@ -23,6 +23,7 @@ import ray
 from app.config import Settings
 from app.service.shard_service import ShardService, check_layout, vector_options
 from deployments.common import log
+from deployments.shard_metrics import start_size_gauges
 
 SHARD_NAMESPACE = "ragserve"
 
@@ -30,6 +31,10 @@ SHARD_NAMESPACE = "ragserve"
 @ray.remote
 class ShardActor(ShardService):
     """A shard in a Ray actor; adds what only Ray can tell."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        start_size_gauges(self)  # ray_ragserve_shard_documents/_chunks for the dashboard
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

@@ -14,6 +14,7 @@ from app.http.errors import install_error_handlers
 from app.http.limits import BodySizeMiddleware
 from app.http.routes.documents import documents_router
 from app.http.routes.openai import openai_router
+from app.http.routes.playground import mount_playground_assets, playground_router
 from app.http.routes.probes import probes_router
 from app.http.security import ApiKeyMiddleware
 from app.http.telemetry import RequestCountingMiddleware
@@ -35,6 +36,8 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(openai_router(services))
     app.include_router(documents_router(services))
     app.include_router(probes_router(services))
+    app.include_router(playground_router(services))
+    mount_playground_assets(app)
     _document_chunk_stream(app)
     return app
 

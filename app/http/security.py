@@ -16,8 +16,10 @@ from app.service.access import FULL_ACCESS, Principal
 
 PRINCIPAL = "ragserve.principal"  # where the authenticated key's Principal is kept in the request state
 
-# Probes stay open: Kubernetes and Prometheus do not carry the clients' keys.
-OPEN_PATHS = frozenset({"/health", "/metrics"})
+# Open without a key: the probes (Kubernetes and Prometheus do not carry the clients' keys), and the
+# playground's page and assets (app/http/routes/playground.py), which ask for a key that its API calls send.
+OPEN_PATHS = frozenset({"/health", "/metrics", "/ui", "/ui/"})
+OPEN_PREFIXES = ("/ui/static/",)
 
 
 class KeyChecker:
@@ -65,7 +67,7 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         path = route_path(scope)
-        if path in OPEN_PATHS:
+        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         token = bearer_token(scope)

@@ -35,6 +35,7 @@ from app.api.documents import (
     UpdateDocument,
     UpdateDocumentsResponse,
 )
+from app.api.stats import IndexStats, ShardStats
 from app.errors import BadRequestError, ConflictError, NotFoundError
 from app.ingest import ChunkingError, DocumentChunker, content_hash, node_id_for
 from app.paths import PathOutsideStorageError, confine
@@ -523,3 +524,20 @@ class DocumentService:
             self.pool.call(s, "replace_index", staging, index, generation, True, dim, imported[s] > 0)
             for s in range(self.pool.num_shards) if s != HOME_SHARD))
         return f"Successfully loaded index {index} from {shown}."
+
+    # --- statistics ---------------------------------------------------------------------------
+    async def stats(self, index: str) -> IndexStats:
+        """Totals and per-shard counts of ``index``, asked of every shard at once; 404 when no shard
+        holds it. Shards without a part of it are left out of ``shards``."""
+        parts = [p for p in await self.pool.call_all("index_stats", index) if p is not None]
+        if not parts:
+            raise NotFoundError(f"No such index: '{index}' exists.")
+        shards = [ShardStats(**{k: p[k] for k in ShardStats.model_fields}) for p in parts]
+        dims = {p["dimension"] for p in parts}
+        kinds = {p["index_kind"] for p in parts}
+        dim = dims.pop() if len(dims) == 1 else None
+        return IndexStats(index_name=index, documents=sum(s.documents for s in shards),
+                          chunks=sum(s.chunks for s in shards), bytes=sum(s.bytes for s in shards),
+                          vectors=sum(s.vectors for s in shards),
+                          vector_bytes=sum(s.vectors * p["dimension"] * 4 for s, p in zip(shards, parts, strict=True)),
+                          dimension=dim, index_kind=kinds.pop() if len(kinds) == 1 else "mixed", shards=shards)

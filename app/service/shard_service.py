@@ -246,3 +246,10 @@ class ShardService:
 
     def close(self) -> None:
         self._shard.close()
+
+    # --- statistics ---------------------------------------------------------------------------
+    def index_stats(self, index: str) -> dict[str, Any] | None:
+        """This shard's counts for ``index`` (``Shard.index_stats``) with its shard number; None when
+        the shard has no such index. A Ray shard actor exposes it as it does every method here."""
+        stats = self._shard.index_stats(index)
+        return None if stats is None else {"shard": self.shard_index, **stats}

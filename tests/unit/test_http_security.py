@@ -15,7 +15,7 @@ from tests.fakes.fake_openai import FakeOpenAI
 from tests.inprocess import inprocess_app
 
 KEY = "sk-test-key-0123456789"
-OPEN = {"/health", "/metrics"}
+OPEN = {"/health", "/metrics", "/ui", "/ui/"}  # probes, and the playground page (its API calls need the key)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from app.api.documents import (
     UpdateDocumentsResponse,
     validate_metadata_filter,
 )
+from app.api.stats import IndexStats
 from app.config import MAX_LIST_PAGE
 from app.errors import BadRequestError
 from app.http.errors import DOCUMENT_ERRORS
@@ -105,6 +106,13 @@ def documents_router(services: Services) -> APIRouter:
         """Restore a snapshot; 409 if the index exists and `overwrite` is false."""
         allow(request, Role.ADMIN, index_name)
         return MessageResponse(message=await docs.load(checked_index(index_name), path, overwrite))
+
+    @router.get("/indexes/{index_name}/stats")
+    async def index_stats(index_name: str, request: Request) -> IndexStats:
+        """Documents, chunks, bytes, index kind and per-shard counts of an index."""
+        name = checked_index(index_name)
+        allow(request, Role.READ, name)
+        return await docs.stats(name)
 
     @router.post("/query")
     async def query(body: QueryRequest, request: Request) -> QueryResponse:

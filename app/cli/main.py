@@ -1,0 +1,426 @@
+"""``ragserve``: index folders, ask questions, look at indexes, from a terminal.
+
+    ragserve ingest docs/ --index docs            # add, update, skip unchanged; --delete, --watch
+    ragserve chat --index docs                    # streaming answers with their sources
+    ragserve query --index docs "what is KAITO?"  # KAITO-style /query
+    ragserve indexes                              # names, documents, chunks, bytes
+
+``--url``/``RAGSERVE_URL`` and ``--api-key``/``RAGSERVE_API_KEY`` say where and how; ``--json``
+prints machine-readable output instead of tables. Exit status: 0 success, 1 a failure (an API
+error, a file that could not be indexed), 2 a usage error, 130 stopped with Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from app.api.documents import validate_index_name
+from app.cli.client import DEFAULT_URL, ApiError, RagClient
+from app.cli.sync import Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+REASONS = {
+    "no_index": "the request named no index",
+    "tools": "the request uses tools",
+    "unsupported_role": "a message has a role RAG does not handle",
+    "non_text_content": "a message has non-text content",
+    "no_context": "nothing in the index reached the similarity threshold",
+}
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+class RichProgress:
+    """The ingest progress bar: files, documents, chunks in the index, docs/s and time left (by bytes)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress: Progress | None = None
+        self.task: Any = None
+        self.files = self.docs = 0
+        self.total_files = 0
+        self.t0 = time.monotonic()
+
+    def start(self, files: int, total_bytes: int) -> None:
+        self.files = self.docs = 0
+        self.total_files = files
+        self.t0 = time.monotonic()
+        self.progress = Progress(
+            SpinnerColumn(), TextColumn("[bold]ingest"), BarColumn(), TaskProgressColumn(),
+            TextColumn("{task.fields[files]}/{task.fields[total_files]} files"),
+            TextColumn("{task.fields[docs]} docs sent"), TextColumn("{task.fields[chunks]} chunks"),
+            TextColumn("{task.fields[rate]} docs/s"), TimeRemainingColumn(), console=self.console, transient=False)
+        self.task = self.progress.add_task("ingest", total=max(total_bytes, 1), files=0, total_files=files, docs=0,
+                                           chunks="–", rate="0.0")
+        self.progress.start()
+
+    def advance(self, files: int, nbytes: int, documents: int) -> None:
+        if self.progress is None:
+            return
+        self.files += files
+        self.docs += documents
+        rate = self.docs / max(time.monotonic() - self.t0, 1e-6)
+        self.progress.update(self.task, advance=nbytes or (1 if self.total_files == 0 else 0), files=self.files,
+                             docs=self.docs, rate=f"{rate:.1f}")
+
+    def chunks(self, total: int) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, chunks=total)
+
+    def finish(self) -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=self.progress.tasks[0].total)
+            self.progress.stop()
+            self.progress = None
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _filter_arg(text: str | None) -> dict[str, Any] | None:
+    """``--filter '{"k": "v"}'`` or ``--filter k=v,k2=v2``."""
+    if not text:
+        return None
+    text = text.strip()
+    if text.startswith("{"):
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            raise SystemExit(f"ragserve: --filter is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise SystemExit("ragserve: --filter must be a JSON object")
+        return value
+    out: dict[str, Any] = {}
+    for pair in text.split(","):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"ragserve: --filter expects key=value pairs, got {pair!r}")
+        v: Any = value.strip()
+        for cast in (int, float):
+            try:
+                v = cast(v)
+                break
+            except ValueError:
+                continue
+        out[key.strip()] = v
+    return out
+
+
+# --- ingest -------------------------------------------------------------------------------------
+def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | None) -> None:
+    console.print(f"[bold]{report.index}[/bold]: {len(report.added)} added, {len(report.updated)} updated, "
+                  f"{len(report.unchanged)} unchanged, {len(report.deleted)} deleted, "
+                  f"[{'red' if report.failed else 'default'}]{len(report.failed)} failed[/] "
+                  f"({report.documents_sent} documents sent in {report.seconds:.1f} s)")
+    for path, reason in report.failed:
+        console.print(f"  [red]failed[/red]  {escape(path)}: {escape(reason)}")
+    for path, warning in report.warnings:
+        console.print(f"  [yellow]warning[/yellow] {escape(path)}: {escape(warning)}")
+    for path, reason in report.skipped:
+        console.print(f"  [dim]skipped {escape(path)}: {escape(reason)}[/dim]")
+    if report.stale:
+        console.print(f"  [yellow]{len(report.stale)} file(s) are gone from disk but still indexed; "
+                      "run with --delete to remove them[/yellow]")
+    if report.fatal:
+        console.print(f"  [red]stopped: {escape(report.fatal)}[/red]")
+    if report.interrupted:
+        console.print(f"  [yellow]interrupted: {len(report.not_processed)} file(s) not processed; every file "
+                      "sent was indexed whole. Run the same command again to finish.[/yellow]")
+    if stats:
+        console.print(f"  index now: {stats['documents']} documents, {stats['chunks']} chunks, "
+                      f"{human_bytes(stats['bytes'])} of text")
+
+
+def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, out: Console) -> int:
+    try:
+        validate_index_name(args.index)
+    except ValueError as e:
+        console.print(f"[red]ragserve: {e}[/red]")
+        return EXIT_USAGE
+    roots = [Path(p) for p in args.paths]
+    missing = [str(p) for p in roots if not p.exists()]
+    if missing:
+        console.print(f"[red]ragserve: no such file or directory: {', '.join(missing)}[/red]")
+        return EXIT_USAGE
+    limits = Limits.from_config(client.config())
+    show_progress = not args.json and not args.quiet
+    progress: ProgressSink = RichProgress(console) if show_progress else NoProgress()
+    syncer = Syncer(client, args.index, roots, base=Path(args.base) if args.base else None, include=args.include,
+                    exclude=args.exclude, gitignore=not args.no_gitignore, delete=args.delete, limits=limits,
+                    batch_documents=args.batch_size, batch_bytes=args.batch_kb * 1024, progress=progress,
+                    checksum=args.checksum)
+    stop = threading.Event()
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        console.print("[yellow]Stopping after the batch in flight (Ctrl-C again to abort at once)…[/yellow]")
+
+    previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() \
+        else None
+
+    def show(report: SyncReport) -> None:
+        stats = None
+        if not report.fatal:
+            try:
+                stats = client.stats(args.index)
+            except ApiError:
+                stats = None
+        if args.json:
+            _print_json({**report.to_json(), "stats": stats})
+        else:
+            print_report(report, out, stats)
+
+    try:
+        report = syncer.run(stop)
+        show(report)
+        if args.watch and not stop.is_set() and not report.fatal:
+            if not args.json:
+                console.print(f"[dim]watching {', '.join(map(str, roots))} for changes (Ctrl-C to stop)…[/dim]")
+            watch(syncer, stop, show)
+            return EXIT_OK
+    except ApiError as e:
+        console.print(f"[red]ragserve: {escape(str(e))}[/red]")
+        return EXIT_FAIL
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if report.interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_OK if report.ok else EXIT_FAIL
+
+
+# --- questions ----------------------------------------------------------------------------------
+def _source_line(i: int, node: dict[str, Any]) -> str:
+    meta = node.get("metadata") or {}
+    where = meta.get("path") or node.get("doc_id")
+    page = f" p.{meta['page']}" if meta.get("page") else ""
+    title = meta.get("title")
+    label = f"{where}{page}" + (f" — {title}" if title and not str(where).endswith(str(title)) else "")
+    return f"  [{i}] {label}  (score {float(node.get('score', 0)):.3f})"
+
+
+def print_sources(nodes: Sequence[dict[str, Any]], console: Console) -> None:
+    if not nodes:
+        return
+    console.print("[bold]Sources[/bold]")
+    for i, node in enumerate(nodes, start=1):
+        console.print(escape(_source_line(i, node)), highlight=False)
+
+
+def cmd_query(args: argparse.Namespace, client: RagClient, err: Console, console: Console) -> int:
+    params = {"max_tokens": args.max_tokens} if args.max_tokens else None
+    answer = client.query(args.index, " ".join(args.question), top_k=args.top_k,
+                          metadata_filter=_filter_arg(args.filter), llm_params=params)
+    if args.json:
+        _print_json(answer)
+        return EXIT_OK
+    console.print(escape(answer["response"]), highlight=False)
+    print_sources(answer.get("source_nodes") or [], console)
+    return EXIT_OK
+
+
+def _chat_once(args: argparse.Namespace, client: RagClient, console: Console,
+               messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    body: dict[str, Any] = {"messages": messages}
+    if args.index:
+        body.update(index_name=args.index, top_k=args.top_k)
+    if args.filter:
+        body["metadata_filter"] = _filter_arg(args.filter)
+    if args.max_tokens:
+        body["max_tokens"] = args.max_tokens
+    if args.model:
+        body["model"] = args.model
+    if args.no_stream or args.json:
+        response, mode, reason = client.chat(body)
+        text = response["choices"][0]["message"].get("content") or ""
+        sources = response.get("source_nodes") or []
+        if not args.json:
+            console.print(escape(text), highlight=False)
+    else:
+        text, sources, mode, reason = "", [], "", ""
+        for stream in client.chat_stream(body):
+            mode, reason = stream.mode, stream.reason
+            for event in stream.events:
+                if event.get("source_nodes"):
+                    sources = event["source_nodes"]
+                for choice in event.get("choices") or []:
+                    piece = (choice.get("delta") or {}).get("content") or ""
+                    if piece:
+                        text += piece
+                        sys.stdout.write(piece)
+                        sys.stdout.flush()
+        sys.stdout.write("\n")
+    if not args.json:
+        if mode == "passthrough":
+            console.print(f"[yellow](answered without the index: {REASONS.get(reason, reason)})[/yellow]")
+        print_sources(sources, console)
+    return text, {"answer": text, "mode": mode, "reason": reason or None, "sources": sources}
+
+
+def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console: Console) -> int:
+    history: list[dict[str, Any]] = []
+    if args.system:
+        history.append({"role": "system", "content": args.system})
+    if args.message:
+        messages = [*history, {"role": "user", "content": " ".join(args.message)}]
+        _, result = _chat_once(args, client, console, messages)
+        if args.json:
+            _print_json(result)
+        return EXIT_OK
+    if not args.json:
+        console.print(f"[dim]chatting with index {args.index or '(none)'} — an empty line or Ctrl-D ends, "
+                      "/reset starts over[/dim]")
+    while True:
+        try:
+            line = input("you> ").strip()
+        except (EOFError, KeyboardInterrupt):
+            sys.stdout.write("\n")
+            return EXIT_OK
+        if not line:
+            return EXIT_OK
+        if line == "/reset":
+            history = history[:1] if args.system else []
+            continue
+        messages = [*history, {"role": "user", "content": line}]
+        try:
+            text, result = _chat_once(args, client, console, messages)
+        except ApiError as e:
+            err.print(f"[red]{escape(str(e))}[/red]")
+            continue
+        if args.json:
+            _print_json(result)
+        history = [*messages, {"role": "assistant", "content": text}]
+
+
+def cmd_indexes(args: argparse.Namespace, client: RagClient, err: Console, console: Console) -> int:
+    rows = []
+    for name in client.indexes():
+        try:
+            rows.append(client.stats(name))
+        except ApiError as e:
+            if e.status not in (404, 405):
+                raise
+            rows.append({"index_name": name})
+    if args.json:
+        _print_json(rows)
+        return EXIT_OK
+    if not rows:
+        console.print("no indexes yet: ragserve ingest PATH --index NAME")
+        return EXIT_OK
+    table = Table("index", "documents", "chunks", "bytes", "kind", "shards")
+    for r in rows:
+        table.add_row(r["index_name"], str(r.get("documents", "?")), str(r.get("chunks", "?")),
+                      human_bytes(r["bytes"]) if "bytes" in r else "?", str(r.get("index_kind", "?")),
+                      str(len(r.get("shards", []))) if "shards" in r else "?")
+    console.print(table)
+    return EXIT_OK
+
+
+# --- entry point --------------------------------------------------------------------------------
+def _common(defaults: bool) -> argparse.ArgumentParser:
+    """The connection and output options, accepted before and after the command. Sub-commands get
+    their own copy with suppressed defaults, so ``ragserve --json query ...`` keeps ``--json``."""
+    common = argparse.ArgumentParser(add_help=False)
+    d = (lambda v: v) if defaults else (lambda v: argparse.SUPPRESS)
+    common.add_argument("--url", default=d(None), help=f"server URL (env RAGSERVE_URL; default {DEFAULT_URL})")
+    common.add_argument("--api-key", default=d(None), help="API key (env RAGSERVE_API_KEY)")
+    common.add_argument("--json", action="store_true", default=d(False), help="machine-readable output on stdout")
+    common.add_argument("--timeout", type=float, default=d(600.0), help="seconds per request (600)")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ragserve", description="Index folders into ragserve and ask them "
+                                     "questions.", parents=[_common(True)])
+    common = _common(False)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("ingest", parents=[common], help="index (and sync) files and folders",
+                       description="Index files and folders: new files are added, changed ones updated, "
+                       "unchanged ones skipped. Document ids are paths relative to --base.")
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--index", "-i", required=True, help="index name")
+    p.add_argument("--include", action="append", default=[], metavar="GLOB",
+                   help="only files matching (gitignore syntax, relative to --base; repeatable)")
+    p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="leave out matching files")
+    p.add_argument("--no-gitignore", action="store_true", help="do not honour .gitignore files")
+    p.add_argument("--delete", action="store_true",
+                   help="delete documents whose files under PATH are gone (or no longer selected)")
+    p.add_argument("--watch", action="store_true", help="keep syncing as files change")
+    p.add_argument("--checksum", action="store_true",
+                   help="compare every file's content hash, not only its modification time")
+    p.add_argument("--base", help="directory that document ids are relative to (default: the current one)")
+    p.add_argument("--batch-size", type=int, default=16, help="documents per request (at most the server's limit)")
+    p.add_argument("--batch-kb", type=int, default=64,
+                   help="text per request in KiB, a soft target for a moving progress bar (a larger file goes whole)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_ingest)
+
+    for name, helptext in (("query", "ask a question (POST /query)"),
+                           ("chat", "chat with an index, streaming (POST /v1/chat/completions)")):
+        p = sub.add_parser(name, parents=[common], help=helptext)
+        p.add_argument("--index", "-i", required=name == "query", help="index name")
+        p.add_argument("--top-k", type=int, default=5)
+        p.add_argument("--filter", help="metadata filter: JSON object or key=value,key2=value2")
+        p.add_argument("--max-tokens", type=int)
+        if name == "query":
+            p.add_argument("question", nargs="+")
+            p.set_defaults(func=cmd_query)
+        else:
+            p.add_argument("message", nargs="*", help="one message; none: an interactive chat")
+            p.add_argument("--model", help="model name sent upstream (default: the server's)")
+            p.add_argument("--system", help="a system prompt")
+            p.add_argument("--no-stream", action="store_true", help="wait for the whole answer")
+            p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("indexes", parents=[common], help="list indexes with documents, chunks and bytes")
+    p.set_defaults(func=cmd_indexes)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    url = args.url or os.environ.get("RAGSERVE_URL") or DEFAULT_URL
+    key = args.api_key or os.environ.get("RAGSERVE_API_KEY") or None
+    console = Console(stderr=True)  # progress, warnings and errors
+    out = Console(soft_wrap=True)  # answers, tables and summaries (JSON is written to stdout directly)
+    try:
+        with RagClient(url, key, timeout=args.timeout) as client:
+            return int(args.func(args, client, console, out))
+    except ApiError as e:
+        if args.json:
+            _print_json({"error": {"status": e.status, "message": e.message}})
+        else:
+            console.print(f"[red]ragserve: {escape(str(e))}[/red]")
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        console.print("[yellow]aborted[/yellow]")
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Routes for people rather than programs: file upload, the settings in force, and the web
+playground at ``/ui`` (static files shipped in the package, no build step, nothing fetched from
+outside). The page and its assets are open (``app.http.security.OPEN_PATHS``/``OPEN_PREFIXES``) so
+a browser can load the page that asks for the API key; every call the page makes sends the key."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+
+from app.api.files import UiConfig, UploadResponse
+from app.http.errors import DOCUMENT_ERRORS
+from app.http.routes.common import allow, checked_index
+from app.service.access import Role
+from app.service.files import index_file, public_settings
+from app.service.wiring import Services
+
+UI_DIR = Path(__file__).resolve().parents[1] / "static" / "ui"
+
+
+def playground_router(services: Services) -> APIRouter:
+    router = APIRouter(responses=DOCUMENT_ERRORS)
+    docs, limits = services.documents, services.limits
+
+    @router.get("/ui/config", tags=["playground"])
+    async def ui_config(request: Request) -> UiConfig:
+        """The settings in force (never keys), the request limits, the served models."""
+        allow(request, Role.READ)
+        llm = services.chat.llm
+        return UiConfig(model=llm.model_id, context_window=await llm.context_window(),
+                        embedding_model=services.embeddings.model, auth_required=bool(services.credentials()),
+                        limits={f.name: getattr(limits, f.name) for f in fields(limits)},
+                        settings=public_settings(services.settings))
+
+    @router.post("/indexes/{index_name}/files", tags=["documents"],
+                 responses={415: {"model": DOCUMENT_ERRORS[400]["model"], "description": "Unsupported file type."}})
+    async def upload_file(
+        index_name: str,
+        request: Request,
+        filename: str = Query(min_length=1, max_length=512, description="The file's name; its extension picks "
+                              "the converter (markdown, text, code, HTML, PDF, DOCX, PPTX)."),
+        path: str | None = Query(None, max_length=1024, description="Metadata path (and id prefix); default "
+                                 "uploads/<filename>."),
+        mtime: float | None = Query(None, ge=0, description="The file's modification time (Unix seconds)."),
+    ) -> UploadResponse:
+        """Index one file sent as the raw request body; a new version of a file replaces the old one."""
+        name = checked_index(index_name)
+        allow(request, Role.WRITE, name)
+        result = await index_file(docs, limits, name, filename, await request.body(), path, mtime)
+        services.telemetry.indexed(len(result.doc_ids))
+        return result
+
+    @router.get("/ui", include_in_schema=False)
+    async def ui_redirect() -> RedirectResponse:
+        return RedirectResponse("ui/", status_code=308)  # relative: works under a Serve route prefix
+
+    @router.get("/ui/", include_in_schema=False)
+    async def ui_page() -> FileResponse:
+        return FileResponse(UI_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    return router
+
+
+def mount_playground_assets(app: FastAPI) -> None:
+    app.mount("/ui/static", StaticFiles(directory=UI_DIR), name="ui-static")

@@ -1,0 +1,343 @@
+"""Files to indexable text: markdown and text as they are, HTML, PDF, DOCX and PPTX converted by
+well-kept libraries, code files tagged with their language for the code-aware chunker.
+
+Pure (bytes in, text out, no I/O), so the CLI (``ragserve ingest``) and the server's upload
+route (``POST /indexes/{name}/files``) convert a file the same way and agree on its hash.
+
+Choices and why:
+
+- PDF (pypdf): one section per page, so every document, and every retrieved source, carries its
+  page number; pages without extractable text (scans) are left out.
+- HTML (BeautifulSoup + markdownify): scripts, styles and page chrome removed, the rest turned into
+  markdown so headings and lists survive and the sentence chunker splits on them.
+- DOCX (mammoth, then markdownify): mammoth maps Word styles to semantic HTML (headings, lists,
+  tables), a better reading of a document than its raw runs.
+- PPTX (python-pptx): one deck, a ``## Slide N`` heading before each slide, speaker notes kept.
+
+The converter libraries are imported when a file of their kind is converted, so reading markdown
+never pays for them and a missing one is an error naming the package, not an import failure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import PurePath
+from typing import Any
+
+# Extensions the code-aware chunker has a grammar for (app.ingest.code.SUPPORTED_LANGUAGES).
+CODE_LANGUAGES: dict[str, str] = {
+    ".py": "python", ".pyi": "python",
+    ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript", ".jsx": "javascript",
+    ".ts": "typescript", ".mts": "typescript", ".cts": "typescript",
+    ".tsx": "tsx",
+    ".go": "go",
+    ".java": "java",
+    ".rs": "rust",
+    ".c": "c", ".h": "c",
+    ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp", ".hxx": "cpp",
+}
+MARKDOWN_EXTENSIONS = frozenset({".md", ".markdown", ".mdx"})
+# Plain text indexed as it is (sentence chunking): prose formats, configs and code without a grammar.
+TEXT_EXTENSIONS = frozenset({
+    ".txt", ".text", ".rst", ".adoc", ".asciidoc", ".org", ".tex", ".csv", ".tsv", ".log",
+    ".json", ".jsonl", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".conf", ".xml", ".sql",
+    ".sh", ".bash", ".zsh", ".ps1", ".rb", ".php", ".kt", ".kts", ".scala", ".swift", ".cs", ".lua",
+    ".r", ".pl", ".proto", ".graphql", ".css", ".scss", ".vue", ".svelte", ".dockerfile",
+})
+TEXT_FILENAMES = frozenset({"readme", "license", "changelog", "makefile", "dockerfile", "notice", "authors"})
+HTML_EXTENSIONS = frozenset({".html", ".htm", ".xhtml"})
+BINARY_KINDS = {".pdf": "pdf", ".docx": "docx", ".pptx": "pptx"}
+_BINARY_CHECK = 8192
+MAX_DOC_ID = 256  # app.api.documents.Document.doc_id
+
+
+class ConversionError(ValueError):
+    """The file cannot be turned into text; the message says why (a client mistake, never a crash)."""
+
+
+@dataclass(frozen=True)
+class Section:
+    """A part of a file that becomes one document: the whole file, or one PDF page."""
+
+    text: str
+    page: int | None = None  # 1-based page number (PDF)
+
+
+@dataclass
+class Converted:
+    """What a file becomes. ``file_type`` is one of markdown, text, html, pdf, docx, pptx, code."""
+
+    sections: list[Section]  # empty for an empty file
+    title: str
+    file_type: str
+    language: str | None = None  # the code chunker's language, for code files
+    pages: int | None = None  # pages in the file (PDF), including those without text
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def text_chars(self) -> int:
+        return sum(len(s.text) for s in self.sections)
+
+
+def file_kind(filename: str) -> str | None:
+    """The kind a file name converts as, or None when it is not a supported file."""
+    p = PurePath(filename)
+    ext = p.suffix.lower()
+    if ext in CODE_LANGUAGES:
+        return "code"
+    if ext in MARKDOWN_EXTENSIONS:
+        return "markdown"
+    if ext in HTML_EXTENSIONS:
+        return "html"
+    if ext in BINARY_KINDS:
+        return BINARY_KINDS[ext]
+    if ext in TEXT_EXTENSIONS or (not ext and p.name.lower() in TEXT_FILENAMES):
+        return "text"
+    return None
+
+
+def is_supported(filename: str) -> bool:
+    return file_kind(filename) is not None
+
+
+def convert(data: bytes, filename: str) -> Converted:
+    """Convert the bytes of ``filename`` (its extension decides how). Raises ConversionError."""
+    kind = file_kind(filename)
+    stem = PurePath(filename).stem or PurePath(filename).name
+    if kind is None:
+        raise ConversionError(f"unsupported file type: {PurePath(filename).suffix or PurePath(filename).name!r}")
+    if kind == "pdf":
+        return _pdf(data, stem)
+    if kind == "docx":
+        return _docx(data, stem)
+    if kind == "pptx":
+        return _pptx(data, stem)
+    text = decode_text(data)
+    sections = [Section(text)] if text.strip() else []  # an empty file (an empty __init__.py) has nothing to index
+    if kind == "html":
+        return _html(text, stem)
+    if kind == "markdown":
+        return Converted(sections, markdown_title(text) or stem, "markdown")
+    if kind == "code":
+        language = CODE_LANGUAGES[PurePath(filename).suffix.lower()]
+        return Converted(sections, PurePath(filename).name, "code", language=language)
+    return Converted(sections, stem, "text")
+
+
+def decode_text(data: bytes) -> str:
+    """UTF-8 (with or without a BOM) or UTF-16 with a BOM; anything else that is not binary is read
+    as cp1252/latin-1 rather than refused. NUL bytes mean a binary file, which is refused."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as e:
+            raise ConversionError(f"not valid UTF-16 text: {e}") from e
+    if b"\x00" in data[:_BINARY_CHECK]:
+        raise ConversionError("binary file (contains NUL bytes), not text")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        try:
+            return data.decode("cp1252")
+        except UnicodeDecodeError:
+            return data.decode("latin-1")
+
+
+_ATX = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
+_FRONT_TITLE = re.compile(r"\A---\s*\n(?:.*\n)*?title:\s*[\"']?(.+?)[\"']?\s*\n(?:.*\n)*?---", re.M)
+
+
+def markdown_title(text: str) -> str | None:
+    """The front-matter ``title:`` or the first ATX heading (usually the document's ``# Title``)."""
+    m = _FRONT_TITLE.match(text)
+    if m:
+        return m.group(1).strip()
+    m = _ATX.search(text)
+    return m.group(1).strip() if m else None
+
+
+def _tidy(text: str) -> str:
+    """Trailing spaces off, at most one blank line in a row: converters leave both behind."""
+    lines = [line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def _require(module: str, package: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ConversionError(f"converting this file type needs the {package!r} package: pip install {package}") \
+            from e
+
+
+def _html_to_markdown(html: str) -> tuple[str, str | None]:
+    """Markdown of an HTML page and its title (``<title>`` or the first ``<h1>``)."""
+    bs4 = _require("bs4", "beautifulsoup4")
+    markdownify = _require("markdownify", "markdownify")
+    soup = bs4.BeautifulSoup(html, "html.parser")
+    title = None
+    if soup.title and soup.title.get_text(strip=True):
+        title = soup.title.get_text(strip=True)
+    elif soup.find("h1"):
+        title = soup.find("h1").get_text(" ", strip=True) or None
+    for tag in soup(["script", "style", "noscript", "template", "svg", "canvas", "iframe", "head",
+                     "nav", "form", "button"]):
+        tag.decompose()
+    body = soup.body or soup
+    text = markdownify.MarkdownConverter(heading_style="ATX", bullets="-", strip=["img"]).convert_soup(body)
+    return _tidy(text), title
+
+
+def _html(text: str, stem: str) -> Converted:
+    md, title = _html_to_markdown(text)
+    if not md:
+        raise ConversionError("the HTML page has no text")
+    return Converted([Section(md)], title or stem, "html")
+
+
+def _pdf(data: bytes, stem: str) -> Converted:
+    pypdf = _require("pypdf", "pypdf")
+    try:
+        reader = pypdf.PdfReader(io.BytesIO(data))
+        if reader.is_encrypted and not reader.decrypt(""):
+            raise ConversionError("the PDF is encrypted with a password")
+        sections = []
+        for number, page in enumerate(reader.pages, start=1):
+            text = _tidy(page.extract_text() or "")
+            if text:
+                sections.append(Section(text, page=number))
+        pages = len(reader.pages)
+        meta_title = (reader.metadata.title if reader.metadata else None) or ""
+    except ConversionError:
+        raise
+    except Exception as e:  # pypdf raises many kinds of errors for a damaged file
+        raise ConversionError(f"unreadable PDF: {e}") from e
+    if not sections:
+        raise ConversionError(f"the PDF's {pages} page(s) have no extractable text (a scan needs OCR first)")
+    out = Converted(sections, str(meta_title).strip() or stem, "pdf", pages=pages)
+    if len(sections) < pages:
+        out.warnings.append(f"{pages - len(sections)} of {pages} pages have no text and were skipped")
+    return out
+
+
+def _docx(data: bytes, stem: str) -> Converted:
+    mammoth = _require("mammoth", "mammoth")
+    try:
+        html = mammoth.convert_to_html(io.BytesIO(data)).value
+    except Exception as e:
+        raise ConversionError(f"unreadable DOCX: {e}") from e
+    md, title = _html_to_markdown(f"<html><body>{html}</body></html>")
+    if not md:
+        raise ConversionError("the DOCX document has no text")
+    return Converted([Section(md)], title or markdown_title(md) or stem, "docx")
+
+
+def _pptx(data: bytes, stem: str) -> Converted:
+    _require("pptx", "python-pptx")
+    from pptx import Presentation
+
+    try:
+        deck = Presentation(io.BytesIO(data))
+    except Exception as e:
+        raise ConversionError(f"unreadable PPTX: {e}") from e
+    parts: list[str] = []
+    first_title = None
+    for number, slide in enumerate(deck.slides, start=1):
+        title_shape = slide.shapes.title
+        title = title_shape.text_frame.text.strip() if title_shape is not None and title_shape.has_text_frame else ""
+        first_title = first_title or title or None
+        lines: list[str] = []
+        for shape in slide.shapes:
+            if shape is title_shape:
+                continue
+            if shape.has_text_frame:
+                lines += [p for p in (para.text.strip() for para in shape.text_frame.paragraphs) if p]
+            if getattr(shape, "has_table", False) and shape.has_table:
+                for row in shape.table.rows:
+                    lines.append(" | ".join(cell.text.strip() for cell in row.cells))
+        if slide.has_notes_slide:
+            notes = slide.notes_slide.notes_text_frame.text.strip() if slide.notes_slide.notes_text_frame else ""
+            if notes:
+                lines.append(f"Notes: {notes}")
+        if title or lines:
+            parts.append("\n\n".join([f"## Slide {number}" + (f": {title}" if title else ""), *lines]))
+    if not parts:
+        raise ConversionError("the presentation has no text")
+    core_title = (deck.core_properties.title or "").strip()
+    return Converted([Section(_tidy("\n\n".join(parts)))], core_title or first_title or stem, "pptx")
+
+
+def split_text(text: str, max_chars: int) -> list[str]:
+    """``text`` in parts of at most ``max_chars`` characters, cut at a blank line, else a line end,
+    else a space, so a file larger than the server's document limit is sent as several documents."""
+    if max_chars < 1:
+        raise ValueError("max_chars must be positive")
+    parts: list[str] = []
+    rest = text
+    while len(rest) > max_chars:
+        window = rest[:max_chars]
+        cut = -1
+        for sep in ("\n\n", "\n", " "):
+            cut = window.rfind(sep)
+            if cut > max_chars // 2:
+                cut += len(sep)
+                break
+            cut = -1
+        if cut <= 0:
+            cut = max_chars
+        part = rest[:cut].strip()
+        if part:
+            parts.append(part)
+        rest = rest[cut:]
+    if rest.strip():
+        parts.append(rest.strip())
+    return parts
+
+
+def iso_mtime(mtime: float) -> str:
+    """UTC ISO 8601, to the microsecond when the file system gives one: a sync skips a file whose
+    recorded mtime is unchanged, so a whole-second mtime would miss an edit made in the same second."""
+    dt = datetime.fromtimestamp(mtime, tz=timezone.utc)
+    return dt.isoformat(timespec="microseconds" if dt.microsecond else "seconds").replace("+00:00", "Z")
+
+
+def doc_id_for(rel: str, suffix: str = "") -> str:
+    """``rel`` + ``suffix``; a path too long for an id keeps its start and a hash of the whole."""
+    doc_id = rel + suffix
+    if len(doc_id) <= MAX_DOC_ID:
+        return doc_id
+    digest = hashlib.sha256(rel.encode()).hexdigest()[:16]
+    return f"{rel[: MAX_DOC_ID - len(suffix) - 18]}~{digest}{suffix}"
+
+
+def file_documents(rel: str, mtime: float, converted: Converted, max_chars: int) -> list[dict[str, Any]]:
+    """The documents a converted file becomes, as the document API takes them. The id is the
+    relative path ``rel`` (``#p<page>`` for a PDF page, ``#part<n>`` for a part of a file larger than
+    ``max_chars``); the metadata holds path, title, file type, mtime, page(s), part(s), and
+    ``split_type: code`` with the ``language`` for code, so the server chunks it by syntax."""
+    base: dict[str, Any] = {"path": rel, "title": converted.title, "file_type": converted.file_type,
+                            "mtime": iso_mtime(mtime)}
+    if converted.language:
+        base.update(split_type="code", language=converted.language)
+    if converted.pages:
+        base["pages"] = converted.pages
+    docs: list[dict[str, Any]] = []
+    for section in converted.sections:
+        parts = split_text(section.text, max_chars) if len(section.text) > max_chars else [section.text]
+        page_suffix = f"#p{section.page}" if section.page is not None else ""
+        for i, text in enumerate(parts, start=1):
+            meta = dict(base)
+            if section.page is not None:
+                meta["page"] = section.page
+            suffix = page_suffix
+            if len(parts) > 1:
+                meta.update(part=i, parts=len(parts))
+                suffix = f"{page_suffix}.part{i}" if page_suffix else f"#part{i}"
+            docs.append({"doc_id": doc_id_for(rel, suffix), "text": text, "metadata": meta})
+    return docs

@@ -1,0 +1,92 @@
+"""The routes for people: the /ui page and assets (open), its config (keyed, no secrets), file
+upload converted on the server, and index stats; every client mistake a 4xx."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.filemakers import make_docx, make_pdf
+from tests.inprocess import inprocess_app
+
+KEY = "sk-routes-test"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, embedding_model) -> Iterator[TestClient]:
+    from tests.conftest import InProcessEmbedder
+
+    with FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake, \
+            inprocess_app(tmp_path_factory.mktemp("routes"), InProcessEmbedder(embedding_model),
+                          fake.url.replace("http://", "http://user:hunter2@"), api_keys=[KEY],
+                          llm_api_key="sk-upstream-secret") as (app, _), TestClient(app) as c:
+        yield c
+
+
+def test_page_and_assets_load_without_a_key_but_api_calls_need_one(client: TestClient) -> None:
+    r = client.get("/ui", follow_redirects=False)
+    assert r.status_code == 308 and r.headers["location"] == "ui/"
+    page = client.get("/ui/")
+    assert page.status_code == 200 and "<title>ragserve playground</title>" in page.text
+    assert "://" not in page.text  # nothing fetched from outside
+    for asset, kind in (("app.js", "javascript"), ("style.css", "css")):
+        r = client.get(f"/ui/static/{asset}")
+        assert r.status_code == 200 and kind in r.headers["content-type"] and "://" not in r.text
+    assert client.get("/ui/static/nope.js").status_code == 404
+    assert client.get("/ui/static/../indexes").status_code in (401, 404)  # never the API without a key
+    assert client.get("/ui/static/%2e%2e/%2e%2e/app/config.py").status_code == 404
+    assert client.get("/ui/config").status_code == 401
+    assert client.get("/indexes").status_code == 401
+
+
+def test_config_shows_settings_in_force_and_no_secret(client: TestClient) -> None:
+    r = client.get("/ui/config", headers=AUTH)
+    assert r.status_code == 200
+    c = r.json()
+    assert c["model"] == "fake-model" and c["context_window"] == 4096 and c["auth_required"] is True
+    assert c["limits"]["max_documents_per_request"] == 1000 and c["settings"]["faiss_index_kind"] == "flat"
+    assert c["settings"]["llm_url"].startswith("http://127.0.0.1:")  # credentials in the URL removed
+    assert KEY not in r.text and "sk-upstream-secret" not in r.text and "hunter2" not in r.text
+    assert "storage_dir" not in c["settings"]
+
+
+def test_upload_converts_replaces_and_refuses_mistakes(client: TestClient) -> None:
+    def up(body: bytes, **params: str):
+        return client.post("/indexes/up/files", params=params, content=body, headers=AUTH)
+
+    r = up(make_pdf(["Pumps are checked daily.", "Valves are checked weekly.", "Fans are checked monthly."]),
+           filename="checks.pdf", mtime="1700000000")
+    assert r.status_code == 200, r.text
+    assert r.json()["doc_ids"] == ["uploads/checks.pdf#p1", "uploads/checks.pdf#p2", "uploads/checks.pdf#p3"]
+    listing = client.get("/indexes/up/documents", params={"metadata_filter": '{"page": 2}'}, headers=AUTH).json()
+    assert listing["documents"][0]["metadata"] == {"path": "uploads/checks.pdf", "title": "checks", "file_type": "pdf",
+                                                   "page": 2, "pages": 3, "mtime": "2023-11-14T22:13:20Z"}
+    r = up(make_pdf(["Pumps are checked daily."]), filename="checks.pdf")  # a new, shorter version
+    assert r.json()["deleted_doc_ids"] == ["uploads/checks.pdf#p2", "uploads/checks.pdf#p3"]
+    assert client.get("/indexes/up/stats", headers=AUTH).json()["documents"] == 1
+    r = up(make_docx([("Heading1", "Shift plan"), ("", "Night shift starts at ten.")]), filename="plan.docx",
+           path="team/plan.docx")
+    assert r.json()["doc_ids"] == ["team/plan.docx"] and r.json()["title"] == "Shift plan"
+    r = up(b"def f():\n    return 1\n", filename="tool.py")
+    doc = client.get("/indexes/up/documents", params={"metadata_filter": '{"file_type": "code"}'},
+                     headers=AUTH).json()["documents"][0]
+    assert doc["metadata"]["split_type"] == "code" and doc["metadata"]["language"] == "python"
+
+    assert up(b"\x89PNG", filename="photo.png").status_code == 415
+    assert up(b"", filename="a.md").status_code == 400
+    assert up(b"   \n", filename="a.md").status_code == 400
+    assert up(b"%PDF-1.4 broken", filename="b.pdf").status_code == 400
+    assert up(b"text", filename="a.md", path="../../etc/passwd").status_code == 400
+    assert up(b"text", filename="a.md", path="/abs.md").status_code == 400
+    assert client.post("/indexes/bad%20name/files", params={"filename": "a.md"}, content=b"x",
+                       headers=AUTH).status_code == 400
+    assert client.post("/indexes/up/files", content=b"x", headers=AUTH).status_code == 422  # no filename
+
+
+def test_stats_of_missing_index_is_404(client: TestClient) -> None:
+    r = client.get("/indexes/missing/stats", headers=AUTH)
+    assert r.status_code == 404 and r.json() == {"detail": "No such index: 'missing' exists."}
