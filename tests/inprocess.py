@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from app.config import Settings
+from app.engines.base import GenerationEngine
 from app.engines.openai_engine import OpenAIEngine
 from app.http import Services, create_app
 from app.http.limits import RequestLimits
@@ -54,8 +55,10 @@ class RecordingTelemetry:
 
 @contextmanager
 def inprocess_app(storage_dir: Path, embedder: Any, llm_url: str, *, telemetry: Any = None,
-                  **settings: Any) -> Iterator[tuple[FastAPI, Settings]]:
-    """Yield ``(app, settings)``; the shards are closed on exit. ``settings`` override Settings fields."""
+                  engine: GenerationEngine | None = None, **settings: Any) -> Iterator[tuple[FastAPI, Settings]]:
+    """Yield ``(app, settings)``; the shards are closed on exit. ``settings`` override Settings fields.
+    ``engine``: serve this engine (e.g. the real embedded TransformersEngine) instead of the OpenAI
+    adapter to ``llm_url``."""
     s = Settings(storage_dir=str(storage_dir), llm_engine="openai", llm_url=llm_url,
                  **{"num_shards": 2, "default_max_tokens": 64, **settings})
     check_layout(s.storage_dir, s.num_shards)
@@ -63,7 +66,7 @@ def inprocess_app(storage_dir: Path, embedder: Any, llm_url: str, *, telemetry: 
     chunker = DocumentChunker(hf_token_counter(embedder.model.tokenizer), 128, 16)
     documents = DocumentService(pool, embedder, chunker, storage_dir=s.storage_dir,
                                 embedding_model="all-MiniLM-L6-v2")
-    generator = EngineGenerator(OpenAIEngine(llm_url, s.llm_model or "fake-model", None, s.llm_timeout_s))
+    generator = EngineGenerator(engine or OpenAIEngine(llm_url, s.llm_model or "fake-model", None, s.llm_timeout_s))
     extra = {"telemetry": telemetry} if telemetry is not None else {}
     app = create_app(Services(documents=documents, chat=ChatService(s, documents, generator),
                               embed_texts=embedder.embed_documents, count_embedding_tokens=embedder.count_tokens,
