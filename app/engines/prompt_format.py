@@ -45,11 +45,12 @@ ASSISTANT_LABEL = "Assistant:"
 QUESTION_LABEL = "Question:"
 ANSWER_LABEL = "Answer:"
 
-#: Where a completion-format answer ends: the end of its line (a base model's one-line answer is
-#: its best one; what follows a newline is most often a new ``Question:``/``User:`` block or a
-#: repetition), which also covers a blank line and the next label. Measured on the answer-quality
-#: set (tests/quality): stopping at the line's end answers as many questions as stopping at a blank
-#: line, and sooner.
+#: Where a completion-format answer ends: the end of its line. A base model writes its answer as
+#: one line; what it writes after a newline is a blank line, a next ``Question:``/``User:`` block it
+#: makes up, or a copy of a source. On the answer-quality set (benchmarks/answer_quality.py)
+#: stopping at a blank line or at the next label gave the same answers as stopping at the newline,
+#: which covers both and stops soonest. Answers are one line in this format (one reason to point
+#: ragserve at a stronger, instruct model for anything longer).
 COMPLETION_STOPS: tuple[str, ...] = ("\n",)
 
 
