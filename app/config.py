@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     llm_in_ingress: bool | None = Field(
         default=None, description="Run the remote (openai) engine inside the ingress, not in a Generator "
         "deployment: it is only an HTTP client, and this saves an actor hop per request. None: yes for openai.")
+    prompt_format: Literal["auto", "chat", "completion"] = Field(
+        default="auto", description="How the transformers engine prompts its model. auto: the model's chat "
+        "template if it has one, else plain text ending 'Question: ... Answer:' (a base model, like the packaged "
+        "Gemma 3 270M, answers that and echoes chat turns); chat or completion force one.")
     context_window: int | None = Field(default=None, gt=0, description="Overrides what the engine reports.")
     default_max_tokens: int = Field(default=256, gt=0, description="Completion reserve when a request sets none.")
     min_completion_tokens: int = Field(default=16, gt=0, description="Smallest completion worth sending.")
@@ -121,6 +125,9 @@ class Settings(BaseSettings):
             self.llm_in_ingress = self.llm_engine == "openai"
         elif self.llm_in_ingress and self.llm_engine != "openai":
             raise ValueError("llm_in_ingress is for the remote 'openai' engine; a local model needs its own deployment")
+        if self.prompt_format != "auto" and self.llm_engine != "transformers":
+            raise ValueError("prompt_format applies to the transformers engine; vLLM and remote servers apply "
+                             "the model's chat template themselves")
         if self.llm_engine == "openai" and not self.llm_url:
             raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
         # Resolve where the config is read: replicas may run with another working directory.

@@ -11,11 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+# A module import, resolved at call time: app.retrieval.prompt imports app.budget.tokenizers, so
+# importing app.retrieval first reaches this line while that module is still initialising.
+import app.retrieval.prompt as rag_prompt
 from app.api.documents import NodeWithScore
 from app.budget.tokenizers import TokenCounter
 from app.errors import BadRequestError
 from app.retrieval.context import relevant, select_context
-from app.retrieval.prompt import build_rag_messages, format_source
 
 Message = dict[str, Any]
 
@@ -63,13 +65,13 @@ def fit(*, counter: TokenCounter, window: int, system: Sequence[Message], histor
     min_completion = min(min_completion_tokens, requested_max_tokens or min_completion_tokens)
 
     # 1. the required part: system + query (+ the context framing when context will be used)
-    base = counter.count_messages(build_rag_messages(system, [], query, []))
+    base = counter.count_messages(rag_prompt.build_rag_messages(system, [], query, []))
     if base + min_completion > window:
         raise PromptTooLongError(base, min_completion, window)
     framing = 0
     if candidates:
         empty_source = NodeWithScore(doc_id="", node_id="", text="", score=1.0)
-        framing = counter.count_messages(build_rag_messages(system, [], query, [empty_source])) - base
+        framing = counter.count_messages(rag_prompt.build_rag_messages(system, [], query, [empty_source])) - base
         if base + framing + min_completion > window:
             candidates, framing = [], 0
     required = base + framing
@@ -84,7 +86,7 @@ def fit(*, counter: TokenCounter, window: int, system: Sequence[Message], histor
 
     # 4. context: best nodes first, skipping those that do not fit
     def node_cost(node: NodeWithScore) -> int:
-        return counter.count_text("\n\n" + format_source(9, node))
+        return counter.count_text("\n\n" + rag_prompt.format_source(9, node))
 
     selected, skipped = select_context(candidates, threshold=similarity_threshold, budget_tokens=context_budget,
                                        cost=node_cost)
@@ -107,7 +109,7 @@ def fit(*, counter: TokenCounter, window: int, system: Sequence[Message], histor
 
     # 6. count the assembled request; shed until it fits (counts are not perfectly additive)
     while True:
-        messages = build_rag_messages(system, kept, query, selected)
+        messages = rag_prompt.build_rag_messages(system, kept, query, selected)
         prompt = counter.count_messages(messages)
         if prompt + reserve <= window:
             break

@@ -2,8 +2,8 @@
 
 Three kinds, in order of preference (docs/architecture.md §5):
   * ``HFTokenCounter``: the served model's own Hugging Face tokenizer over the chat as its
-    template renders it (the tokenizer's ``chat_template``, or a renderer the engine supplies,
-    e.g. Gemma's turn format for a GGUF that ships no template). Exact.
+    template renders it (the tokenizer's ``chat_template``, or a renderer the engine supplies:
+    the plain-text completion format of a base model, Gemma's turn format). Exact.
   * ``TiktokenCounter``: a tiktoken encoding, with OpenAI's per-message framing. Exact for
     OpenAI models, a close estimate for others.
   * ``ApproxTokenCounter``: characters / 4 plus framing; the last resort, logged once, and

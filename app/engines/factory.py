@@ -22,7 +22,8 @@ def make_engine(settings: Settings) -> GenerationEngine:
     if settings.llm_engine == "transformers":
         from app.engines.transformers_engine import TransformersEngine
 
-        return TransformersEngine(settings.llm_model, model_cache_dir(settings), settings.llm_engine_args)
+        return TransformersEngine(settings.llm_model, model_cache_dir(settings), settings.llm_engine_args,
+                                  prompt_format=settings.prompt_format)
     if settings.llm_engine == "openai":
         from app.engines.openai_engine import OpenAIEngine
 

@@ -1,8 +1,11 @@
 """Gemma's chat turn format, rendered in Python.
 
-The packaged Gemma 3 270M GGUF carries no chat template, so the tokenizer converted from it has
-none either. Both generation and token counting go through ``render_gemma`` so that the prompt the
-model sees and the prompt the budget counts are the same string (docs/architecture.md §5).
+A Gemma GGUF carries no chat template, so the tokenizer converted from it has none either. The
+packaged Gemma 3 270M is a *base* model, which echoes chat turns, so by default it is prompted in the
+plain-text completion format instead (``app.engines.prompt_format``); this format serves a Gemma
+instruct GGUF under ``prompt_format: chat``. Generation and token counting both go through the
+renderer the engine picks, so the prompt the model sees and the prompt the budget counts are the same
+string (docs/architecture.md §5).
 
 Format (as Gemma's own template renders it)::
 

@@ -13,6 +13,10 @@ the event loop stays free for other requests meanwhile. Each generated token is 
 event loop as it is produced; the same token-by-token path serves ``chat`` and ``chat_stream``,
 so a streamed answer is exactly the non-streamed one cut into pieces.
 
+Prompts are rendered by one renderer that the token counter shares (``app.engines.prompt_format``):
+the model's chat template, or, for a base model with none (the packaged Gemma), a plain-text
+completion prompt whose stop sequences end the answer; the generation stops as soon as one appears.
+
 torch and transformers are imported on first use, so importing this module is cheap.
 """
 
@@ -37,7 +41,9 @@ from typing import Any
 from app.budget.tokenizers import ChatRenderer, HFTokenCounter, Message, TokenCounter
 from app.engines.base import GenerationDelta, GenerationEngine
 from app.engines.gemma import render_gemma
+from app.engines.prompt_format import COMPLETION_STOPS, PromptFormat, completion_renderer, resolve_format
 from app.engines.sampling import SamplingParams
+from app.engines.stops import AnswerCutter, merge_stops
 from app.errors import EngineError
 from app.hardware import usable_cores
 
@@ -120,25 +126,14 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _stop_index(text: str, stops: Sequence[str]) -> int | None:
-    """Where the earliest stop string starts in ``text``, or None."""
-    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
-    return min(found) if found else None
-
-
-def _safe_length(text: str, stops: Sequence[str]) -> int:
-    """How much of ``text`` can be sent now: not a trailing partial UTF-8 character (decoded as
-    U+FFFD until its last byte arrives), and not a tail that may be the start of a stop string."""
-    n = len(text)
-    while n > 0 and text[n - 1] == "\ufffd":
-        n -= 1
-    held = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, n), held, -1):
-            if text.endswith(s[:k], 0, n):
-                held = k
-                break
-    return n - held
+def _bos_text(tokenizer: Any) -> str:
+    """The begin-of-sequence token as text if the tokenizer puts one before a text (Gemma, Llama),
+    else "": rendered prompts are tokenized without special tokens, so they carry it themselves."""
+    bos_id, bos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "bos_token", None)
+    if bos_id is None or not bos:
+        return ""
+    ids = tokenizer("a", add_special_tokens=True).input_ids
+    return bos if list(ids[:1]) == [bos_id] else ""
 
 
 class TransformersEngine(GenerationEngine):
@@ -149,19 +144,31 @@ class TransformersEngine(GenerationEngine):
     assembled and its conversion cached. ``engine_args``: ``dtype`` (default ``float32``),
     ``torch_threads``, ``attn_implementation``.
 
+    ``prompt_format``: ``auto`` prompts a model that has a chat template with it, and one that has
+    none (a base model, like the packaged Gemma) in the plain-text completion format, which also
+    brings that format's stop sequences; ``chat`` or ``completion`` force one (see
+    ``app.engines.prompt_format``).
+
     Sampling: ``temperature`` None or 0 decodes greedily (deterministic); above 0 it samples with
     that temperature and ``top_p``, seeded by ``seed`` when given.
     """
 
     engine_name = "transformers"
 
-    def __init__(self, model: str | None, cache_dir: str | Path, engine_args: dict[str, Any] | None = None):
+    def __init__(self, model: str | None, cache_dir: str | Path, engine_args: dict[str, Any] | None = None,
+                 prompt_format: PromptFormat = "auto"):
         args = dict(engine_args or {})
         unknown = sorted(set(args) - ENGINE_ARG_KEYS)
         if unknown:
             raise ValueError(f"unknown engine_args for the transformers engine: {unknown}; "
                              f"allowed: {sorted(ENGINE_ARG_KEYS)}")
+        if prompt_format not in ("auto", "chat", "completion"):
+            raise ValueError(f"prompt_format must be auto, chat or completion, not {prompt_format!r}")
         self._model_ref = model
+        self._prompt_format_setting: PromptFormat = prompt_format
+        #: The format prompts are rendered in once loaded: ``chat`` or ``completion``.
+        self.prompt_format: str | None = None
+        self._format_stops: tuple[str, ...] = ()
         self.cache_dir = Path(cache_dir)
         self._args = args
         if model is None:
@@ -209,12 +216,11 @@ class TransformersEngine(GenerationEngine):
             source = "model"
         else:
             tokenizer, model, source = self._load_packaged()
-        self._tokenizer, self._model = tokenizer, model
-        self._setup(tokenizer, model)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+        self._install(tokenizer, model)
         self.load_info = {"source": source, "seconds": time.perf_counter() - t0}
-        log.info("transformers engine: %s loaded from %s in %.1fs (window %s, counter %s)", self.model_id, source,
-                 self.load_info["seconds"], self._window, self._counter.name if self._counter else None)
+        log.info("transformers engine: %s loaded from %s in %.1fs (window %s, counter %s, %s prompts)",
+                 self.model_id, source, self.load_info["seconds"], self._window,
+                 self._counter.name if self._counter else None, self.prompt_format)
 
     def _load_dir(self, path: str | Path) -> tuple[Any, Any]:
         hf = _hf()
@@ -303,17 +309,30 @@ class TransformersEngine(GenerationEngine):
         gguf_path.unlink(missing_ok=True)  # the conversion replaces it; it can be assembled again in a second
         log.info("converted %s into %s in %.1fs", packaged.MODEL_NAME, final, time.perf_counter() - t0)
 
+    def _install(self, tokenizer: Any, model: Any) -> None:
+        """Serve ``model`` with ``tokenizer``: what ``start`` ends with once they are loaded (unit tests
+        install a scripted stand-in here to check the generation loop without loading weights)."""
+        self._tokenizer, self._model = tokenizer, model
+        self._setup(tokenizer, model)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+
     def _setup(self, tokenizer: Any, model: Any) -> None:
-        """Renderer, counter, window and end-of-turn ids from the loaded model."""
+        """Prompt format, renderer, counter, window and end-of-turn ids from the loaded model."""
         config = model.config
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        fmt = resolve_format(self._prompt_format_setting, has_template)
         render: ChatRenderer | None = None
-        if not getattr(tokenizer, "chat_template", None):
-            if str(getattr(text_config, "model_type", "")).startswith("gemma"):
-                render = render_gemma  # the GGUF ships no template; Gemma's turn format is known
-            else:
-                log.warning("model %s has no chat template; prompts use a plain 'role: content' layout",
-                            self.model_id)
+        if fmt == "completion":
+            render = completion_renderer(_bos_text(tokenizer))
+            self._format_stops = COMPLETION_STOPS
+        elif not has_template:
+            if not str(getattr(text_config, "model_type", "")).startswith("gemma"):
+                raise ValueError(f"prompt_format 'chat' needs a chat template, and model {self.model_id} has none; "
+                                 f"use prompt_format 'completion' (or 'auto')")
+            render = render_gemma  # a Gemma GGUF ships no template; Gemma's turn format is known
+        self.prompt_format = fmt
+        # The one renderer: generation renders with this counter, so the budget counts what the model sees.
         self._counter = HFTokenCounter(tokenizer, render=render, name=f"hf:{self.model_id}")
         window = None
         for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
@@ -404,12 +423,12 @@ class TransformersEngine(GenerationEngine):
         self.check_prompt_fits(prompt_tokens)
         window = self._window
         max_new = params.max_tokens if window is None else min(params.max_tokens, window - prompt_tokens)
-        stops = [s for s in params.stop if s]
+        cutter = AnswerCutter(merge_stops(self._format_stops, params.stop),
+                              strip=self.prompt_format == "completion")
         job = _Job(asyncio.get_running_loop())
         self._executor.submit(self._generate_blocking, input_ids, self._generate_kwargs(params, max_new),
                               params.seed, job)
         generated: list[int] = []
-        text, sent, stopped = "", 0, False
         try:
             while True:
                 item = await job.queue.get()
@@ -419,23 +438,19 @@ class TransformersEngine(GenerationEngine):
                     raise EngineError(500, f"generation failed: {type(item).__name__}: {item}",
                                       type_="server_error") from item
                 generated.extend(item)
-                text = tokenizer.decode(generated, skip_special_tokens=True)
-                cut = _stop_index(text, stops)
-                if cut is not None:
-                    text, stopped = text[:max(cut, sent)], True
-                    job.cancel.set()
+                piece = cutter.feed(tokenizer.decode(generated, skip_special_tokens=True))
+                if cutter.stopped:
+                    job.cancel.set()  # the worker ends at its next step: a short answer costs a short time
                     break
-                ready = _safe_length(text, stops)
-                if ready > sent:
-                    yield GenerationDelta(text=text[sent:ready])
-                    sent = ready
+                if piece:
+                    yield GenerationDelta(text=piece)
         finally:
             job.cancel.set()  # also when the consumer stops early: the worker ends at the next token
-        if stopped or (generated and generated[-1] in self._eos_ids):
+        if cutter.stopped or (generated and generated[-1] in self._eos_ids):
             finish = "stop"
         else:
             finish = "length" if len(generated) >= max_new else "stop"
-        yield GenerationDelta(text=text[sent:], finish_reason=finish, prompt_tokens=prompt_tokens,
+        yield GenerationDelta(text=cutter.finish(), finish_reason=finish, prompt_tokens=prompt_tokens,
                               completion_tokens=len(generated))
 
     async def chat_stream(self, messages: Sequence[Message],

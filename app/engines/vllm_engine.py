@@ -25,7 +25,7 @@ import uuid
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
-from app.budget.tokenizers import ChatRenderer, HFTokenCounter, Message, TokenCounter
+from app.budget.tokenizers import ChatRenderer, HFTokenCounter, Message
 from app.engines.base import GenerationDelta, GenerationEngine
 from app.engines.gemma import render_gemma
 from app.engines.sampling import SamplingParams
@@ -110,7 +110,7 @@ class VLLMEngine(GenerationEngine):
         if self._engine is not None and hasattr(self._engine, "check_health"):
             await _resolve(self._engine.check_health())
 
-    def token_counter(self) -> TokenCounter:
+    def token_counter(self) -> HFTokenCounter:
         if self._counter is None:
             raise EngineError(503, f"model {self.model_id} is not loaded (start() has not completed)",
                               type_="server_error")

@@ -6,6 +6,7 @@ model can cite ``[1]`` and a client can map the citation to ``source_nodes``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,10 @@ CONTEXT_INSTRUCTIONS = (
     "Answer the user's question using the numbered sources below. Cite the sources you use as [1], [2]. "
     "If the sources do not contain the answer, say so instead of guessing."
 )
+SOURCES_HEADING = "Sources:"
 _LABEL_KEYS = ("title", "source", "file_name", "filename", "url", "path")
+#: The heading and the first numbered source, as ``context_system_message`` writes them.
+_SOURCES_START = re.compile(rf"(?m)^{re.escape(SOURCES_HEADING)}\n\[1\] ")
 
 
 def source_label(node: NodeWithScore) -> str:
@@ -40,8 +44,17 @@ def context_system_message(system_texts: Sequence[str], nodes: Sequence[NodeWith
     """The client's system texts, then the instructions and the sources; None if both are empty."""
     parts = [t for t in system_texts if t.strip()]
     if nodes:
-        parts.append(f"{CONTEXT_INSTRUCTIONS}\n\nSources:\n{format_context(nodes)}")
+        parts.append(f"{CONTEXT_INSTRUCTIONS}\n\n{SOURCES_HEADING}\n{format_context(nodes)}")
     return {"role": "system", "content": "\n\n".join(parts)} if parts else None
+
+
+def carries_sources(text: str) -> bool:
+    """Whether a system text carries numbered sources as ``context_system_message`` writes them.
+
+    A prompt renderer that has no chat turns (the completion format of a base model) uses it to
+    end a question over sources with ``Answer:`` rather than a chat's ``Assistant:``.
+    """
+    return bool(_SOURCES_START.search(text))
 
 
 def build_rag_messages(system: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]], query: str,

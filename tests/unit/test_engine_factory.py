@@ -9,11 +9,8 @@ import pytest
 from app.config import Settings
 from app.engines.factory import make_engine, model_cache_dir
 from app.engines.openai_engine import OpenAIEngine
-from app.engines.transformers_engine import (
-    TransformersEngine,
-    _safe_length,
-    _stop_index,
-)
+from app.engines.stops import safe_length, stop_index
+from app.engines.transformers_engine import TransformersEngine
 from app.engines.vllm_engine import VLLMEngine
 from app.errors import BadRequestError
 
@@ -26,6 +23,14 @@ def test_transformers_is_the_default_and_caches_under_storage(tmp_path: Path) ->
     assert engine.converted_dir == tmp_path / "models" / "converted" / "gemma-3-270m-q4_k_m"
     custom = Settings(storage_dir=str(tmp_path), model_cache_dir=str(tmp_path / "cache"))
     assert model_cache_dir(custom) == tmp_path / "cache"
+
+
+def test_prompt_format_setting_reaches_the_transformers_engine(tmp_path: Path) -> None:
+    assert make_engine(Settings(storage_dir=str(tmp_path)))._prompt_format_setting == "auto"
+    forced = make_engine(Settings(storage_dir=str(tmp_path), prompt_format="chat"))
+    assert forced._prompt_format_setting == "chat"
+    with pytest.raises(ValueError, match="prompt_format applies to the transformers engine"):
+        Settings(storage_dir=str(tmp_path), llm_engine="openai", llm_url="http://llm:8000", prompt_format="completion")
 
 
 def test_transformers_rejects_unknown_engine_args(tmp_path: Path) -> None:
@@ -49,11 +54,11 @@ def test_vllm_engine_needs_a_model(tmp_path: Path) -> None:
 
 
 def test_stop_helpers() -> None:
-    assert _stop_index("hello world", ["wor", "lo"]) == 3
-    assert _stop_index("hello", ["x"]) is None
-    assert _safe_length("the answer is EN", ["END"]) == len("the answer is ")  # may become END
-    assert _safe_length("the answer", ["END"]) == len("the answer")
-    assert _safe_length("caf\ufffd", []) == 3  # an incomplete UTF-8 character waits for its last byte
+    assert stop_index("hello world", ["wor", "lo"]) == 3
+    assert stop_index("hello", ["x"]) is None
+    assert safe_length("the answer is EN", ["END"]) == len("the answer is ")  # may become END
+    assert safe_length("the answer", ["END"]) == len("the answer")
+    assert safe_length("caf\ufffd", []) == 3  # an incomplete UTF-8 character waits for its last byte
 
 
 @pytest.mark.parametrize(("body", "what"), [

@@ -95,7 +95,7 @@ async def test_stop_string_cuts_the_answer_there(engine: TransformersEngine) -> 
         pytest.skip("the model answered with no word to stop on")
     stop = words[min(1, len(words) - 1)][:2]
     cut = await engine.chat(MESSAGES, SamplingParams(max_tokens=12, stop=[stop]))
-    assert cut.text == base.text[: base.text.index(stop)]
+    assert cut.text == base.text[: base.text.index(stop)].rstrip()  # completion-format answers are trimmed
     assert cut.finish_reason == "stop" and cut.completion_tokens <= base.completion_tokens
 
 
@@ -138,7 +138,26 @@ def test_token_counter_survives_pickling(engine: TransformersEngine) -> None:
     counter = engine.token_counter()
     clone = pickle.loads(pickle.dumps(counter))
     assert clone.count_messages(MESSAGES) == counter.count_messages(MESSAGES)
-    assert clone.render(MESSAGES).startswith("<bos><start_of_turn>user\n")
+    assert clone.render(MESSAGES).startswith("<bos>Answer in one short sentence.\n\nUser: ")
+
+
+def test_the_packaged_base_model_is_prompted_as_plain_text(engine: TransformersEngine) -> None:
+    """It has no chat template (a base model): the completion format, with <bos> and no turn markers."""
+    assert engine.prompt_format == "completion"
+    prompt = engine.token_counter().render(MESSAGES)
+    assert prompt == "<bos>Answer in one short sentence.\n\nUser: What does a vector database store?\nAssistant:"
+    assert engine.token_counter().count_messages(MESSAGES) == len(
+        engine._tokenizer(prompt, add_special_tokens=False).input_ids)
+
+
+async def test_chat_format_can_be_forced_and_renders_gemma_turns() -> None:
+    forced = TransformersEngine(None, MODEL_CACHE, prompt_format="chat")
+    await forced.start()
+    try:
+        assert forced.prompt_format == "chat"
+        assert forced.token_counter().render(MESSAGES).startswith("<bos><start_of_turn>user\n")
+    finally:
+        await forced.stop()
 
 
 class TestTransformersEngineContract(EngineContract):

@@ -1,0 +1,190 @@
+"""Where an answer ends: stop sequences in streaming and whole answers, with no label leaking.
+
+The cutter is checked on its own, then inside the real TransformersEngine generation loop driven by
+a scripted stand-in model (a character tokenizer and a model that "generates" a fixed text token by
+token, honouring the stopping criteria the engine passes): no weights are loaded.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from app.api.openai import SamplingParams
+from app.engines.stops import AnswerCutter, merge_stops
+from app.engines.transformers_engine import TransformersEngine
+from app.retrieval.prompt import build_rag_messages
+
+COMPLETION = ["\n"]
+
+
+def stream(cutter: AnswerCutter, pieces: list[str]) -> list[str]:
+    """Feed the decoded text piece by piece, as the engine does; returns what was sent, ending
+    with what ``finish`` adds."""
+    text, sent = "", []
+    for piece in pieces:
+        text += piece
+        out = cutter.feed(text)
+        if out:
+            sent.append(out)
+        if cutter.stopped:
+            break
+    rest = cutter.finish()
+    return [*sent, rest] if rest else sent
+
+
+def test_a_label_split_across_tokens_is_held_back_and_never_sent() -> None:
+    cutter = AnswerCutter(merge_stops(["\nQuestion:"], []))
+    sent = stream(cutter, ["Paris", " is", "\nQue", "st", "ion:", " What"])
+    assert sent == ["Paris", " is"]
+    assert cutter.stopped and cutter.text == "Paris is"
+
+
+def test_a_tail_that_turns_out_not_to_be_a_stop_is_sent_later() -> None:
+    cutter = AnswerCutter(["User:"])
+    sent = stream(cutter, ["Use", "d ", "daily."])
+    assert sent == ["Used ", "daily."]  # "Use" waited: it might have been the start of "User:"
+    assert not cutter.stopped
+
+
+def test_completion_answers_are_trimmed_and_a_leading_newline_does_not_end_them() -> None:
+    cutter = AnswerCutter(COMPLETION, strip=True)
+    sent = stream(cutter, ["\n", " Paris", ".  ", "\n", "Question: next"])
+    assert "".join(sent) == "Paris." and cutter.stopped
+    assert all(not s.isspace() for s in sent)
+
+
+def test_trailing_whitespace_is_dropped_at_the_end_of_a_completion_answer() -> None:
+    cutter = AnswerCutter(COMPLETION, strip=True)
+    assert "".join(stream(cutter, [" Rome", " ", " "])) == "Rome" and not cutter.stopped
+
+
+def test_partial_utf8_characters_wait_for_their_last_byte() -> None:
+    cutter = AnswerCutter([])
+    assert cutter.feed("caf\ufffd") == "caf"
+    assert cutter.feed("café") == "é"
+
+
+def test_client_stops_are_added_to_the_format_stops_once_each() -> None:
+    assert merge_stops(["\n"], ["END", "", "\n"], ["END"]) == ["\n", "END"]
+
+
+# --- the engine loop, with a scripted stand-in model -------------------------------------------
+
+OFFSET = 10  # token id = ord(char) + OFFSET; 1 is <bos>, 2 is <eos>
+
+
+class CharTokenizer:
+    """One token a character, with a <bos> it prepends and an <eos>; no chat template."""
+
+    chat_template = None
+    bos_token, bos_token_id, eos_token_id, unk_token_id, pad_token_id = "<bos>", 1, 2, 3, 0
+    name_or_path = "chars"
+
+    def _ids(self, text: str) -> list[int]:
+        ids: list[int] = []
+        if text.startswith(self.bos_token):
+            ids, text = [self.bos_token_id], text[len(self.bos_token):]
+        return ids + [ord(c) + OFFSET for c in text]
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return ([self.bos_token_id] if add_special_tokens else []) + self._ids(text)
+
+    def __call__(self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None) -> Any:
+        ids = self.encode(text, add_special_tokens)
+        if return_tensors == "pt":
+            import torch
+
+            return SimpleNamespace(input_ids=torch.tensor([ids]))
+        return SimpleNamespace(input_ids=ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return "".join(chr(i - OFFSET) for i in ids if i >= OFFSET)
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return self.unk_token_id
+
+
+class ScriptedModel:
+    """Generates ``script`` one character a token, 5 ms each, stopping when a stopping criterion says
+    so or at ``max_new_tokens``; records the prompt and how many tokens it produced."""
+
+    def __init__(self, script: str):
+        self.script = script
+        self.produced = 0
+        self.prompts: list[str] = []
+        self.config = SimpleNamespace(model_type="gemma3_text", max_position_embeddings=4096)
+        self.generation_config = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+        self.lock = threading.Lock()
+
+    def generate(self, input_ids: Any, streamer: Any, stopping_criteria: Any, max_new_tokens: int,
+                 **kwargs: Any) -> None:
+        import torch
+
+        ids = input_ids[0].tolist()
+        self.prompts.append(("<bos>" if ids[:1] == [CharTokenizer.bos_token_id] else "") + CharTokenizer().decode(ids))
+        streamer.put(input_ids)
+        ids = input_ids
+        for tid in [ord(c) + OFFSET for c in self.script][:max_new_tokens]:
+            time.sleep(0.005)
+            ids = torch.cat([ids, torch.tensor([[tid]])], dim=1)
+            streamer.put(torch.tensor([tid]))
+            with self.lock:
+                self.produced += 1
+            if any(bool(c(ids, None).all()) for c in stopping_criteria):
+                return
+
+
+def scripted_engine(script: str, prompt_format: str = "auto") -> tuple[TransformersEngine, ScriptedModel]:
+    pytest.importorskip("torch")
+    engine = TransformersEngine("scripted", "/nonexistent", prompt_format=prompt_format)  # type: ignore[arg-type]
+    model = ScriptedModel(script)
+    engine._install(CharTokenizer(), model)
+    return engine, model
+
+
+QUESTION = build_rag_messages([], [], "What is the capital of Pellumia?", [])
+ANSWER_THEN_MORE = " Zorvath is the capital.\nQuestion: What is the capital of Spain?\nAnswer: Madrid." + "x" * 200
+
+
+async def test_the_engine_stops_generating_at_the_end_of_the_answer() -> None:
+    engine, model = scripted_engine(ANSWER_THEN_MORE)
+    assert engine.prompt_format == "completion"
+    result = await engine.chat(QUESTION, SamplingParams(max_tokens=300))
+    assert result.text == "Zorvath is the capital."
+    assert result.finish_reason == "stop"
+    assert model.produced < len(" Zorvath is the capital.\n") + 10  # it did not run on to max_tokens
+    assert model.prompts[0] == "<bos>User: What is the capital of Pellumia?\nAssistant:"
+    assert result.prompt_tokens == engine.token_counter().count_messages(QUESTION) == len(model.prompts[0]) - 4
+
+
+async def test_a_streamed_answer_is_the_whole_answer_in_pieces_with_no_label() -> None:
+    engine, _ = scripted_engine(ANSWER_THEN_MORE)
+    deltas = [d async for d in engine.chat_stream(QUESTION, SamplingParams(max_tokens=300))]
+    assert "".join(d.text for d in deltas) == "Zorvath is the capital."
+    assert all("\n" not in d.text and "Question" not in d.text for d in deltas)
+    assert deltas[-1].finish_reason == "stop" and len(deltas) > 3
+
+
+async def test_a_client_stop_ends_the_answer_earlier() -> None:
+    engine, _ = scripted_engine(ANSWER_THEN_MORE)
+    result = await engine.chat(QUESTION, SamplingParams(max_tokens=300, stop=[" is"]))
+    assert (result.text, result.finish_reason) == ("Zorvath", "stop")
+
+
+async def test_max_tokens_before_any_stop_is_a_length_finish() -> None:
+    engine, model = scripted_engine(ANSWER_THEN_MORE)
+    result = await engine.chat(QUESTION, SamplingParams(max_tokens=6))
+    assert (result.text, result.finish_reason, result.completion_tokens) == ("Zorva", "length", 6)  # " Zorva"
+    assert model.produced == 6
+
+
+async def test_the_chat_format_has_no_completion_stops() -> None:
+    engine, _ = scripted_engine(" Line one.\nLine two.", prompt_format="chat")
+    assert engine.prompt_format == "chat"
+    result = await engine.chat(QUESTION, SamplingParams(max_tokens=100))
+    assert result.text == " Line one.\nLine two." and result.finish_reason == "stop"

@@ -1,0 +1,113 @@
+"""The completion prompt format of a base model, and the one-renderer rule: the token counter counts
+exactly the string the model is given. A character tokenizer stands in for the model's: no weights."""
+
+from __future__ import annotations
+
+import pickle
+
+from app.api.documents import NodeWithScore
+from app.budget import fit
+from app.budget.tokenizers import HFTokenCounter
+from app.engines.prompt_format import completion_renderer, render_completion, resolve_format
+from app.retrieval.prompt import CONTEXT_INSTRUCTIONS, build_rag_messages, carries_sources
+
+
+def node(text: str, title: str, score: float = 0.9) -> NodeWithScore:
+    return NodeWithScore(doc_id=title, node_id=f"{title}-0", text=text, score=score, metadata={"title": title})
+
+
+KAITO = node("KAITO is a Kubernetes operator that automates AI model inference.", "kaito.md")
+RAG = node("RAG grounds a language model on retrieved text.", "rag.md")
+
+
+class CharTokenizer:
+    """One token a character: a count is the rendered string's length."""
+
+    name_or_path = "chars"
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_a_question_over_sources_reads_instructions_sources_question_answer() -> None:
+    messages = build_rag_messages([], [], "What is KAITO?", [KAITO, RAG])
+    assert render_completion(messages, bos="<bos>") == (
+        f"<bos>{CONTEXT_INSTRUCTIONS}\n\n"
+        "Sources:\n"
+        "[1] (kaito.md)\nKAITO is a Kubernetes operator that automates AI model inference.\n\n"
+        "[2] (rag.md)\nRAG grounds a language model on retrieved text.\n\n"
+        "Question: What is KAITO?\n"
+        "Answer:")
+
+
+def test_history_becomes_user_and_assistant_lines_before_the_question() -> None:
+    history = [{"role": "user", "content": "What is RAG?"},
+               {"role": "assistant", "content": " It grounds a model on retrieved text [2]. "},
+               {"role": "user", "content": [{"type": "text", "text": "Thanks."}]},
+               {"role": "assistant", "content": "You are welcome."}]
+    system = [{"role": "system", "content": "Be brief."}]
+    rendered = render_completion(build_rag_messages(system, history, "And KAITO?", [KAITO]))
+    assert rendered.startswith(f"Be brief.\n\n{CONTEXT_INSTRUCTIONS}\n\nSources:\n[1] (kaito.md)\n")
+    assert rendered.endswith(
+        "inference.\n\n"
+        "User: What is RAG?\n"
+        "Assistant: It grounds a model on retrieved text [2].\n"
+        "User: Thanks.\n"
+        "Assistant: You are welcome.\n"
+        "Question: And KAITO?\n"
+        "Answer:")
+    assert "<start_of_turn>" not in rendered and "system" not in rendered
+
+
+def test_a_passthrough_chat_ends_with_assistant() -> None:
+    assert render_completion([{"role": "user", "content": "What is the capital of France?"}]) == (
+        "User: What is the capital of France?\nAssistant:")
+    with_system = render_completion([{"role": "system", "content": "You are terse."},
+                                     {"role": "developer", "content": "No lists."},
+                                     {"role": "user", "content": "Hi"},
+                                     {"role": "assistant", "content": "Hello."},
+                                     {"role": "tool", "content": "75F"}])
+    assert with_system == "You are terse.\n\nNo lists.\n\nUser: Hi\nAssistant: Hello.\nUser: 75F\nAssistant:"
+    # a chat that already ends with the assistant (or has no turn at all) is continued by it
+    assert render_completion([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]) == (
+        "User: Hi\nAssistant: Hel\nAssistant:")
+    assert render_completion([{"role": "system", "content": "Rules."}]) == "Rules.\n\nAssistant:"
+
+
+def test_only_numbered_sources_make_a_question() -> None:
+    assert carries_sources(build_rag_messages([], [], "q", [KAITO])[0]["content"])
+    assert not carries_sources("Sources: none today.\n[2] is a footnote")
+    own_system = [{"role": "system", "content": "You answer questions."}]
+    assert render_completion([*own_system, {"role": "user", "content": "q"}]).endswith("User: q\nAssistant:")
+
+
+def test_auto_picks_the_chat_template_when_the_model_has_one() -> None:
+    assert resolve_format("auto", has_chat_template=True) == "chat"
+    assert resolve_format("auto", has_chat_template=False) == "completion"
+    assert resolve_format("completion", has_chat_template=True) == "completion"
+    assert resolve_format("chat", has_chat_template=False) == "chat"
+
+
+def test_the_counter_counts_exactly_the_rendered_prompt() -> None:
+    render = completion_renderer("<bos>")
+    counter = HFTokenCounter(CharTokenizer(), render=render)
+    messages = build_rag_messages([], [{"role": "user", "content": "Hi"}], "What is KAITO?", [KAITO])
+    assert counter.render(messages) == render_completion(messages, bos="<bos>")
+    assert counter.count_messages(messages) == len(render_completion(messages, bos="<bos>"))
+    clone = pickle.loads(pickle.dumps(counter))  # the generator ships its counter to the ingress
+    assert clone.render(messages) == counter.render(messages)
+
+
+def test_the_budget_reports_the_tokens_of_the_prompt_the_model_gets() -> None:
+    render = completion_renderer("<bos>")
+    counter = HFTokenCounter(CharTokenizer(), render=render)
+    history = [{"role": "user", "content": "old question " * 20}, {"role": "assistant", "content": "old answer"},
+               {"role": "user", "content": "What is RAG?"}, {"role": "assistant", "content": "Grounding."}]
+    result = fit(counter=counter, window=700, system=[], history=history, query="What is KAITO?",
+                 nodes=[KAITO, RAG], requested_max_tokens=100)
+    prompt = render_completion(result.messages, bos="<bos>")
+    assert result.prompt_tokens == len(prompt)
+    assert result.prompt_tokens + result.max_tokens <= 700
+    assert result.history_dropped >= 1  # the window forced the oldest turn out
+    assert prompt.endswith("User: What is RAG?\nAssistant: Grounding.\nQuestion: What is KAITO?\nAnswer:")
