@@ -22,7 +22,7 @@ format; the engine stops generating as soon as one appears and never sends it.
 
 One renderer serves generation and token counting: the engine builds its ``HFTokenCounter`` with
 the renderer chosen here and generates from ``counter.render(messages)``, so the budget counts
-exactly the string the model sees (ARCHITECTURE §5).
+exactly the string the model sees (docs/architecture.md §5).
 
 This module is pure (no torch, no tokenizer): the format logic is unit-tested in milliseconds.
 """
