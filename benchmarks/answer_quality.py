@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -31,8 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.retrieval.prompt import CONTEXT_INSTRUCTIONS, SOURCES_HEADING
 from benchmarks.common import machine, table, write_json
