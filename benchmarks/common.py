@@ -153,16 +153,20 @@ def wait_healthy(base: str, timeout_s: float = 600) -> None:
     raise RuntimeError(f"{base} did not become healthy: {last}")
 
 
+MODES = {"default": False, "high-throughput": True}  # Serve's request path (deployments.platform)
+
+
 @contextmanager
-def ray_serve(num_cpus: int = 4) -> Iterator[int]:
-    """A private local Ray with Serve's proxy on a free loopback port; yields the port."""
+def ray_serve(num_cpus: int = 4, high_throughput: bool | None = None) -> Iterator[int]:
+    """A private local Ray with Serve's ingress on a free loopback port; yields the port.
+    ``high_throughput``: Serve's HAProxy/gRPC mode on or off (None: as ``make run`` starts it)."""
     import ray
     from ray import serve
 
+    from deployments.platform import init_local_ray
+
     port = free_port()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False, log_to_driver=False,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+    init_local_ray(num_cpus=num_cpus, high_throughput=high_throughput, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         yield port
