@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from app.index_spec import IndexSpec
 
 LlmEngineName = Literal["transformers", "vllm", "openai"]
+QueryEmbeddingSetting = Literal["ingress", "deployment", "auto"]
 
 
 class Settings(BaseSettings):
@@ -54,6 +55,11 @@ class Settings(BaseSettings):
     embedding_batch_wait_s: float = Field(default=0.005, ge=0)
     embedding_cache_size: int = Field(default=10_000, ge=0)
     embedding_cache_ttl_s: float = Field(default=24 * 3600.0, gt=0)
+    query_embedding: QueryEmbeddingSetting = Field(
+        default="auto", description="Where queries are embedded: in each ingress replica (a model copy per "
+        "replica, no hop to the Embedder), in the Embedder deployment, or auto: the ingress for a small "
+        "local CPU model (app.service.query_embedding), the deployment for remote, GPU or large ones. "
+        "Documents are always embedded by the Embedder deployment.")
 
     # --- storage and retrieval --------------------------------------------------------------
     storage_dir: str = "./data"
