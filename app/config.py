@@ -60,6 +60,10 @@ class Settings(BaseSettings):
         "replica, no hop to the Embedder), in the Embedder deployment, or auto: the ingress for a small "
         "local CPU model (app.service.query_embedding), the deployment for remote, GPU or large ones. "
         "Documents are always embedded by the Embedder deployment.")
+    query_embedding_threads: int = Field(
+        default=1, ge=1, description="torch threads of the ingress's query model. One: a query is one short "
+        "text, a second thread gains little, and on a busy machine threads that wait for each other's cores "
+        "make an encode 10-50x slower (docs/benchmarks.md).")
 
     # --- storage and retrieval --------------------------------------------------------------
     storage_dir: str = "./data"

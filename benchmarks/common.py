@@ -188,6 +188,29 @@ def deploy_ragserve(port: int, name: str, settings: dict[str, Any]) -> str:
     return base
 
 
+def raw_query_encode(model: Any, queries: list[str]) -> dict[str, Any]:
+    """Encoding each query alone with ``model`` in this process (the embedding a request cannot
+    avoid), with one torch thread and with every usable core: on a busy machine either can be the
+    faster by far. ``best`` is the lower p50's summary, the baseline the goals are checked against."""
+    import torch
+
+    from app.hardware import usable_cores
+
+    before = torch.get_num_threads()
+    out: dict[str, Any] = {}
+    for threads in sorted({1, usable_cores()}):
+        torch.set_num_threads(threads)
+        lat = []
+        for q in queries:
+            t0 = time.perf_counter()
+            model.encode([q], batch_size=1)
+            lat.append(time.perf_counter() - t0)
+        out[f"threads_{threads}"] = summary_ms(lat)
+    torch.set_num_threads(before)
+    out["best"] = min((v for v in out.values()), key=lambda v: v["p50"])
+    return out
+
+
 def cached_embeddings(texts: list[str], tag: str) -> np.ndarray:
     """MiniLM embeddings of ``texts``, computed once and kept under ``CACHE``. ``tag`` must name the
     text generator's parameters: a cache of more texts with the same tag is a prefix-compatible

@@ -57,13 +57,12 @@ class Ingress:
     async def _embedder(handle: Any, s: Settings, where: str) -> TokenCountingEmbedder:
         """The Embedder deployment behind its handle; with queries embedded here, a copy of the
         model in this replica in front of it for ``embed_query`` (documents and token counts still
-        go to the deployment). The copy runs on every usable core (``embedding_threads``), not
-        under the one thread Ray gives a fractional-CPU actor."""
+        go to the deployment). It runs on ``query_embedding_threads`` (one by default)."""
         counted = query_cache_counters()
         if where == "deployment":
             return HandleEmbedder(handle, s.embedding_cache_size, s.embedding_cache_ttl_s, on_lookup=counted)
         model = await asyncio.to_thread(LocalEmbeddingModel, s.embedding_model, device="cpu",
-                                        threads=s.embedding_threads)
+                                        threads=s.query_embedding_threads)
         return InProcessQueryEmbedder(model, HandleEmbedder(handle), cache_size=s.embedding_cache_size,
                                       cache_ttl_s=s.embedding_cache_ttl_s, max_batch=s.embedding_batch_size,
                                       on_lookup=counted)

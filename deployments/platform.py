@@ -20,6 +20,7 @@ without Ray installed.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -51,13 +52,31 @@ def apply_serve_env(high_throughput: bool | None = None) -> dict[str, str]:
     return env
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def private_haproxy_ports() -> dict[str, str]:
+    """Free ports for HAProxy's stats page and Prometheus endpoint. Ray binds them to fixed
+    ports (8404, 9101) on every interface, so a second Ray with HAProxy on the same machine (a test
+    beside a benchmark, two engineers on one host) fails at startup with "cannot bind socket
+    (Address already in use)". Private clusters take free ones instead."""
+    return {"RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port())}
+
+
 def init_local_ray(num_cpus: int | None = None, *, high_throughput: bool | None = None,
-                   env_vars: Mapping[str, str] | None = None, **kwargs: Any) -> dict[str, str]:
-    """Start a private local Ray in the given mode, without the dashboard (nothing reads it on one
-    machine; it is two processes and ~250 MiB). Returns the Serve variables it was started with."""
+                   env_vars: Mapping[str, str] | None = None, private: bool = True, **kwargs: Any) -> dict[str, str]:
+    """Start a local Ray in the given mode, without the dashboard (nothing reads it on one
+    machine). ``private``: a cluster of a test or a benchmark, whose HAProxy takes free ports for
+    its stats and metrics rather than Ray's fixed ones. Returns the Serve variables it started with."""
     import ray
 
     env = apply_serve_env(high_throughput)
+    if private and env["RAY_SERVE_ENABLE_HA_PROXY"] == "1":
+        env.update(private_haproxy_ports())
+        os.environ.update(env)
     ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False,
              runtime_env={"env_vars": {**OFFLINE_ENV, **env, **(env_vars or {})}}, **kwargs)
     return env
@@ -70,7 +89,7 @@ def serve_run(argv: list[str]) -> None:
     from ray.serve.scripts import cli
 
     if not os.environ.get("RAY_ADDRESS"):
-        init_local_ray(namespace="serve")
+        init_local_ray(namespace="serve", private=False)
     cli.main(args=["run", *argv], prog_name="serve")
     ray.shutdown()
 
