@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# `serve run` on a local Ray started without the dashboard and in Serve's high-throughput mode
+# (HAProxy ingress, gRPC between replicas; deployments/platform.py). RAGSERVE_HIGH_THROUGHPUT=0
+# runs Serve's default request path instead.
 run: $(STAMP)
-	$(BIN)/serve run $(CONFIG)
+	$(BIN)/python -m deployments.platform run $(CONFIG)
 
 # The checks CI runs before the tests: lint, formatting, types (config in pyproject.toml).
 lint: $(STAMP)

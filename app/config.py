@@ -31,6 +31,9 @@ class ScopedKey(BaseModel):
     role: Literal["read", "write", "admin"] = "read"
 
 
+QueryEmbeddingSetting = Literal["ingress", "deployment", "auto"]
+
+
 class Settings(BaseSettings):
     """Everything a ragserve application needs to know; defaults are the embedded CPU setup."""
 
@@ -70,6 +73,15 @@ class Settings(BaseSettings):
     embedding_batch_wait_s: float = Field(default=0.005, ge=0)
     embedding_cache_size: int = Field(default=10_000, ge=0)
     embedding_cache_ttl_s: float = Field(default=24 * 3600.0, gt=0)
+    query_embedding: QueryEmbeddingSetting = Field(
+        default="auto", description="Where queries are embedded: in each ingress replica (a model copy per "
+        "replica, no hop to the Embedder), in the Embedder deployment, or auto: the ingress for a small "
+        "local CPU model (app.service.query_embedding), the deployment for remote, GPU or large ones. "
+        "Documents are always embedded by the Embedder deployment.")
+    query_embedding_threads: int = Field(
+        default=1, ge=1, description="torch threads of the ingress's query model. One: a query is one short "
+        "text, a second thread gains little, and on a busy machine threads that wait for each other's cores "
+        "make an encode 10-50x slower (docs/benchmarks.md).")
 
     # --- storage and retrieval --------------------------------------------------------------
     storage_dir: str = "./data"

@@ -65,6 +65,11 @@ class LocalEmbeddingModel:
     def tokenizer(self) -> Any:
         return self._model.tokenizer
 
+    @property
+    def num_parameters(self) -> int:
+        """The model's size, for deciding whether a copy belongs in every ingress replica."""
+        return int(sum(p.numel() for p in self._model.parameters()))
+
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)

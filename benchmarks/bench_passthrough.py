@@ -1,20 +1,32 @@
 #!/usr/bin/env python3
-"""Passthrough overhead: what ragserve's ingress and generator add to a chat completion that goes
-straight to the upstream LLM, against two baselines measured in the same run:
+"""Request-path overhead: what ragserve adds to a chat completion that goes straight to the
+upstream LLM (passthrough) and to a RAG chat completion (cold: every question different, so the
+query embedding is computed each time), in each of Serve's modes, against baselines measured in
+the same run:
 
 - the fake upstream called directly (no Serve at all);
-- a trivial Serve deployment returning a constant body (the platform floor: proxy + one replica);
+- a trivial Serve deployment returning a constant body (the platform floor: ingress + one replica);
 - a trivial Serve deployment that forwards the body to the upstream with httpx and returns its
-  answer (the floor of any Serve-based proxy: what is left over it is ragserve's own work).
+  answer (the floor of any Serve-based proxy: what is left over it is ragserve's own work);
+- raw encoding of the same questions with the same model in this process (the embedding a RAG
+  request cannot avoid).
 
-    python -m benchmarks.bench_passthrough [--requests 300] [--smoke] [--out docs/img/passthrough.png]
+    python -m benchmarks.bench_passthrough [--requests 300] [--modes default,high-throughput,default]
+        [--smoke] [--out docs/img/passthrough.png]
 
-The upstream is the fake OpenAI server of the tests (uvicorn, TCP_NODELAY), answering at once.
+Each mode (``benchmarks.common.MODES``: Serve's default request path, or its HAProxy/gRPC
+high-throughput mode) starts its own Ray; the default order A-B-A shows drift on a shared machine.
+Within a mode the paths are interleaved in rounds. The RAG chat's stages come from the server's
+own ``Server-Timing`` (embed, search, fit = token counting and prompt assembly, generate = the
+upstream call); "outside" is the rest (ingress, request handling, JSON). The goal of issue 13 is
+checked per mode: RAG chat overhead (p50 over the direct upstream call) <= 1.5 x (floor p50 + raw
+encode p50); passthrough <= 1 ms over the floor.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -23,10 +35,15 @@ import httpx
 from fastapi import Request  # the forwarder's endpoint names it in its body, so it travels with the class
 from fastapi.responses import JSONResponse
 
+from app.http.server_timing import parse_server_timing
 from benchmarks.common import (
+    MODES,
     bar_plot,
     deploy_ragserve,
     machine,
+    make_queries,
+    make_texts,
+    raw_query_encode,
     ray_serve,
     summary_ms,
     table,
@@ -79,7 +96,10 @@ def deploy_forwarder(port: int, upstream: str, client: str = "httpx") -> str:
     class Forwarder:
         def __init__(self) -> None:
             self.session: Any = None
-            self.client = httpx.AsyncClient(base_url=upstream, timeout=60)
+            # idle connections dropped before the upstream's (uvicorn: 5 s) own keep-alive timeout, so
+            # a reuse never races the server closing it (an httpx.ReadError between rounds)
+            self.client = httpx.AsyncClient(base_url=upstream, timeout=60,
+                                            limits=httpx.Limits(keepalive_expiry=2.0))
 
         @api.post("/v1/chat/completions")
         async def chat(self, request: Request) -> JSONResponse:
@@ -108,63 +128,133 @@ def deploy_forwarder(port: int, upstream: str, client: str = "httpx") -> str:
     return base
 
 
-def timed_posts(url: str, n: int, warmup: int = 10) -> list[float]:
+def timed_posts(url: str, n: int, warmup: int = 10, body: dict[str, Any] | None = None) -> list[float]:
     with httpx.Client(timeout=60) as client:
         for _ in range(warmup):
-            client.post(url, json=BODY).raise_for_status()
+            client.post(url, json=body or BODY).raise_for_status()
         out = []
         for _ in range(n):
             t0 = time.perf_counter()
-            r = client.post(url, json=BODY)
+            r = client.post(url, json=body or BODY)
             out.append(time.perf_counter() - t0)
             r.raise_for_status()
         return out
 
 
+def timed_rag_chats(base: str, questions: list[str]) -> tuple[list[float], dict[str, list[float]]]:
+    """Latency of RAG chat completions, one per (distinct) question, and each Server-Timing stage;
+    "outside" is what the stages do not cover."""
+    lat: list[float] = []
+    stages: dict[str, list[float]] = {}
+    with httpx.Client(base_url=base, timeout=60) as client:
+        for q in questions:
+            t0 = time.perf_counter()
+            r = client.post("/v1/chat/completions", json={
+                "index_name": "kb", "max_tokens": 8, "messages": [{"role": "user", "content": q}]})
+            took = time.perf_counter() - t0
+            r.raise_for_status()
+            assert r.headers["x-rag-mode"] == "rag", r.headers
+            lat.append(took)
+            timing = parse_server_timing(r.headers.get("server-timing", ""))
+            for name, ms in timing.items():
+                stages.setdefault(name, []).append(ms / 1000)
+            stages.setdefault("outside", []).append(took - sum(timing.values()) / 1000)
+    return lat, stages
+
+
+def run_mode(mode: str, fake: FakeOpenAI, n: int, questions: list[str], docs: list[str], rounds: int,
+             query_embedding: str) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Every path measured under one Serve mode (a Ray of its own)."""
+    with ray_serve(high_throughput=MODES[mode]) as port:
+        floor = deploy_floor(port)
+        forward = deploy_forwarder(port, fake.url)
+        storage = Path(f"/tmp/ragserve-bench-passthrough-{port}")
+        rag = deploy_ragserve(port, "pass", {"storage_dir": str(storage), "num_shards": 2, "llm_engine": "openai",
+                                             "llm_url": fake.url, "similarity_threshold": 0.0,
+                                             "query_embedding": query_embedding})
+        httpx.post(f"{rag}/index", json={"index_name": "kb", "documents": [{"text": t} for t in docs]},
+                   timeout=600).raise_for_status()
+        paths = {"fake upstream, direct": f"{fake.url}/v1/chat/completions",
+                 "trivial Serve deployment (floor)": f"{floor}/v1/chat/completions",
+                 "trivial forwarding deployment": f"{forward}/v1/chat/completions",
+                 "ragserve passthrough": f"{rag}/v1/chat/completions"}
+        samples: dict[str, list[float]] = {k: [] for k in [*paths, "ragserve RAG chat (cold)"]}
+        stages: dict[str, list[float]] = {}
+        timed_rag_chats(rag, [f"warm-up question {i}?" for i in range(5)])
+        per_round = max(1, n // rounds)
+        for r in range(rounds):  # interleave rounds so drift on a shared machine hits every path alike
+            for name, url in paths.items():
+                samples[name] += timed_posts(url, per_round, warmup=3)
+            lat, st = timed_rag_chats(rag, questions[r * per_round:(r + 1) * per_round])
+            samples["ragserve RAG chat (cold)"] += lat
+            for k, v in st.items():
+                stages.setdefault(k, []).extend(v)
+        shutil.rmtree(storage, ignore_errors=True)
+    return samples, stages
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--modes", default="default,high-throughput,default",
+                    help=f"Serve modes in the order run, from {sorted(MODES)}")
+    ap.add_argument("--query-embedding", default="auto", choices=["auto", "ingress", "deployment"])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     n = 20 if args.smoke else args.requests
+    modes = ["high-throughput"] if args.smoke else args.modes.split(",")
+    rounds = 5
 
-    with FakeOpenAI(answer="hello", model="fake-model", max_model_len=4096) as fake, ray_serve() as port:
-        floor = deploy_floor(port)
-        forward = deploy_forwarder(port, fake.url)
-        forward_aiohttp = deploy_forwarder(port, fake.url, "aiohttp")
-        storage = Path(f"/tmp/ragserve-bench-passthrough-{port}")
-        rag = deploy_ragserve(port, "pass", {"storage_dir": str(storage), "num_shards": 1, "llm_engine": "openai",
-                                             "llm_url": fake.url})
-        paths = {"fake upstream, direct": f"{fake.url}/v1/chat/completions",
-                 "trivial Serve deployment (floor)": f"{floor}/v1/chat/completions",
-                 "trivial forwarding deployment": f"{forward}/v1/chat/completions",
-                 "trivial forwarding deployment (aiohttp)": f"{forward_aiohttp}/v1/chat/completions",
-                 "ragserve passthrough": f"{rag}/v1/chat/completions"}
-        # interleave rounds so drift on a shared machine hits every path alike
-        samples: dict[str, list[float]] = {k: [] for k in paths}
-        rounds = 5
-        for _ in range(rounds):
-            for name, url in paths.items():
-                samples[name] += timed_posts(url, max(1, n // rounds), warmup=3)
-    stats = {k: summary_ms(v) for k, v in samples.items()}
-    floor_p50 = stats["trivial Serve deployment (floor)"]["p50"]
-    direct_p50 = stats["fake upstream, direct"]["p50"]
-    forward_p50 = stats["trivial forwarding deployment"]["p50"]
-    rows = [[k, len(samples[k]), s["p50"], s["p90"], s["p99"], s["p50"] - floor_p50, s["p50"] - direct_p50,
-             s["p50"] - forward_p50] for k, s in stats.items()]
-    print(f"\n### Passthrough overhead, sequential requests ({machine()})\n")
-    print(table(["path", "requests", "p50 ms", "p90 ms", "p99 ms", "p50 over floor", "p50 over direct",
+    from app.embeddings import LocalEmbeddingModel
+
+    model = LocalEmbeddingModel(None, device="cpu")
+    questions = make_queries(n + rounds, seed=11)
+    docs = make_texts(60 if args.smoke else 200, sentences=4, seed=3)
+    results: list[dict[str, Any]] = []
+    with FakeOpenAI(answer="hello", model="fake-model", max_model_len=4096) as fake:
+        for i, mode in enumerate(modes):
+            samples, stages = run_mode(mode, fake, n, questions, docs, rounds, args.query_embedding)
+            encode = raw_query_encode(model, questions[:n])  # between the modes, so drift hits it too
+            results.append({"mode": mode, "run": i + 1, "stats": {k: summary_ms(v) for k, v in samples.items()},
+                            "counts": {k: len(v) for k, v in samples.items()},
+                            "stages_p50_ms": {k: summary_ms(v)["p50"] for k, v in stages.items()},
+                            "raw_encode": encode["best"], "raw_encode_by_threads": encode})
+
+    rows, stage_rows, goal_rows = [], [], []
+    for res in results:
+        stats, label = res["stats"], f"{res['mode']} ({res['run']})"
+        floor_p50 = stats["trivial Serve deployment (floor)"]["p50"]
+        direct_p50 = stats["fake upstream, direct"]["p50"]
+        forward_p50 = stats["trivial forwarding deployment"]["p50"]
+        rows += [[label, k, res["counts"][k], s["p50"], s["p90"], s["p99"], s["p50"] - floor_p50,
+                  s["p50"] - direct_p50, s["p50"] - forward_p50] for k, s in stats.items()]
+        rag = stats["ragserve RAG chat (cold)"]["p50"]
+        st = res["stages_p50_ms"]
+        stage_rows.append([label, rag, floor_p50, st.get("embed", 0.0), st.get("search", 0.0), st.get("fit", 0.0),
+                           st.get("generate", 0.0), st.get("outside", 0.0), res["raw_encode"]["p50"], direct_p50])
+        bound = 1.5 * (floor_p50 + res["raw_encode"]["p50"])
+        over_pass = stats["ragserve passthrough"]["p50"] - floor_p50
+        res["goals"] = {"rag_overhead_p50": rag - direct_p50, "rag_bound": bound,
+                        "rag_ratio": (rag - direct_p50) / (floor_p50 + res["raw_encode"]["p50"]),
+                        "passthrough_over_floor": over_pass}
+        goal_rows.append([label, rag - direct_p50, bound, res["goals"]["rag_ratio"],
+                          "yes" if rag - direct_p50 <= bound else "no", over_pass, "yes" if over_pass <= 1.0 else "no"])
+    print(f"\n### Chat request overhead by Serve mode, sequential requests ({machine()})\n")
+    print(table(["mode (run)", "path", "requests", "p50 ms", "p90 ms", "p99 ms", "p50 over floor", "p50 over direct",
                  "p50 over forwarder"], rows))
-    over = stats["ragserve passthrough"]["p50"] - floor_p50
-    own = stats["ragserve passthrough"]["p50"] - forward_p50
-    print(f"\nragserve passthrough adds {over:.2f} ms p50 over the trivial-deployment floor (goal: <= 2 ms), "
-          f"{own:.2f} ms over a trivial forwarding deployment")
-    bar_plot(args.out, "Passthrough chat latency (sequential)", list(stats),
-             {"p50 ms": [s["p50"] for s in stats.values()], "p99 ms": [s["p99"] for s in stats.values()]}, "ms")
-    payload = {"benchmark": "passthrough", "machine": machine(), "requests": n, "stats": stats,
-               "added_over_floor_p50_ms": over, "added_over_forwarder_p50_ms": own}
+    print("\n### RAG chat (cold) stages, p50 ms (Server-Timing; outside = the rest of the request)\n")
+    print(table(["mode (run)", "RAG chat", "floor", "embed", "search", "fit", "generate", "outside",
+                 "raw encode (in-process)", "upstream direct"], stage_rows))
+    print("\n### Goals (issue 13)\n")
+    print(table(["mode (run)", "RAG overhead p50 ms", "goal: <= 1.5 x (floor + raw encode)",
+                 "ratio to (floor + encode)",
+                 "met", "passthrough over floor ms", "<= 1 ms"], goal_rows))
+    labels = [f"{r['mode']} ({r['run']})" for r in results]
+    bar_plot(args.out, "Chat request latency p50 by Serve mode", labels,
+             {k: [r["stats"][k]["p50"] for r in results] for k in results[0]["stats"]}, "ms")
+    payload = {"benchmark": "passthrough", "machine": machine(), "requests": n, "modes": modes, "results": results}
     write_json(args.json, payload)
     return payload
 

@@ -153,16 +153,20 @@ def wait_healthy(base: str, timeout_s: float = 600) -> None:
     raise RuntimeError(f"{base} did not become healthy: {last}")
 
 
+MODES = {"default": False, "high-throughput": True}  # Serve's request path (deployments.platform)
+
+
 @contextmanager
-def ray_serve(num_cpus: int = 4) -> Iterator[int]:
-    """A private local Ray with Serve's proxy on a free loopback port; yields the port."""
+def ray_serve(num_cpus: int = 4, high_throughput: bool | None = None) -> Iterator[int]:
+    """A private local Ray with Serve's ingress on a free loopback port; yields the port.
+    ``high_throughput``: Serve's HAProxy/gRPC mode on or off (None: as ``make run`` starts it)."""
     import ray
     from ray import serve
 
+    from deployments.platform import init_local_ray
+
     port = free_port()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False, log_to_driver=False,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+    init_local_ray(num_cpus=num_cpus, high_throughput=high_throughput, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         yield port
@@ -182,6 +186,29 @@ def deploy_ragserve(port: int, name: str, settings: dict[str, Any]) -> str:
     base = f"http://127.0.0.1:{port}/{name}"
     wait_healthy(base)
     return base
+
+
+def raw_query_encode(model: Any, queries: list[str]) -> dict[str, Any]:
+    """Encoding each query alone with ``model`` in this process (the embedding a request cannot
+    avoid), with one torch thread and with every usable core: on a busy machine either can be the
+    faster by far. ``best`` is the lower p50's summary, the baseline the goals are checked against."""
+    import torch
+
+    from app.hardware import usable_cores
+
+    before = torch.get_num_threads()
+    out: dict[str, Any] = {}
+    for threads in sorted({1, usable_cores()}):
+        torch.set_num_threads(threads)
+        lat = []
+        for q in queries:
+            t0 = time.perf_counter()
+            model.encode([q], batch_size=1)
+            lat.append(time.perf_counter() - t0)
+        out[f"threads_{threads}"] = summary_ms(lat)
+    torch.set_num_threads(before)
+    out["best"] = min((v for v in out.values()), key=lambda v: v["p50"])
+    return out
 
 
 def cached_embeddings(texts: list[str], tag: str) -> np.ndarray:

@@ -7,7 +7,7 @@ the services never see Ray types.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,16 @@ def _reraise(exc: BaseException) -> None:
     raise exc
 
 
+def query_cache_counters() -> Callable[[bool], None]:
+    """Counts the ingress replica's query-vector cache lookups (hit or miss) as Serve metrics,
+    wherever its queries are embedded (``HandleEmbedder``, ``InProcessQueryEmbedder``)."""
+    hits = metrics.Counter("ragserve_ingress_query_cache_hits",
+                           "Query embeddings found in the ingress replica's cache.")
+    misses = metrics.Counter("ragserve_ingress_query_cache_misses",
+                             "Query embeddings computed here or asked of the embedder deployment.")
+    return lambda hit: (hits if hit else misses).inc()
+
+
 class HandleEmbedder:
     """``app.service.documents.TextEmbedder`` over the Embedder deployment.
 
@@ -36,20 +46,19 @@ class HandleEmbedder:
     embedder's shared one): a repeated query then costs no call to another actor, which on a
     small machine is most of a warm retrieval's time."""
 
-    def __init__(self, handle: Any, cache_size: int = 0, cache_ttl_s: float = 3600.0):
+    def __init__(self, handle: Any, cache_size: int = 0, cache_ttl_s: float = 3600.0,
+                 on_lookup: Callable[[bool], None] | None = None):
         self._h = handle
         self._cache: TTLCache[np.ndarray] = TTLCache(cache_size, cache_ttl_s)
-        self._hits = metrics.Counter("ragserve_ingress_query_cache_hits",
-                                     "Query embeddings found in the ingress replica's cache.")
-        self._misses = metrics.Counter("ragserve_ingress_query_cache_misses",
-                                       "Query embeddings asked of the embedder deployment.")
+        self._on_lookup = on_lookup
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         return await self._h.embed_documents.remote(texts)
 
     async def embed_query(self, text: str) -> np.ndarray:
         vec, hit = await self._cache.get_or_compute(normalise_query(text), lambda: self._h.embed_query.remote(text))
-        (self._hits if hit else self._misses).inc()
+        if self._on_lookup is not None:
+            self._on_lookup(hit)
         return vec
 
     async def count_tokens(self, texts: list[str]) -> int:

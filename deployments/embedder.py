@@ -86,7 +86,12 @@ class Embedder:
         return sum(len(tok.encode(t, add_special_tokens=True)) for t in texts)
 
     def info(self) -> dict[str, Any]:
-        return {"model_id": self.model.model_id, "dim": self.model.dim,
+        """What the model is, and where it runs: the ingress decides from it whether to embed
+        queries itself (``app.service.query_embedding.choose_query_embedding``)."""
+        where: dict[str, Any] = {"remote": True, "device": "remote", "params": None}
+        if isinstance(self.model, LocalEmbeddingModel):
+            where = {"remote": False, "device": self.model.device, "params": self.model.num_parameters}
+        return {"model_id": self.model.model_id, "dim": self.model.dim, **where,
                 "cache_entries": len(self.cache), "cache_hits": self.cache.hits, "cache_misses": self.cache.misses}
 
     def tokenizer(self) -> Any:

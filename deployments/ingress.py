@@ -12,13 +12,15 @@ import httpx
 from ray import serve
 
 from app.config import Settings
+from app.embeddings import LocalEmbeddingModel
 from app.engines.factory import make_engine
 from app.http import create_app
 from app.service.access import check_exposure
 from app.service.chat import LanguageModel
 from app.service.local import EngineClient
-from app.service.wiring import Services, build_services
-from deployments.clients import HandleEmbedder, HandleGenerator
+from app.service.query_embedding import InProcessQueryEmbedder, choose_query_embedding
+from app.service.wiring import Services, TokenCountingEmbedder, build_services
+from deployments.clients import HandleEmbedder, HandleGenerator, query_cache_counters
 from deployments.common import as_settings, log, proxy_host
 from deployments.telemetry import ServeTelemetry
 from deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
@@ -31,7 +33,10 @@ class Ingress:
             self, embedder: Any, generator: Any, settings: Settings | dict[str, Any] | None = None):
         self.settings = s = as_settings(settings)
         check_exposure(await proxy_host(), bool(s.api_keys), s.allow_unauthenticated)
-        self.embedder = HandleEmbedder(embedder, s.embedding_cache_size, s.embedding_cache_ttl_s)
+        info, tokenizer = await asyncio.gather(embedder.info.remote(), embedder.tokenizer.remote())
+        self.query_embedding = choose_query_embedding(s.query_embedding, remote=info["remote"],
+                                                      device=info["device"], params=info["params"])
+        self.embedder = await self._embedder(embedder, s, self.query_embedding)
         if generator is not None:
             handle = HandleGenerator(generator)
             self.llm: LanguageModel = handle
@@ -41,15 +46,28 @@ class Ingress:
             self.llm = client
             llm_ready = client.start()
         self.pool = RayShardPool(await reconcile_shards(s, get_or_create_shards(s)))
-        info, tokenizer = await asyncio.gather(embedder.info.remote(), embedder.tokenizer.remote())
         self.services: Services = build_services(
             s, pool=self.pool, embedder=self.embedder, llm=self.llm, embedding_model=info["model_id"],
             embedding_tokenizer=tokenizer, telemetry=ServeTelemetry(), health=self._health,
             metrics_text=self._metrics_text)
         await asyncio.gather(self.pool.wait_ready(), llm_ready)
         self._embedding_model = info["model_id"]
-        log.info("ingress ready: shards=%d embedding=%s llm=%s", s.num_shards, info["model_id"],
-                 self.llm.model_id)
+        log.info("ingress ready: shards=%d embedding=%s (queries embedded in the %s) llm=%s", s.num_shards,
+                 info["model_id"], self.query_embedding, self.llm.model_id)
+
+    @staticmethod
+    async def _embedder(handle: Any, s: Settings, where: str) -> TokenCountingEmbedder:
+        """The Embedder deployment behind its handle; with queries embedded here, a copy of the
+        model in this replica in front of it for ``embed_query`` (documents and token counts still
+        go to the deployment). It runs on ``query_embedding_threads`` (one by default)."""
+        counted = query_cache_counters()
+        if where == "deployment":
+            return HandleEmbedder(handle, s.embedding_cache_size, s.embedding_cache_ttl_s, on_lookup=counted)
+        model = await asyncio.to_thread(LocalEmbeddingModel, s.embedding_model, device="cpu",
+                                        threads=s.query_embedding_threads)
+        return InProcessQueryEmbedder(model, HandleEmbedder(handle), cache_size=s.embedding_cache_size,
+                                      cache_ttl_s=s.embedding_cache_ttl_s, max_batch=s.embedding_batch_size,
+                                      on_lookup=counted)
 
     async def _health(self) -> dict[str, Any]:
         await self.pool.wait_ready()

@@ -6,7 +6,8 @@
 
 The serve config goes into ``spec.serveConfigV2`` unchanged except for what a cluster decides
 instead of the file: the HTTP listener (KubeRay's serve service fronts it) and storage_dir (the
-ReadWriteMany volume mounted on every pod).
+ReadWriteMany volume mounted on every pod). Every pod's environment carries Serve's
+high-throughput switches (``deployments.platform``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from deployments.platform import serve_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "configs" / "gpu.yaml"
@@ -54,8 +57,11 @@ def _container(name: str, cpu: str, memory: str, gpus: int = 0) -> dict[str, Any
     return {
         "name": name, "image": IMAGE, "imagePullPolicy": "IfNotPresent",
         "resources": {"limits": limits, "requests": {"cpu": cpu, "memory": memory}},
+        # Serve's high-throughput mode on every pod: Ray reads it when the pod's raylet starts. Set
+        # both to "0" to run Serve's default request path instead.
         "env": [{"name": "HF_HOME", "value": f"{STORAGE_MOUNT}/hf-cache"},
-                {"name": "RAGSERVE_STORAGE_DIR", "value": STORAGE_MOUNT}],
+                {"name": "RAGSERVE_STORAGE_DIR", "value": STORAGE_MOUNT},
+                *({"name": k, "value": v} for k, v in serve_env(high_throughput=True).items())],
         "volumeMounts": _volume_mounts(),
     }
 

@@ -10,6 +10,7 @@ from app.chat.plan import (
     RagPlan,
     plan,
     split_messages,
+    unknown_index,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "RagPlan",
     "plan",
     "split_messages",
+    "unknown_index",
 ]

@@ -125,8 +125,15 @@ def split_messages(messages: list[ChatMessage]) -> tuple[str, list[dict[str, Any
     return query, system, history
 
 
+def unknown_index(name: str) -> NotFoundError:
+    """A chat request naming an index that does not exist: 404, whether the plan or the search finds out."""
+    return NotFoundError(f"No such index: '{name}' exists.", param="index_name", code="index_not_found")
+
+
 def plan(request: ChatCompletionRequest, index_exists: Callable[[str], bool]) -> ChatPlan:
-    """The decision of docs/architecture.md §4 for one request."""
+    """The decision of docs/architecture.md §4 for one request. ``index_exists`` may answer True
+    optimistically when a search will follow (a RAG plan's search reports a missing index itself);
+    the caller then asks again, knowing, for any other outcome (``ChatService.complete``)."""
     error = _validate_messages(request.messages)
     if error is not None:
         return error
@@ -134,8 +141,7 @@ def plan(request: ChatCompletionRequest, index_exists: Callable[[str], bool]) ->
     if request.index_name is None:
         return Passthrough(PassthroughReason.NO_INDEX, body)
     if not index_exists(request.index_name):
-        return NotFoundError(f"No such index: '{request.index_name}' exists.", param="index_name",
-                             code="index_not_found")
+        return unknown_index(request.index_name)
     reason = _bypass_reason(request)
     if reason is not None:
         return Passthrough(reason, body)

@@ -25,11 +25,11 @@ from app.api.openai import (
 )
 from app.budget import FitResult, fit, fit_passthrough
 from app.budget.tokenizers import Message, TokenCounter
-from app.chat import Passthrough, PassthroughReason, RagPlan, plan
+from app.chat import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
 from app.config import Settings
 from app.engines.base import GenerationDelta, GenerationResult
 from app.engines.sampling import SamplingParams
-from app.errors import BadRequestError, ServiceError
+from app.errors import BadRequestError, NotFoundError, ServiceError
 from app.retrieval import relevant
 from app.service.documents import DocumentService
 
@@ -86,8 +86,14 @@ class ChatService:
 
     # --- entry points -------------------------------------------------------------------------
     async def complete(self, request: ChatCompletionRequest) -> ChatOutcome:
-        exists = await self.documents.index_exists(request.index_name) if request.index_name else False
-        decided = plan(request, lambda _name: exists)
+        # No separate existence call to every shard before a RAG request's search: the search
+        # reports a missing index itself (``_rag``), so the plan assumes the index exists. Only an
+        # outcome that will not search (a bypass, a client error) asks the shards, and is decided
+        # again knowing, so a missing index is a 404 in the same cases and order as before.
+        decided = plan(request, lambda _name: True)
+        if (request.index_name and not isinstance(decided, RagPlan)
+                and not await self.documents.index_exists(request.index_name)):
+            decided = plan(request, lambda _name: False)
         if isinstance(decided, ServiceError):
             raise decided
         if isinstance(decided, Passthrough):
@@ -171,14 +177,18 @@ class ChatService:
         k = p.params.top_k or self.settings.top_k
         try:
             nodes, timings = await self.documents.retrieve(p.params.index_name, p.query, k, p.params.metadata_filter)
+        except NotFoundError as e:  # every shard said it has no such index
+            raise unknown_index(p.params.index_name) from e
         except BadRequestError as e:
             raise BadRequestError(e.message, param="metadata_filter") from e
         threshold = self._threshold(p.params.similarity_threshold)
         if not relevant(nodes, threshold):
             return await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings)
+        t_fit = time.perf_counter()
         result = await self._fit(system=p.system, history=p.history, query=p.query, nodes=nodes,
                                  requested=request.requested_max_tokens(), threshold=threshold,
                                  ratio=p.params.context_token_ratio)
+        timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
         if not result.nodes_used:  # relevant nodes existed but none fitted the budget
             return await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings)
         sampling = request.to_sampling_params(result.max_tokens)

@@ -25,15 +25,18 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[int]:
-    """Ray with Serve's HTTP proxy on a free loopback port; yields the port. Module scope: the
-    multi-node test needs a cluster of its own, and one process holds one Ray connection."""
+    """Ray with Serve's HTTP ingress on a free loopback port; yields the port. Module scope: the
+    multi-node test needs a cluster of its own, and one process holds one Ray connection.
+
+    Ray starts in the mode ``make run`` uses (high-throughput unless ``RAGSERVE_HIGH_THROUGHPUT=0``,
+    ``deployments.platform``), so the suite tests what is deployed."""
     import ray
     from ray import serve
 
+    from deployments.platform import init_local_ray
+
     port = free_port()
-    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                       "TOKENIZERS_PARALLELISM": "false"}})
+    init_local_ray(num_cpus=4)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield port
     serve.shutdown()

@@ -196,6 +196,8 @@ def test_full_restart_brings_every_index_back_without_load(app_url: str, storage
     import ray
     from ray import serve
 
+    from deployments.platform import init_local_ray
+
     with httpx.Client(base_url=app_url, timeout=60) as c:
         before = {name: total(c, name) for name in c.get("/indexes").json()}
     assert before.get("kb") == N_DOCS and before.get("shared") == 450
@@ -203,8 +205,7 @@ def test_full_restart_brings_every_index_back_without_load(app_url: str, storage
     # the whole application goes away: Serve, the detached shard actors, the Ray cluster itself
     serve.shutdown()
     ray.shutdown()
-    ray.init(num_cpus=4, include_dashboard=False, configure_logging=False,
-             runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}})
+    init_local_ray(num_cpus=4)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     url = deploy(settings(storage, upstream), "durable", port)

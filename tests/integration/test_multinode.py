@@ -23,6 +23,9 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
+    from deployments.platform import apply_serve_env
+
+    apply_serve_env()  # the nodes' raylets inherit the mode, as the pods of kuberay/ do
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # no work on the head, as in kuberay/
     workers = [c.add_node(num_cpus=1) for _ in range(3)]
     ray.init(address=c.address)

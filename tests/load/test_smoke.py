@@ -6,6 +6,7 @@ They check plumbing (the scripts run, talk to a real server and print their tabl
 from __future__ import annotations
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -84,3 +85,17 @@ def test_benchmark_smoke_prints_its_table(script: str, tmp_path: Path) -> None:
     table = [line for line in done.stdout.splitlines() if line.startswith("|")]
     assert len(table) >= 3 and table[1].startswith("|---"), done.stdout[-2000:]
     assert (tmp_path / "out.json").stat().st_size > 0 and (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_peer_benchmark_smoke_against_the_in_process_server(server: str, tmp_path: Path) -> None:
+    """bench_peer starts nothing: it measures whatever speaks KAITO's API, here the in-process ragserve."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_peer", "--smoke", "--base-url", server,
+                           "--label", "ragserve", "--json", str(tmp_path / "out.json"),
+                           "--out", str(tmp_path / "plot.png")],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    assert len(table) == 3 and table[2].startswith("| ragserve |") and "n/a" not in table[2], done.stdout[-2000:]
+    result = json.loads((tmp_path / "out.json").read_text())["servers"]["ragserve"]
+    assert result["listed_total"] == 40 and result["retrieve"]["n"] == 10
+    assert (tmp_path / "plot.png").stat().st_size > 1000

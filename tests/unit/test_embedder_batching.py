@@ -21,6 +21,8 @@ class CountingModel:
     model_id = "counting"
     dim = 4
     tokenizer = None
+    device = "cpu"
+    num_parameters = 4
 
     def __init__(self, *args: object, **kwargs: object):
         self.calls: list[list[str]] = []
@@ -69,3 +71,6 @@ async def test_repeated_query_is_served_from_the_cache(embedder) -> None:  # typ
     await embedder.embed_query("what is rag?")
     assert len(embedder.model.calls) == 1
     assert embedder.info()["cache_hits"] == 1
+    # what the ingress decides query embedding from (app.service.query_embedding)
+    assert {k: embedder.info()[k] for k in ("remote", "device", "params")} == {
+        "remote": False, "device": "cpu", "params": 4}

@@ -103,3 +103,15 @@ def test_broken_copies_fail(rayservice_schema: dict[str, Any]) -> None:
 @pytest.mark.parametrize("config", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_serve_config_is_valid(config: Path) -> None:
     check_serve_config({"spec": {"serveConfigV2": config.read_text()}})
+
+
+def test_every_pod_starts_ray_in_high_throughput_mode() -> None:
+    """Ray reads the switches when a pod's raylet starts: head and every worker group carry them."""
+    from deployments.platform import HIGH_THROUGHPUT_VARS
+
+    cluster = rayservices()[0][1]["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert all(env.get(name) == "1" for name in HIGH_THROUGHPUT_VARS), (group.get("groupName", "head"), env)

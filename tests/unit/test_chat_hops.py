@@ -1,0 +1,76 @@
+"""Every hop of a RAG chat request earns its place (issue 13): the search is the only call to
+the shards; a missing index is still the plan's 404, whichever outcome finds out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.api.documents import Document
+from app.api.openai import ChatCompletionRequest
+from app.config import Settings
+from app.engines.openai_engine import OpenAIEngine
+from app.errors import NotFoundError
+from app.service.local import EngineClient
+from app.service.pool import LocalShardPool
+from app.service.shard_service import ShardService, check_layout
+from app.service.wiring import Services, build_services
+from tests.fakes.fake_openai import FakeOpenAI
+
+
+class CountingPool(LocalShardPool):
+    """The in-process pool, recording which shard methods each request calls."""
+
+    def __init__(self, shards: list[Any]):
+        super().__init__(shards)
+        self.calls: list[str] = []
+
+    async def call(self, shard: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(method)
+        return await super().call(shard, method, *args, **kwargs)
+
+
+@pytest.fixture
+def services(tmp_path: Path, embedder) -> Iterator[tuple[Services, CountingPool]]:
+    with FakeOpenAI(answer="ok [1]", model="fake-model", max_model_len=4096) as fake:
+        s = Settings(storage_dir=str(tmp_path), llm_engine="openai", llm_url=fake.url, num_shards=2,
+                     similarity_threshold=0.0)
+        check_layout(s.storage_dir, s.num_shards)
+        pool = CountingPool([ShardService(s.storage_dir, i, s.num_shards) for i in range(s.num_shards)])
+        llm = EngineClient(OpenAIEngine(fake.url, "fake-model", None, 10.0))
+        svc = build_services(s, pool=pool, embedder=embedder, llm=llm, embedding_model="all-MiniLM-L6-v2",
+                             embedding_tokenizer=embedder.model.tokenizer)
+        asyncio.run(svc.documents.add_documents("kb", [Document(text="The pump on line 3 was serviced in May.")]))
+        yield svc, pool
+        pool.close()
+
+
+def _request(**body: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "When was the pump serviced?"}], "max_tokens": 8, **body})
+
+
+def test_rag_request_calls_the_shards_once_each_to_search(services) -> None:
+    svc, pool = services
+    pool.calls.clear()
+    outcome = asyncio.run(svc.chat.complete(_request(index_name="kb")))
+    assert outcome.mode == "rag"
+    assert pool.calls == ["search", "search"]  # no separate existence check before it
+    assert {"embed", "search", "fit", "generate"} <= outcome.timings.keys()
+
+
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+NO_QUERY = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+
+
+@pytest.mark.parametrize("extra", [{}, {"tools": TOOLS}, {"messages": NO_QUERY}])
+def test_missing_index_is_the_plans_404_whether_or_not_a_search_follows(services, extra: dict) -> None:
+    svc, _ = services
+    with pytest.raises(NotFoundError) as e:
+        asyncio.run(svc.chat.complete(_request(index_name="missing", **extra)))
+    assert (e.value.message, e.value.param, e.value.code) == (
+        "No such index: 'missing' exists.", "index_name", "index_not_found")
