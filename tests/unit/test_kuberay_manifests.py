@@ -115,3 +115,18 @@ def test_every_pod_starts_ray_in_high_throughput_mode() -> None:
         for container in group["template"]["spec"]["containers"]:
             env = {e["name"]: e.get("value") for e in container["env"]}
             assert all(env.get(name) == "1" for name in HIGH_THROUGHPUT_VARS), (group.get("groupName", "head"), env)
+
+
+def test_every_pod_takes_the_api_keys_from_a_secret_and_the_manifest_holds_none() -> None:
+    doc = yaml.safe_load((ROOT / "kuberay" / "rayservice.yaml").read_text())
+    cluster = doc["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        for container in group["template"]["spec"]["containers"]:
+            env = {e["name"]: e for e in container["env"]}
+            ref = env["RAGSERVE_API_KEYS"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "ragserve-api-keys", "key": "api-keys"}
+            assert "value" not in env["RAGSERVE_API_KEYS"]
+    serve = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    for app in serve["applications"]:
+        assert "api_keys" not in app["args"] and "allow_unauthenticated" not in app["args"]
