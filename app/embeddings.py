@@ -6,6 +6,7 @@ Both return L2-normalised float32 vectors, so inner product is cosine similarity
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -40,12 +41,47 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
     return vectors / norms
 
 
-class LocalEmbeddingModel:
-    """sentence-transformers, on CUDA when present. ``encode`` is synchronous and CPU/GPU bound."""
+#: The sentence-transformers module types a model may consist of for ``LocalEmbeddingModel`` to
+#: run it with transformers alone.
+_PLAIN_MODULES = {"sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
+                  "sentence_transformers.models.Normalize"}
 
-    def __init__(self, model: str | None = None, device: str | None = None, threads: int | None = None):
+
+def plain_pooling(path: str | Path) -> str | None:
+    """``"mean"`` or ``"cls"`` when the model at ``path`` is exactly a transformer, that pooling
+    and (optionally) normalisation, as sentence-transformers lays such a model out; else None."""
+    root = Path(path)
+    try:
+        modules = json.loads((root / "modules.json").read_text())
+        if not modules or {m["type"] for m in modules} - _PLAIN_MODULES:
+            return None
+        pooling_dir = next(m["path"] for m in modules if m["type"].endswith(".Pooling"))
+        pooling = json.loads((root / pooling_dir / "config.json").read_text())
+        st_config = json.loads((root / "sentence_bert_config.json").read_text())
+    except (OSError, ValueError, KeyError, StopIteration):
+        return None
+    if st_config.get("do_lower_case"):
+        return None
+    modes = {k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
+             for k, v in pooling.items() if k.startswith("pooling_mode_") and v}
+    return modes.pop() if modes in ({"mean"}, {"cls"}) else None
+
+
+class LocalEmbeddingModel:
+    """A sentence-transformers model, on CUDA when present. ``encode`` is synchronous and CPU/GPU bound.
+
+    A model that is only a transformer, mean or CLS pooling and normalisation (all-MiniLM-L6-v2,
+    the bge family, most sentence embedders) is run with transformers directly, the way
+    sentence-transformers runs it (same truncation, pooling and normalisation: the same vectors,
+    ``tests/unit/test_embeddings_plain.py``). That keeps sentence-transformers out of the process,
+    and with it scikit-learn, SciPy and Pillow: ~170 MiB less in every process that embeds (the
+    Embedder replica, and each ingress replica that embeds queries). Any other model is loaded
+    with sentence-transformers. ``plain=False`` forces that.
+    """
+
+    def __init__(self, model: str | None = None, device: str | None = None, threads: int | None = None,
+                 plain: bool = True):
         import torch
-        from sentence_transformers import SentenceTransformer
 
         # Ray sets OMP_NUM_THREADS to the actor's num_cpus (often 1): use the cores we can run on
         torch.set_num_threads(threads or usable_cores())
@@ -53,9 +89,22 @@ class LocalEmbeddingModel:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
-        self._model = SentenceTransformer(path, device=device, local_files_only=True)
-        get_dim = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
-        dim, max_len = get_dim(), self._model.max_seq_length
+        self.pooling = plain_pooling(path) if plain else None
+        if self.pooling is not None:
+            from transformers import AutoModel, AutoTokenizer
+
+            st_config = json.loads((Path(path) / "sentence_bert_config.json").read_text())
+            self._tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            self._transformer = AutoModel.from_pretrained(path, local_files_only=True).to(device).eval()
+            self.max_seq_length = int(st_config.get("max_seq_length") or self._tokenizer.model_max_length)
+            self.dim = int(self._transformer.config.hidden_size)
+            self._st: Any = None
+            return
+        from sentence_transformers import SentenceTransformer
+
+        self._st = SentenceTransformer(path, device=device, local_files_only=True)
+        get_dim = getattr(self._st, "get_embedding_dimension", None) or self._st.get_sentence_embedding_dimension
+        dim, max_len = get_dim(), self._st.max_seq_length
         if dim is None or max_len is None:
             raise ValueError(f"{self.model_id} reports no embedding dimension or maximum sequence length")
         self.dim = int(dim)
@@ -63,19 +112,44 @@ class LocalEmbeddingModel:
 
     @property
     def tokenizer(self) -> Any:
-        return self._model.tokenizer
+        return self._st.tokenizer if self._st is not None else self._tokenizer
 
     @property
     def num_parameters(self) -> int:
         """The model's size, for deciding whether a copy belongs in every ingress replica."""
-        return int(sum(p.numel() for p in self._model.parameters()))
+        module = self._st if self._st is not None else self._transformer
+        return int(sum(p.numel() for p in module.parameters()))
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vecs = self._model.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                                  convert_to_numpy=True, show_progress_bar=False)
-        return np.asarray(vecs, dtype=np.float32)
+        if self._st is not None:
+            vecs = self._st.encode(texts, batch_size=batch_size, normalize_embeddings=True,
+                                   convert_to_numpy=True, show_progress_bar=False)
+            return np.asarray(vecs, dtype=np.float32)
+        return self._encode_plain(texts, batch_size)
+
+    def _encode_plain(self, texts: list[str], batch_size: int) -> np.ndarray:
+        """Transformer → pooling → L2 norm, in length-sorted batches (less padding), as
+        sentence-transformers does it."""
+        import torch
+
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                idx = order[start:start + batch_size]
+                features = self._tokenizer([texts[i] for i in idx], padding=True, truncation="longest_first",
+                                           max_length=self.max_seq_length, return_tensors="pt").to(self.device)
+                tokens = self._transformer(**features, return_dict=True).last_hidden_state
+                if self.pooling == "cls":
+                    pooled = tokens[:, 0]
+                else:
+                    mask = features["attention_mask"].unsqueeze(-1).to(tokens.dtype)
+                    pooled = (tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+                out[idx] = pooled.float().cpu().numpy()
+        return out
 
 
 class RemoteEmbeddingModel:

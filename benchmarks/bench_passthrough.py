@@ -12,10 +12,12 @@ the same run:
   request cannot avoid).
 
     python -m benchmarks.bench_passthrough [--requests 300] [--modes default,high-throughput,default]
+        [--query-embedding auto|ingress|deployment]
         [--smoke] [--out docs/img/passthrough.png]
 
 Each mode (``benchmarks.common.MODES``: Serve's default request path, or its HAProxy/gRPC
-high-throughput mode) starts its own Ray; the default order A-B-A shows drift on a shared machine.
+high-throughput mode; ``MODE:QUERY_EMBEDDING`` also sets where queries are embedded) starts its
+own Ray; the default order A-B-A shows drift on a shared machine.
 Within a mode the paths are interleaved in rounds. The RAG chat's stages come from the server's
 own ``Server-Timing`` (embed, search, fit = token counting and prompt assembly, generate = the
 upstream call); "outside" is the rest (ingress, request handling, JSON). The goal of issue 13 is
@@ -43,6 +45,7 @@ from benchmarks.common import (
     machine,
     make_queries,
     make_texts,
+    parse_mode,
     raw_query_encode,
     ray_serve,
     summary_ms,
@@ -162,10 +165,10 @@ def timed_rag_chats(base: str, questions: list[str]) -> tuple[list[float], dict[
     return lat, stages
 
 
-def run_mode(mode: str, fake: FakeOpenAI, n: int, questions: list[str], docs: list[str], rounds: int,
-             query_embedding: str) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def run_mode(high_throughput: bool, query_embedding: str, fake: FakeOpenAI, n: int, questions: list[str],
+             docs: list[str], rounds: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Every path measured under one Serve mode (a Ray of its own)."""
-    with ray_serve(high_throughput=MODES[mode]) as port:
+    with ray_serve(high_throughput=high_throughput) as port:
         floor = deploy_floor(port)
         forward = deploy_forwarder(port, fake.url)
         storage = Path(f"/tmp/ragserve-bench-passthrough-{port}")
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--modes", default="default,high-throughput,default",
-                    help=f"Serve modes in the order run, from {sorted(MODES)}")
+                    help=f"MODE[:QUERY_EMBEDDING] in the order run, MODE from {sorted(MODES)}")
     ap.add_argument("--query-embedding", default="auto", choices=["auto", "ingress", "deployment"])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
@@ -215,7 +218,8 @@ def main(argv: list[str] | None = None) -> dict:
     results: list[dict[str, Any]] = []
     with FakeOpenAI(answer="hello", model="fake-model", max_model_len=4096) as fake:
         for i, mode in enumerate(modes):
-            samples, stages = run_mode(mode, fake, n, questions, docs, rounds, args.query_embedding)
+            high_throughput, query_embedding = parse_mode(mode, args.query_embedding)
+            samples, stages = run_mode(high_throughput, query_embedding, fake, n, questions, docs, rounds)
             encode = raw_query_encode(model, questions[:n])  # between the modes, so drift hits it too
             results.append({"mode": mode, "run": i + 1, "stats": {k: summary_ms(v) for k, v in samples.items()},
                             "counts": {k: len(v) for k, v in samples.items()},

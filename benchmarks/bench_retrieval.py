@@ -35,6 +35,7 @@ from benchmarks.common import (
     machine,
     make_queries,
     make_texts,
+    parse_mode,
     raw_query_encode,
     ray_serve,
     summary_ms,
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--kinds", default="flat,hnsw", help="FAISS index kinds to serve the same data with")
     ap.add_argument("--modes", default="default,high-throughput,default",
-                    help=f"Serve modes in the order run, from {sorted(MODES)} (each starts its own Ray)")
+                    help=f"MODE[:QUERY_EMBEDDING] in the order run, MODE from {sorted(MODES)} (each starts its Ray)")
     ap.add_argument("--query-embedding", default="auto", choices=["auto", "ingress", "deployment"])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
     rows, results = [], []
     with FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake:
         for run, mode in enumerate(modes, start=1):
-            with ray_serve(high_throughput=MODES[mode]) as port:
+            high_throughput, query_embedding = parse_mode(mode, args.query_embedding)
+            with ray_serve(high_throughput=high_throughput) as port:
                 from ray import serve
 
                 from benchmarks.bench_passthrough import deploy_floor, timed_posts
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
                     base = deploy_ragserve(port, name, {"storage_dir": str(storage), "num_shards": args.shards,
                                                         "llm_engine": "openai", "llm_url": fake.url,
                                                         "faiss_index_kind": kind,
-                                                        "query_embedding": args.query_embedding})
+                                                        "query_embedding": query_embedding})
                     query_http(base, "bench", ["warm-up query"] * 5)
                     cold_lat, stages = query_http(base, "bench", cold)
                     warm_lat, warm_stages = query_http(base, "bench", warm)

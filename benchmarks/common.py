@@ -156,6 +156,17 @@ def wait_healthy(base: str, timeout_s: float = 600) -> None:
 MODES = {"default": False, "high-throughput": True}  # Serve's request path (deployments.platform)
 
 
+def parse_mode(spec: str, query_embedding: str = "auto") -> tuple[bool, str]:
+    """A benchmark's ``--modes`` entry, ``MODE[:QUERY_EMBEDDING]`` (``default:deployment``,
+    ``high-throughput``): whether Serve runs high-throughput, and the ``query_embedding`` setting
+    (``query_embedding`` when the entry names none)."""
+    mode, _, where = spec.partition(":")
+    if mode not in MODES or where not in ("", "auto", "ingress", "deployment"):
+        raise ValueError(f"bad mode {spec!r}: MODE[:QUERY_EMBEDDING] with MODE in {sorted(MODES)}, "
+                         "QUERY_EMBEDDING in auto, ingress, deployment")
+    return MODES[mode], where or query_embedding
+
+
 @contextmanager
 def ray_serve(num_cpus: int = 4, high_throughput: bool | None = None) -> Iterator[int]:
     """A private local Ray with Serve's ingress on a free loopback port; yields the port.

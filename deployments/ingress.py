@@ -33,10 +33,13 @@ class Ingress:
             self, embedder: Any, generator: Any, settings: Settings | dict[str, Any] | None = None):
         self.settings = s = as_settings(settings)
         check_exposure(await proxy_host(), bool(s.api_keys), s.allow_unauthenticated)
-        info, tokenizer = await asyncio.gather(embedder.info.remote(), embedder.tokenizer.remote())
+        info = await embedder.info.remote()
         self.query_embedding = choose_query_embedding(s.query_embedding, remote=info["remote"],
                                                       device=info["device"], params=info["params"])
         self.embedder = await self._embedder(embedder, s, self.query_embedding)
+        # chunks are sized in the embedding model's tokens: its tokenizer, from the copy here if any
+        tokenizer = (self.embedder.model.tokenizer if isinstance(self.embedder, InProcessQueryEmbedder)
+                     else await embedder.tokenizer.remote())
         if generator is not None:
             handle = HandleGenerator(generator)
             self.llm: LanguageModel = handle

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -43,6 +43,9 @@ def choose_query_embedding(setting: QueryEmbeddingSetting, *, remote: bool, devi
 
 class Encoder(Protocol):
     """What is needed of the model: ``app.embeddings.LocalEmbeddingModel`` has it."""
+
+    @property
+    def tokenizer(self) -> Any: ...
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray: ...
 

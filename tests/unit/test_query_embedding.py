@@ -20,6 +20,8 @@ from app.service.query_embedding import (
 class SlowModel:
     """Records every model call; each takes 30 ms, like a small encoder on a busy CPU."""
 
+    tokenizer = None
+
     def __init__(self, fail: bool = False) -> None:
         self.calls: list[list[str]] = []
         self.threads: set[str] = set()
