@@ -47,6 +47,7 @@ from app.store.faiss_index import (
 )
 from app.store.filters import filter_sql
 from app.store.gpu import GpuMirror, resolve_faiss_device
+from app.store.lexical import FTS_TABLE, LexicalQuery, lexical_problems, lexical_query
 from app.store.schema import connect, create_schema
 from app.store.types import (
     DimensionMismatchError,
@@ -54,6 +55,7 @@ from app.store.types import (
     IndexDroppedError,
     IndexExistsError,
     IndexNotFoundError,
+    SearchCandidates,
     SearchHit,
     StoredDocument,
 )
@@ -62,6 +64,8 @@ DB_FILE = "shard.sqlite"
 SNAPSHOT_DIR = "faiss"
 _REBUILD_BATCH = 10_000
 _SQL_VARS = 900  # stay under SQLite's host-parameter limit
+#: How a retrieval searches: both lists fused, cosine only, or BM25 only.
+RETRIEVAL_MODES = ("hybrid", "dense", "lexical")
 log = logging.getLogger("ragserve.store")
 
 
@@ -234,9 +238,10 @@ class Shard:
 
     def verify(self) -> list[str]:
         """The shard's self-check: every chunk row has exactly one vector in FAISS, no vector is
-        without a row, FAISS counts what SQLite counts, and no row belongs to a missing index or
-        document. Returns the problems found (empty when healthy). Runs at open (a failing index is
-        rebuilt from SQLite) and after every concurrency test."""
+        without a row, FAISS counts what SQLite counts, no row belongs to a missing index or
+        document, and the lexical index agrees with the chunk rows. Returns the problems found (empty
+        when healthy). Runs at open (a failing index is rebuilt from SQLite) and after every
+        concurrency test."""
         with self._write_lock, self._faiss_lock:
             problems: list[str] = []
             for table in ("chunks", "documents"):
@@ -251,6 +256,7 @@ class Shard:
                 problems.append(f"{n} chunk rows without their document")
             for index in sorted(self._dims):
                 problems += self._vector_problems(index, self._faiss.get(index))
+            problems += lexical_problems(self._write)
             return problems
 
     def _require(self, index: str) -> int:
@@ -646,16 +652,19 @@ class Shard:
                                        is_truncated=truncated))
         return docs, total
 
-    def search(self, index: str, vector: np.ndarray, k: int,
-               metadata_filter: dict[str, Any] | None = None) -> list[SearchHit]:
-        """Top ``k`` chunks by cosine score. A filter selects ids in SQLite first and FAISS scores only
-        those, so a filter never starves the result."""
+    def _query_vector(self, index: str, vector: np.ndarray, k: int) -> np.ndarray:
         dim = self._require(index)
         if k < 1:
             raise ValueError("k must be >= 1")
         query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, -1)
         if query.shape[1] != dim:
             raise DimensionMismatchError(f"index {index!r} holds {dim}-d vectors, query is {query.shape[1]}-d")
+        return query
+
+    def _dense(self, index: str, query: np.ndarray, k: int,
+               metadata_filter: dict[str, Any] | None) -> list[tuple[int, float]] | None:
+        """(chunk id, cosine) of the top ``k`` by FAISS; None when the filter matches nothing. A
+        filter selects ids in SQLite first and FAISS scores only those, so it never starves the result."""
         allowed = None
         if metadata_filter:
             cond, args = filter_sql(metadata_filter, "d.metadata")
@@ -663,7 +672,7 @@ class Shard:
                 "SELECT c.id FROM chunks c JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
                 f"WHERE c.index_name = ? AND {cond}", (index, *args))]
             if not ids:
-                return []
+                return None
             allowed = ids
         with self._faiss_lock:
             fidx = self._faiss.get(index)
@@ -676,20 +685,106 @@ class Shard:
                                                      min(k, fidx.ntotal))
             else:
                 scores, ids_found = fidx.search(query, k, allowed)
-        pairs = [(int(i), float(s)) for i, s in zip(ids_found[0], scores[0], strict=True) if i >= 0]
+        return [(int(i), float(s)) for i, s in zip(ids_found[0], scores[0], strict=True) if i >= 0]
+
+    def _rows(self, ids: list[int], *, vectors: bool = False) -> dict[int, tuple[Any, ...]]:
+        """Chunk rows with their document's metadata, by id; (id, doc_id, node_id, chunk_index,
+        text, metadata[, vector]). A chunk deleted meanwhile is simply absent."""
+        rows: dict[int, tuple[Any, ...]] = {}
+        extra = ", c.vector" if vectors else ""
+        for part in _chunks(ids):
+            marks = ",".join("?" * len(part))
+            rows.update((r[0], r) for r in self._reader().execute(
+                f"SELECT c.id, c.doc_id, c.node_id, c.chunk_index, c.text, d.metadata{extra} FROM chunks c "
+                "JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
+                f"WHERE c.id IN ({marks})", part))
+        return rows
+
+    def search(self, index: str, vector: np.ndarray, k: int,
+               metadata_filter: dict[str, Any] | None = None) -> list[SearchHit]:
+        """Top ``k`` chunks by cosine score (dense only)."""
+        query = self._query_vector(index, vector, k)
+        pairs = self._dense(index, query, k, metadata_filter)
         if not pairs:
             return []
-        marks = ",".join("?" * len(pairs))
-        rows = {r[0]: r for r in self._reader().execute(
-            "SELECT c.id, c.doc_id, c.node_id, c.chunk_index, c.text, d.metadata FROM chunks c "
+        rows = self._rows([i for i, _ in pairs])
+        return [SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]))
+                for i, score in pairs if (r := rows.get(i)) is not None]
+
+    def _lexical(self, index: str, match: str, k: int,
+                 metadata_filter: dict[str, Any] | None) -> list[tuple[int, float]]:
+        """(chunk id, BM25 score, higher better) of the top ``k`` lexical matches in ``index``.
+
+        The lexical index spans the shard's indexes (its statistics too), so the fast path asks it
+        for a few more than ``k`` and keeps this index's rows: when ``k`` of them survive they are
+        exactly this index's top ``k`` (any other row of it ranks below all of those asked for).
+        Otherwise (a filter, or a shard shared with larger indexes) one join query ranks this
+        index's matching rows only."""
+        db = self._reader()
+        if not metadata_filter:
+            wanted = 2 * k + 10
+            found = db.execute(f"SELECT rowid, rank FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? ORDER BY rank "
+                               "LIMIT ?", (match, wanted)).fetchall()
+            if not found:
+                return []
+            ids = [r[0] for r in found]
+            mine: set[int] = set()
+            for part in _chunks(ids):
+                marks = ",".join("?" * len(part))
+                mine.update(r[0] for r in db.execute(
+                    f"SELECT id FROM chunks WHERE index_name = ? AND id IN ({marks})", (index, *part)))
+            kept = [(int(i), -float(r)) for i, r in found if i in mine]
+            if len(kept) >= k or len(found) < wanted:
+                return kept[:k]
+        cond, args = filter_sql(metadata_filter, "d.metadata")
+        return [(int(i), -float(r)) for i, r in db.execute(
+            f"SELECT c.id, {FTS_TABLE}.rank FROM {FTS_TABLE} JOIN chunks c ON c.id = {FTS_TABLE}.rowid "
             "JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
-            f"WHERE c.id IN ({marks})", [i for i, _ in pairs])}
-        hits = []
-        for chunk_id, score in pairs:
-            row = rows.get(chunk_id)
-            if row is not None:  # deleted between the FAISS search and this read
-                hits.append(SearchHit(row[1], row[2], row[3], row[4], score, json.loads(row[5])))
-        return hits
+            f"WHERE {FTS_TABLE} MATCH ? AND c.index_name = ? AND {cond} ORDER BY {FTS_TABLE}.rank LIMIT ?",
+            (match, index, *args, k))]
+
+    def _all_terms(self, query: LexicalQuery, ids: list[int]) -> set[int]:
+        """Which of ``ids`` contain every term of ``query``."""
+        out: set[int] = set()
+        for part in _chunks(ids):
+            marks = ",".join("?" * len(part))
+            out.update(r[0] for r in self._reader().execute(
+                f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid IN ({marks})",
+                (query.all_terms, *part)))
+        return out
+
+    def search_candidates(self, index: str, vector: np.ndarray, text: str, k: int, *, mode: str = "hybrid",
+                          metadata_filter: dict[str, Any] | None = None) -> SearchCandidates:
+        """A retrieval's candidates from this shard, in one call: the top ``k`` by cosine (unless
+        ``mode`` is ``lexical``) and the top ``k`` by BM25 over ``text`` (unless it is ``dense``).
+        Every hit carries its cosine score (lexical-only ones from their stored vector), so a
+        similarity threshold means the same in every mode; lexical hits also carry their BM25 score,
+        and every hit whether it contains all the query's terms. The metadata filter applies to both."""
+        if mode not in RETRIEVAL_MODES:
+            raise ValueError(f"mode must be one of {', '.join(RETRIEVAL_MODES)}")
+        query = self._query_vector(index, vector, k)
+        dense = self._dense(index, query, k, metadata_filter) if mode != "lexical" else []
+        if dense is None:  # the filter matches nothing in this index
+            return SearchCandidates()
+        lex = lexical_query(text) if mode != "dense" else LexicalQuery(())
+        lexical = self._lexical(index, lex.match, k, metadata_filter) if lex else []
+        lexical_scores = dict(lexical)
+        dense_ids = {i for i, _ in dense}
+        rows = self._rows(list(dense_ids))
+        lexical_only = [i for i in lexical_scores if i not in dense_ids]
+        rows.update(self._rows(lexical_only, vectors=True))
+        complete = self._all_terms(lex, list(rows)) if lex else set()
+
+        def hit(i: int, score: float) -> SearchHit:
+            r = rows[i]
+            return SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]), lexical_scores.get(i), i in complete)
+
+        cosines = dict(dense)
+        for i in lexical_only:
+            if i in rows:
+                cosines[i] = float(np.frombuffer(rows[i][6], dtype=np.float32) @ query[0])
+        return SearchCandidates(dense=[hit(i, s) for i, s in dense if i in rows],
+                                lexical=[hit(i, cosines[i]) for i in lexical_scores if i in rows])
 
     # --- durability ---------------------------------------------------------------------------
     def snapshot(self) -> None:
