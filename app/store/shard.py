@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from app.config import MAX_LIST_PAGE
+from app.config import MAX_LIST_PAGE, RETRIEVAL_MODES
 from app.index_spec import IndexSpec
 from app.store.faiss_index import (
     VectorIndex,
@@ -64,8 +64,6 @@ DB_FILE = "shard.sqlite"
 SNAPSHOT_DIR = "faiss"
 _REBUILD_BATCH = 10_000
 _SQL_VARS = 900  # stay under SQLite's host-parameter limit
-#: How a retrieval searches: both lists fused, cosine only, or BM25 only.
-RETRIEVAL_MODES = ("hybrid", "dense", "lexical")
 log = logging.getLogger("ragserve.store")
 
 
