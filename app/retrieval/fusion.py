@@ -48,8 +48,8 @@ def fuse_candidates(dense: Iterable[Sequence[SearchHit]], lexical: Iterable[Sequ
     shards; BM25 scores nearly do, each shard's statistics being a sample of the same corpus), then
     the two rankings are fused by reciprocal rank fusion, which needs no comparable scales between
     them. Every node keeps its cosine ``score``, gains ``fused_score`` and the ``sources`` that
-    found it, and ``keyword_match`` when it contains all of the query's ``query_terms`` terms and
-    there are at least ``options.match_min_terms`` of them. With one modality the order is that
+    found it, and ``keyword_match`` when it contains every term of the query and the query holds at
+    least ``options.match_min_terms`` tokens (``query_terms``). With one modality the order is that
     modality's own."""
     hits: dict[str, SearchHit] = {}
     rankings: list[list[str]] = []

@@ -389,7 +389,7 @@ class DocumentService:
             raise NotFoundError(f"No such index: '{index}' exists.")
         found = [p for p in parts if p is not None]
         nodes = fuse_candidates([p.dense for p in found], [p.lexical for p in found], k, self.retrieval.fusion,
-                                len(lexical_query(query).terms))
+                                lexical_query(query).tokens)
         t2 = time.perf_counter()
         return nodes, {"embed": t1 - t0, "search": t2 - t1}
 

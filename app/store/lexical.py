@@ -54,6 +54,7 @@ STOPWORDS = frozenset(_STOPWORDS_TEXT.split())
 # unicode61 tokenizer indexes; a word without any (only punctuation) selects nothing and is dropped.
 _WORD = re.compile(r"\S+")
 _TOKEN_CHAR = re.compile(r"[^\W_]", re.UNICODE)
+_TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
 _EDGE_PUNCT = re.compile(r"^[\W_]+|[\W_]+$", re.UNICODE)
 #: Longest lexical query, in words: a pasted page is a query about its first words, not a DoS.
 MAX_QUERY_TERMS = 64
@@ -70,6 +71,12 @@ class LexicalQuery:
     @property
     def match(self) -> str:
         return " OR ".join(self.terms)
+
+    @property
+    def tokens(self) -> int:
+        """How many tokens the phrases hold (``"qk-4471-b"`` is one phrase of three): how specific a
+        query is, for ``lexical_match_min_terms``."""
+        return sum(len(_TOKEN.findall(t)) for t in self.terms)
 
     @property
     def all_terms(self) -> str:
