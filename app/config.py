@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     retrieval_candidates: int = Field(
         default=30, ge=1, le=1000, description="Candidates each shard returns per list (dense, lexical) for "
         "the fusion; at least the request's top_k.")
+    lexical_min_match: float = Field(
+        default=0.3, ge=0, le=1, description="Share of a query's terms (rounded up, at least one) a lexical hit "
+        "must contain to be a candidate: a chunk sharing one common word with a long question is no evidence, "
+        "yet rank fusion would credit it like a real match.")
     lexical_match_min_terms: int | None = Field(
         default=2, ge=1, description="A chunk containing every term of a query of at least this many terms "
         "(stopwords aside) counts as relevant whatever its cosine score: a part number or a name matched word "

@@ -65,15 +65,16 @@ def content_doc_id(hash_value: str, attempt: int = 0) -> str:
 @dataclass(frozen=True)
 class RetrievalOptions:
     """How ``retrieve`` searches by default and fuses (the settings ``retrieval_mode``,
-    ``retrieval_candidates``, ``rrf_*``, ``lexical_match_min_terms``)."""
+    ``retrieval_candidates``, ``lexical_min_match``, ``rrf_*``, ``lexical_match_min_terms``)."""
 
     mode: str = "hybrid"
     candidates: int = 30
+    min_match: float = 0.3
     fusion: FusionOptions = field(default_factory=FusionOptions)
 
     @classmethod
     def from_settings(cls, s: Settings) -> RetrievalOptions:
-        return cls(mode=s.retrieval_mode, candidates=s.retrieval_candidates,
+        return cls(mode=s.retrieval_mode, candidates=s.retrieval_candidates, min_match=s.lexical_min_match,
                    fusion=FusionOptions(k=s.rrf_k, dense_weight=s.rrf_dense_weight,
                                         lexical_weight=s.rrf_lexical_weight,
                                         match_min_terms=s.lexical_match_min_terms))
@@ -384,7 +385,8 @@ class DocumentService:
         vector = await self.embedder.embed_query(query)  # the search itself tells a missing index
         t1 = time.perf_counter()
         depth = max(k, self.retrieval.candidates)
-        parts = await self.pool.call_all("search_candidates", index, vector, query, depth, mode, metadata_filter)
+        parts = await self.pool.call_all("search_candidates", index, vector, query, depth, mode, metadata_filter,
+                                         self.retrieval.min_match)
         if all(p is None for p in parts):
             raise NotFoundError(f"No such index: '{index}' exists.")
         found = [p for p in parts if p is not None]

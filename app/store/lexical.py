@@ -62,9 +62,9 @@ MAX_QUERY_TERMS = 64
 
 @dataclass(frozen=True)
 class LexicalQuery:
-    """A user's text as an FTS5 query: ``match`` is the OR of ``terms`` (each a quoted phrase), and
-    ``all_terms`` the AND of them (to tell which hits contain every term). Empty when the text
-    holds nothing searchable (only punctuation): then there is no lexical search at all."""
+    """A user's text as an FTS5 query: ``match`` is the OR of ``terms``, each a quoted phrase (and a
+    query of its own, to count which terms a hit contains). Empty when the text holds nothing
+    searchable (only punctuation): then there is no lexical search at all."""
 
     terms: tuple[str, ...]
 
@@ -77,10 +77,6 @@ class LexicalQuery:
         """How many tokens the phrases hold (``"qk-4471-b"`` is one phrase of three): how specific a
         query is, for ``lexical_match_min_terms``."""
         return sum(len(_TOKEN.findall(t)) for t in self.terms)
-
-    @property
-    def all_terms(self) -> str:
-        return " AND ".join(self.terms)
 
     def __bool__(self) -> bool:
         return bool(self.terms)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -741,23 +742,32 @@ class Shard:
             f"WHERE {FTS_TABLE} MATCH ? AND c.index_name = ? AND {cond} ORDER BY {FTS_TABLE}.rank LIMIT ?",
             (match, index, *args, k))]
 
-    def _all_terms(self, query: LexicalQuery, ids: list[int]) -> set[int]:
-        """Which of ``ids`` contain every term of ``query``."""
-        out: set[int] = set()
-        for part in _chunks(ids):
-            marks = ",".join("?" * len(part))
-            out.update(r[0] for r in self._reader().execute(
-                f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid IN ({marks})",
-                (query.all_terms, *part)))
-        return out
+    def _terms_matched(self, query: LexicalQuery, ids: list[int]) -> dict[int, int]:
+        """How many of ``query``'s terms each of ``ids`` contains (one indexed lookup per term,
+        restricted to those rows)."""
+        counts = dict.fromkeys(ids, 0)
+        for term in query.terms:
+            for part in _chunks(ids):
+                marks = ",".join("?" * len(part))
+                for (i,) in self._reader().execute(
+                        f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid IN ({marks})",
+                        (term, *part)):
+                    counts[i] += 1
+        return counts
 
     def search_candidates(self, index: str, vector: np.ndarray, text: str, k: int, *, mode: str = "hybrid",
-                          metadata_filter: dict[str, Any] | None = None) -> SearchCandidates:
+                          metadata_filter: dict[str, Any] | None = None,
+                          min_match: float = 0.0) -> SearchCandidates:
         """A retrieval's candidates from this shard, in one call: the top ``k`` by cosine (unless
         ``mode`` is ``lexical``) and the top ``k`` by BM25 over ``text`` (unless it is ``dense``).
         Every hit carries its cosine score (lexical-only ones from their stored vector), so a
         similarity threshold means the same in every mode; lexical hits also carry their BM25 score,
-        and every hit whether it contains all the query's terms. The metadata filter applies to both."""
+        and every hit whether it contains all the query's terms. The metadata filter applies to both.
+
+        ``min_match``: the share of the query's terms a lexical hit must contain (rounded up, at
+        least one), BM25's "minimum should match". A hit sharing one common word with a long
+        question is no evidence, but rank fusion would credit it as much as a real match; so the
+        top ``3k`` matches are counted and the weak ones left out."""
         if mode not in RETRIEVAL_MODES:
             raise ValueError(f"mode must be one of {', '.join(RETRIEVAL_MODES)}")
         query = self._query_vector(index, vector, k)
@@ -765,17 +775,19 @@ class Shard:
         if dense is None:  # the filter matches nothing in this index
             return SearchCandidates()
         lex = lexical_query(text) if mode != "dense" else LexicalQuery(())
-        lexical = self._lexical(index, lex.match, k, metadata_filter) if lex else []
-        lexical_scores = dict(lexical)
+        need = max(1, math.ceil(min_match * len(lex.terms) - 1e-9))
+        lexical = self._lexical(index, lex.match, 3 * k if need > 1 else k, metadata_filter) if lex else []
         dense_ids = {i for i, _ in dense}
+        matched = self._terms_matched(lex, list(dense_ids | {i for i, _ in lexical})) if lex else {}
+        lexical_scores = dict([(i, s) for i, s in lexical if matched[i] >= need][:k])
         rows = self._rows(list(dense_ids))
         lexical_only = [i for i in lexical_scores if i not in dense_ids]
         rows.update(self._rows(lexical_only, vectors=True))
-        complete = self._all_terms(lex, list(rows)) if lex else set()
 
         def hit(i: int, score: float) -> SearchHit:
             r = rows[i]
-            return SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]), lexical_scores.get(i), i in complete)
+            return SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]), lexical_scores.get(i),
+                             bool(lex) and matched.get(i, 0) == len(lex.terms))
 
         cosines = dict(dense)
         for i in lexical_only:

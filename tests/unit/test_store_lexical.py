@@ -145,3 +145,10 @@ def test_a_shard_from_before_the_lexical_index_gains_it_on_open(tmp_path) -> Non
     assert [h.doc_id for h in s.search_candidates("kb", vec(0), "XR-7720", 5, mode="lexical").lexical] == ["bracket"]
     assert s.verify() == []
     s.close()
+
+
+def test_min_match_leaves_out_hits_sharing_too_few_terms(shard: Shard) -> None:
+    assert set(lexical_ids(shard, "pump wrench minutes")) == {"bracket", "install"}
+    # 0.6 of three terms: at least two; the bracket shares only "pump"
+    assert lexical_ids(shard, "pump wrench minutes", min_match=0.6) == ["install"]
+    assert lexical_ids(shard, "pump", min_match=1.0) != []  # one term: one is enough
