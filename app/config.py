@@ -95,12 +95,16 @@ class Settings(BaseSettings):
     rrf_dense_weight: float = Field(default=1.0, ge=0, description="Weight of the dense ranking in the fusion.")
     rrf_lexical_weight: float = Field(default=1.0, ge=0, description="Weight of the lexical ranking in the fusion.")
     retrieval_candidates: int = Field(
-        default=30, ge=1, le=1000, description="Candidates each shard returns per list (dense, lexical) for "
+        default=20, ge=1, le=1000, description="Candidates each shard returns per list (dense, lexical) for "
         "the fusion; at least the request's top_k.")
     lexical_min_match: float = Field(
         default=0.3, ge=0, le=1, description="Share of a query's terms (rounded up, at least one) a lexical hit "
         "must contain to be a candidate: a chunk sharing one common word with a long question is no evidence, "
         "yet rank fusion would credit it like a real match.")
+    lexical_max_postings: int | None = Field(
+        default=2000, ge=1, description="Bounds the cost of a lexical search per shard: BM25 is computed for every "
+        "row a term matches, so terms are searched rarest first while the rows they match add up to at most this "
+        "(frequent terms weigh little in BM25). None: every term, whatever it costs.")
     lexical_match_min_terms: int | None = Field(
         default=2, ge=1, description="A chunk containing every term of a query of at least this many terms "
         "(stopwords aside) counts as relevant whatever its cosine score: a part number or a name matched word "

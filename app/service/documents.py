@@ -65,16 +65,19 @@ def content_doc_id(hash_value: str, attempt: int = 0) -> str:
 @dataclass(frozen=True)
 class RetrievalOptions:
     """How ``retrieve`` searches by default and fuses (the settings ``retrieval_mode``,
-    ``retrieval_candidates``, ``lexical_min_match``, ``rrf_*``, ``lexical_match_min_terms``)."""
+    ``retrieval_candidates``, ``lexical_min_match``, ``lexical_max_postings``, ``rrf_*``,
+    ``lexical_match_min_terms``)."""
 
     mode: str = "hybrid"
-    candidates: int = 30
+    candidates: int = 20
     min_match: float = 0.3
+    max_postings: int | None = 2000
     fusion: FusionOptions = field(default_factory=FusionOptions)
 
     @classmethod
     def from_settings(cls, s: Settings) -> RetrievalOptions:
         return cls(mode=s.retrieval_mode, candidates=s.retrieval_candidates, min_match=s.lexical_min_match,
+                   max_postings=s.lexical_max_postings,
                    fusion=FusionOptions(k=s.rrf_k, dense_weight=s.rrf_dense_weight,
                                         lexical_weight=s.rrf_lexical_weight,
                                         match_min_terms=s.lexical_match_min_terms))
@@ -377,16 +380,17 @@ class DocumentService:
         """The top ``k`` nodes for ``query`` in ``mode`` (the server's ``retrieval_mode`` when None),
         and the time spent embedding and searching (seconds).
 
-        One call per shard returns its dense and its lexical candidates (``retrieval_candidates`` of
-        each, at least ``k``); they are fused here, across shards (``fuse_candidates``). The query is
-        embedded in every mode: lexical hits carry their cosine score too."""
+        One call per shard returns its dense and its lexical candidates (in hybrid mode
+        ``retrieval_candidates`` of each, at least ``k``); they are fused here, across shards
+        (``fuse_candidates``). The query is embedded in every mode: lexical hits carry their cosine
+        score too."""
         mode = mode or self.retrieval.mode
         t0 = time.perf_counter()
         vector = await self.embedder.embed_query(query)  # the search itself tells a missing index
         t1 = time.perf_counter()
-        depth = max(k, self.retrieval.candidates)
+        depth = max(k, self.retrieval.candidates) if mode == "hybrid" else k  # one list needs no more than k
         parts = await self.pool.call_all("search_candidates", index, vector, query, depth, mode, metadata_filter,
-                                         self.retrieval.min_match)
+                                         self.retrieval.min_match, self.retrieval.max_postings)
         if all(p is None for p in parts):
             raise NotFoundError(f"No such index: '{index}' exists.")
         found = [p for p in parts if p is not None]

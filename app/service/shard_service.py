@@ -202,12 +202,12 @@ class ShardService:
 
     def search_candidates(self, index: str, vector: np.ndarray, text: str, k: int, mode: str = "hybrid",
                           metadata_filter: dict[str, Any] | None = None,
-                          min_match: float = 0.0) -> SearchCandidates | None:
+                          min_match: float = 0.0, max_postings: int | None = None) -> SearchCandidates | None:
         """A retrieval's dense and lexical candidates in one call (``Shard.search_candidates``), or
         None when this shard has no such index."""
         try:
             return self._shard.search_candidates(index, vector, text, k, mode=mode, metadata_filter=metadata_filter,
-                                                 min_match=min_match)
+                                                 min_match=min_match, max_postings=max_postings)
         except IndexNotFoundError:
             return None
 

@@ -65,6 +65,7 @@ DB_FILE = "shard.sqlite"
 SNAPSHOT_DIR = "faiss"
 _REBUILD_BATCH = 10_000
 _SQL_VARS = 900  # stay under SQLite's host-parameter limit
+MAX_COUNTED_TERMS = 16  # a lexical search considers a query's first 16 content words
 log = logging.getLogger("ragserve.store")
 
 
@@ -730,8 +731,9 @@ class Shard:
             mine: set[int] = set()
             for part in _chunks(ids):
                 marks = ",".join("?" * len(part))
+                # "+index_name": look the ids up by rowid, not by scanning the index's rows
                 mine.update(r[0] for r in db.execute(
-                    f"SELECT id FROM chunks WHERE index_name = ? AND id IN ({marks})", (index, *part)))
+                    f"SELECT id FROM chunks WHERE id IN ({marks}) AND +index_name = ?", (*part, index)))
             kept = [(int(i), -float(r)) for i, r in found if i in mine]
             if len(kept) >= k or len(found) < wanted:
                 return kept[:k]
@@ -755,9 +757,32 @@ class Shard:
                     counts[i] += 1
         return counts
 
+    def _selective(self, query: LexicalQuery, max_postings: int) -> tuple[LexicalQuery, bool]:
+        """The terms of ``query`` to search with, rarest first while the rows they match add up to at
+        most ``max_postings`` (each count stops at that bound, so counting is cheap too); and False
+        when some term matches no row at all (no chunk here can contain every term)."""
+        db = self._reader()
+        counts: list[tuple[int, int]] = []
+        every = True
+        for pos, term in enumerate(query.terms[:MAX_COUNTED_TERMS]):
+            n = db.execute(f"SELECT count(*) FROM (SELECT 1 FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? LIMIT ?)",
+                           (term, max_postings + 1)).fetchone()[0]
+            if n:
+                counts.append((n, pos))
+            else:
+                every = False
+        kept: set[int] = set()
+        spent = 0
+        for n, pos in sorted(counts):
+            if spent + n > max_postings:
+                break
+            kept.add(pos)
+            spent += n
+        return LexicalQuery(tuple(t for pos, t in enumerate(query.terms) if pos in kept)), every
+
     def search_candidates(self, index: str, vector: np.ndarray, text: str, k: int, *, mode: str = "hybrid",
                           metadata_filter: dict[str, Any] | None = None,
-                          min_match: float = 0.0) -> SearchCandidates:
+                          min_match: float = 0.0, max_postings: int | None = None) -> SearchCandidates:
         """A retrieval's candidates from this shard, in one call: the top ``k`` by cosine (unless
         ``mode`` is ``lexical``) and the top ``k`` by BM25 over ``text`` (unless it is ``dense``).
         Every hit carries its cosine score (lexical-only ones from their stored vector), so a
@@ -767,7 +792,13 @@ class Shard:
         ``min_match``: the share of the query's terms a lexical hit must contain (rounded up, at
         least one), BM25's "minimum should match". A hit sharing one common word with a long
         question is no evidence, but rank fusion would credit it as much as a real match; so the
-        top ``3k`` matches are counted and the weak ones left out."""
+        top ``3k`` matches are counted and the weak ones left out.
+
+        ``max_postings`` bounds the lexical search's cost (``_selective``): BM25 is computed for
+        every row a term matches, so the terms are taken rarest first while the rows they match
+        add up to at most this; the frequent ones left out weigh little in BM25 anyway (low IDF).
+        ``all_terms`` then means every term searched, and is never true when a term matches
+        nothing here."""
         if mode not in RETRIEVAL_MODES:
             raise ValueError(f"mode must be one of {', '.join(RETRIEVAL_MODES)}")
         query = self._query_vector(index, vector, k)
@@ -775,6 +806,9 @@ class Shard:
         if dense is None:  # the filter matches nothing in this index
             return SearchCandidates()
         lex = lexical_query(text) if mode != "dense" else LexicalQuery(())
+        complete_possible = True
+        if lex and max_postings is not None:
+            lex, complete_possible = self._selective(lex, max_postings)
         need = max(1, math.ceil(min_match * len(lex.terms) - 1e-9))
         lexical = self._lexical(index, lex.match, 3 * k if need > 1 else k, metadata_filter) if lex else []
         dense_ids = {i for i, _ in dense}
@@ -787,7 +821,7 @@ class Shard:
         def hit(i: int, score: float) -> SearchHit:
             r = rows[i]
             return SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]), lexical_scores.get(i),
-                             bool(lex) and matched.get(i, 0) == len(lex.terms))
+                             bool(lex) and complete_possible and matched.get(i, 0) == len(lex.terms))
 
         cosines = dict(dense)
         for i in lexical_only:

@@ -152,3 +152,19 @@ def test_min_match_leaves_out_hits_sharing_too_few_terms(shard: Shard) -> None:
     # 0.6 of three terms: at least two; the bracket shares only "pump"
     assert lexical_ids(shard, "pump wrench minutes", min_match=0.6) == ["install"]
     assert lexical_ids(shard, "pump", min_match=1.0) != []  # one term: one is enough
+
+
+def test_max_postings_searches_the_rarest_terms_within_the_bound(tmp_path) -> None:
+    s = Shard(tmp_path / "s")
+    s.upsert_documents("kb", [doc(f"c{i}", f"common filler text {i}", i) for i in range(30)]
+                       + [doc("r", "common and zebra", 99)])
+
+    def ids(text: str, **kw: object) -> list[str]:
+        return [h.doc_id for h in s.search_candidates("kb", vec(0), text, 50, mode="lexical", **kw).lexical]
+
+    assert len(ids("common zebra")) == 31
+    assert ids("common zebra", max_postings=10) == ["r"]  # "common" (31 rows) is past the bound
+    assert ids("common", max_postings=10) == []  # nothing selective enough: no lexical search
+    hit = s.search_candidates("kb", vec(0), "zebra unicorn", 5, mode="lexical", max_postings=10).lexical[0]
+    assert hit.doc_id == "r" and not hit.all_terms  # "unicorn" matches nothing: not every term is there
+    s.close()
