@@ -757,20 +757,20 @@ class Shard:
                     counts[i] += 1
         return counts
 
-    def _selective(self, query: LexicalQuery, max_postings: int) -> tuple[LexicalQuery, bool]:
+    def _selective(self, query: LexicalQuery, max_postings: int) -> tuple[LexicalQuery, int]:
         """The terms of ``query`` to search with, rarest first while the rows they match add up to at
-        most ``max_postings`` (each count stops at that bound, so counting is cheap too); and False
-        when some term matches no row at all (no chunk here can contain every term)."""
+        most ``max_postings`` (each count stops at that bound, so counting is cheap too); and how
+        many terms match no row here at all."""
         db = self._reader()
         counts: list[tuple[int, int]] = []
-        every = True
+        absent = 0
         for pos, term in enumerate(query.terms[:MAX_COUNTED_TERMS]):
             n = db.execute(f"SELECT count(*) FROM (SELECT 1 FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? LIMIT ?)",
                            (term, max_postings + 1)).fetchone()[0]
             if n:
                 counts.append((n, pos))
             else:
-                every = False
+                absent += 1
         kept: set[int] = set()
         spent = 0
         for n, pos in sorted(counts):
@@ -778,7 +778,7 @@ class Shard:
                 break
             kept.add(pos)
             spent += n
-        return LexicalQuery(tuple(t for pos, t in enumerate(query.terms) if pos in kept)), every
+        return LexicalQuery(tuple(t for pos, t in enumerate(query.terms) if pos in kept)), absent
 
     def search_candidates(self, index: str, vector: np.ndarray, text: str, k: int, *, mode: str = "hybrid",
                           metadata_filter: dict[str, Any] | None = None,
@@ -792,7 +792,9 @@ class Shard:
         ``min_match``: the share of the query's terms a lexical hit must contain (rounded up, at
         least one), BM25's "minimum should match". A hit sharing one common word with a long
         question is no evidence, but rank fusion would credit it as much as a real match; so the
-        top ``3k`` matches are counted and the weak ones left out.
+        top ``3k`` matches are counted and the weak ones left out. Terms that no row contains count
+        in the share (a chunk with one of six words of a question is weak evidence, even when four
+        of the six occur nowhere); terms left out for cost (below) do not.
 
         ``max_postings`` bounds the lexical search's cost (``_selective``): BM25 is computed for
         every row a term matches, so the terms are taken rarest first while the rows they match
@@ -806,10 +808,10 @@ class Shard:
         if dense is None:  # the filter matches nothing in this index
             return SearchCandidates()
         lex = lexical_query(text) if mode != "dense" else LexicalQuery(())
-        complete_possible = True
+        absent = 0  # terms no row here contains: they still count in the share a hit must match
         if lex and max_postings is not None:
-            lex, complete_possible = self._selective(lex, max_postings)
-        need = max(1, math.ceil(min_match * len(lex.terms) - 1e-9))
+            lex, absent = self._selective(lex, max_postings)
+        need = max(1, math.ceil(min_match * (len(lex.terms) + absent) - 1e-9))
         lexical = self._lexical(index, lex.match, 3 * k if need > 1 else k, metadata_filter) if lex else []
         dense_ids = {i for i, _ in dense}
         matched = self._terms_matched(lex, list(dense_ids | {i for i, _ in lexical})) if lex else {}
@@ -821,7 +823,7 @@ class Shard:
         def hit(i: int, score: float) -> SearchHit:
             r = rows[i]
             return SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]), lexical_scores.get(i),
-                             bool(lex) and complete_possible and matched.get(i, 0) == len(lex.terms))
+                             bool(lex) and not absent and matched.get(i, 0) == len(lex.terms))
 
         cosines = dict(dense)
         for i in lexical_only:

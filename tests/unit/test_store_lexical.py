@@ -152,6 +152,8 @@ def test_min_match_leaves_out_hits_sharing_too_few_terms(shard: Shard) -> None:
     # 0.6 of three terms: at least two; the bracket shares only "pump"
     assert lexical_ids(shard, "pump wrench minutes", min_match=0.6) == ["install"]
     assert lexical_ids(shard, "pump", min_match=1.0) != []  # one term: one is enough
+    # words found nowhere still count: one of three words is weak evidence
+    assert lexical_ids(shard, "pump xylophone quasar", min_match=0.6, max_postings=100) == []
 
 
 def test_max_postings_searches_the_rarest_terms_within_the_bound(tmp_path) -> None:
