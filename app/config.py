@@ -109,6 +109,10 @@ class Settings(BaseSettings):
         default=2, ge=1, description="A chunk containing every term of a query of at least this many terms "
         "(stopwords aside) counts as relevant whatever its cosine score: a part number or a name matched word "
         "for word passes similarity_threshold on its own. None: only the cosine score decides.")
+    reranker_model: str | None = Field(
+        default=None, description="Local path of a sentence-transformers CrossEncoder that reorders the fused "
+        "candidates (retrieval_candidates of them) before selection. None: no reranking (the CPU default: it "
+        "runs a transformer over every candidate on every request).")
     followup_max_tokens: int = Field(
         default=128, ge=1, description="A follow-up question that retrieves nothing alone is retried joined to "
         "the previous user turns, newest first, up to this many tokens.")

@@ -118,6 +118,8 @@ class NodeWithScore(BaseModel):
         "in this order.")
     sources: list[Literal["dense", "lexical"]] | None = Field(
         default=None, description="Which rankings found it: dense (cosine), lexical (BM25).")
+    rerank_score: float | None = Field(
+        default=None, description="The reranker's score (reranker_model), when one reordered the candidates.")
     keyword_match: bool | None = Field(
         default=None, description="It contains every term of a query of at least lexical_match_min_terms terms, "
         "so it counts as relevant whatever its score.")

@@ -40,6 +40,7 @@ from app.errors import BadRequestError, ConflictError, NotFoundError
 from app.ingest import ChunkingError, DocumentChunker, content_hash, node_id_for
 from app.paths import PathOutsideStorageError, confine
 from app.retrieval.fusion import FusionOptions, fuse_candidates
+from app.retrieval.rerank import Reranker, rerank
 from app.routing import group_by_shard
 from app.service.pool import ShardPool
 from app.service.shard_service import HOME_SHARD, STAGING_PREFIX
@@ -117,8 +118,9 @@ class DocumentService:
 
     def __init__(self, pool: ShardPool, embedder: TextEmbedder, chunker: DocumentChunker, *,
                  storage_dir: str | Path, embedding_model: str = "", embed_batch: int = 128,
-                 retrieval: RetrievalOptions | None = None):
+                 retrieval: RetrievalOptions | None = None, reranker: Reranker | None = None):
         self.retrieval = retrieval or RetrievalOptions()
+        self.reranker = reranker
         self.pool = pool
         self.embedder = embedder
         self.chunker = chunker
@@ -382,22 +384,30 @@ class DocumentService:
 
         One call per shard returns its dense and its lexical candidates (in hybrid mode
         ``retrieval_candidates`` of each, at least ``k``); they are fused here, across shards
-        (``fuse_candidates``). The query is embedded in every mode: lexical hits carry their cosine
+        (``fuse_candidates``); a reranker, when configured, reorders the fused candidates and the
+        best ``k`` are kept. The query is embedded in every mode: lexical hits carry their cosine
         score too."""
         mode = mode or self.retrieval.mode
         t0 = time.perf_counter()
         vector = await self.embedder.embed_query(query)  # the search itself tells a missing index
         t1 = time.perf_counter()
-        depth = max(k, self.retrieval.candidates) if mode == "hybrid" else k  # one list needs no more than k
+        # fusion and reranking choose among more than k; a single list, as is, needs only k
+        wide = mode == "hybrid" or self.reranker is not None
+        depth = max(k, self.retrieval.candidates) if wide else k
         parts = await self.pool.call_all("search_candidates", index, vector, query, depth, mode, metadata_filter,
                                          self.retrieval.min_match, self.retrieval.max_postings)
         if all(p is None for p in parts):
             raise NotFoundError(f"No such index: '{index}' exists.")
         found = [p for p in parts if p is not None]
-        nodes = fuse_candidates([p.dense for p in found], [p.lexical for p in found], k, self.retrieval.fusion,
+        nodes = fuse_candidates([p.dense for p in found], [p.lexical for p in found],
+                                depth if self.reranker is not None else k, self.retrieval.fusion,
                                 lexical_query(query).tokens)
         t2 = time.perf_counter()
-        return nodes, {"embed": t1 - t0, "search": t2 - t1}
+        timings = {"embed": t1 - t0, "search": t2 - t1}
+        if self.reranker is not None and nodes:
+            nodes = (await rerank(self.reranker, query, nodes))[:k]
+            timings["rerank"] = time.perf_counter() - t2
+        return nodes, timings
 
     # --- persistence --------------------------------------------------------------------------
     @property
