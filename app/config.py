@@ -9,7 +9,7 @@ serves many environments (a KubeRay pod sets ``RAGSERVE_LLM_URL`` without editin
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -17,6 +17,11 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from app.index_spec import IndexSpec
 
 LlmEngineName = Literal["transformers", "vllm", "openai"]
+#: How a retrieval searches: dense and lexical candidates fused, cosine only, or BM25 only.
+RetrievalMode = Literal["hybrid", "dense", "lexical"]
+RETRIEVAL_MODES: tuple[str, ...] = get_args(RetrievalMode)
+#: How chat turns a follow-up question into a retrieval query (besides joining earlier turns).
+QueryRewrite = Literal["off", "llm"]
 #: The largest page of documents a listing can return; ``max_list_limit`` may lower it.
 MAX_LIST_PAGE = 1000
 
@@ -97,6 +102,42 @@ class Settings(BaseSettings):
     top_k: int = Field(default=5, ge=1, le=100)
     chunk_size: int = Field(default=256, ge=16, description="Sentence chunk size in embedding-model tokens.")
     chunk_overlap: int = Field(default=32, ge=0)
+
+    # --- retrieval quality (docs/quality.md) ---------------------------------------------------
+    retrieval_mode: RetrievalMode = Field(
+        default="hybrid", description="hybrid: dense and lexical (BM25) candidates fused by reciprocal rank "
+        "fusion; dense: cosine only; lexical: BM25 only. Requests may choose their own.")
+    rrf_k: int = Field(default=60, ge=0, description="Reciprocal rank fusion's k: score = sum(w / (k + rank)).")
+    rrf_dense_weight: float = Field(default=1.0, ge=0, description="Weight of the dense ranking in the fusion.")
+    rrf_lexical_weight: float = Field(default=1.0, ge=0, description="Weight of the lexical ranking in the fusion.")
+    retrieval_candidates: int = Field(
+        default=20, ge=1, le=1000, description="Candidates each shard returns per list (dense, lexical) for "
+        "the fusion; at least the request's top_k.")
+    lexical_min_match: float = Field(
+        default=0.3, ge=0, le=1, description="Share of a query's terms (rounded up, at least one) a lexical hit "
+        "must contain to be a candidate: a chunk sharing one common word with a long question is no evidence, "
+        "yet rank fusion would credit it like a real match.")
+    lexical_max_postings: int | None = Field(
+        default=2000, ge=1, description="Bounds the cost of a lexical search per shard: BM25 is computed for every "
+        "row a term matches, so terms are searched rarest first while the rows they match add up to at most this "
+        "(frequent terms weigh little in BM25). None: every term, whatever it costs.")
+    lexical_match_min_terms: int | None = Field(
+        default=2, ge=1, description="A chunk containing every term of a query of at least this many terms "
+        "(stopwords aside) counts as relevant whatever its cosine score: a part number or a name matched word "
+        "for word passes similarity_threshold on its own. None: only the cosine score decides.")
+    reranker_model: str | None = Field(
+        default=None, description="Local path of a sentence-transformers CrossEncoder that reorders the fused "
+        "candidates (retrieval_candidates of them) before selection. None: no reranking (the CPU default: it "
+        "runs a transformer over every candidate on every request).")
+    followup_max_tokens: int = Field(
+        default=128, ge=1, description="A follow-up question that retrieves nothing alone is retried joined to "
+        "the previous user turns, newest first, up to this many tokens.")
+    query_rewrite: QueryRewrite = Field(
+        default="off", description="llm: a follow-up question is first rewritten into a standalone one by the "
+        "generator (one short extra generation); off: only the deterministic join.")
+    sources_in_content: bool = Field(
+        default=False, description="Append a plain 'Sources:' list to RAG answers' text, for clients that "
+        "drop the response's extra fields (citations, source_nodes).")
 
     # --- token budget (docs/architecture.md §5) -----------------------------------------------------
     context_token_ratio: float = Field(default=0.5, ge=0.2, le=0.8)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from app.api.values import INT64_MAX, INT64_MIN, check_filter, check_metadata, check_text
+from app.config import RetrievalMode
 from app.engines.sampling import SamplingParams
 
 INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -111,13 +112,25 @@ class MessageResponse(BaseModel):
 
 
 class NodeWithScore(BaseModel):
-    """A retrieved chunk: which document, which node, its text, cosine score and metadata."""
+    """A retrieved chunk: which document, which node, its text, cosine score and metadata; with how
+    retrieval ranked it. ``score`` stays the cosine similarity in every mode, so that
+    ``similarity_threshold`` keeps one meaning."""
 
     doc_id: str
     node_id: str
     text: str
-    score: float
+    score: float = Field(description="Cosine similarity to the query (lexical hits too, from their stored vector).")
     metadata: dict[str, Any] = Field(default_factory=dict)
+    fused_score: float | None = Field(
+        default=None, description="Reciprocal rank fusion score over the rankings that found it: results are "
+        "in this order.")
+    sources: list[Literal["dense", "lexical"]] | None = Field(
+        default=None, description="Which rankings found it: dense (cosine), lexical (BM25).")
+    rerank_score: float | None = Field(
+        default=None, description="The reranker's score (reranker_model), when one reordered the candidates.")
+    keyword_match: bool | None = Field(
+        default=None, description="It contains every term of a query of at least lexical_match_min_terms terms, "
+        "so it counts as relevant whatever its score.")
 
 
 class _RetrievalRequest(BaseModel):
@@ -128,6 +141,8 @@ class _RetrievalRequest(BaseModel):
     query: Text
     metadata_filter: dict[str, Any] | None = None
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
+    retrieval_mode: RetrievalMode | None = Field(
+        default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted.")
 
     _check_name = field_validator("index_name")(lambda cls, v: validate_index_name(v))
     _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))

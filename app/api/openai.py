@@ -14,10 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from app.api.documents import NodeWithScore, validate_index_name, validate_metadata_filter
 from app.api.values import INT64_MAX, INT64_MIN, check_text
+from app.config import QueryRewrite, RetrievalMode
 from app.engines.sampling import SamplingParams, extra_fields
 
 # Fields that only ragserve understands; they are removed before a request goes upstream.
-RAG_FIELDS = frozenset({"index_name", "context_token_ratio", "top_k", "similarity_threshold", "metadata_filter"})
+RAG_FIELDS = frozenset({"index_name", "context_token_ratio", "top_k", "similarity_threshold", "metadata_filter",
+                        "retrieval_mode", "query_rewrite", "sources_in_content"})
 
 
 class ContentPart(BaseModel):
@@ -84,6 +86,14 @@ class ChatCompletionRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=1, le=1000)
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
     metadata_filter: dict[str, Any] | None = None
+    retrieval_mode: RetrievalMode | None = Field(
+        default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted.")
+    query_rewrite: QueryRewrite | None = Field(
+        default=None, description="llm: rewrite a follow-up into a standalone question with the generator "
+        "before retrieving; the server's query_rewrite when omitted.")
+    sources_in_content: bool | None = Field(
+        default=None, description="Append a plain 'Sources:' list to the answer's text; the server's "
+        "sources_in_content when omitted.")
 
     _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
     _check_index = field_validator("index_name")(lambda cls, v: v if v is None else validate_index_name(v))
@@ -153,6 +163,34 @@ def new_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
 
 
+class Citation(BaseModel):
+    """A ``[marker]`` in the answer that names a source the model was given: which node and document,
+    and the span ``[start, end)`` of the answer's text it supports (the marker included)."""
+
+    marker: int
+    node_id: str
+    doc_id: str
+    start: int
+    end: int
+
+
+class InvalidCitation(BaseModel):
+    """A ``[marker]`` that names no source the model was given (the model invented it)."""
+
+    marker: int
+    start: int
+    end: int
+
+
+class RagInfo(BaseModel):
+    """How a RAG answer retrieved: the query it searched with (for a follow-up, the question joined
+    to earlier turns, or rewritten), where that query came from, and the retrieval mode."""
+
+    query: str
+    query_source: Literal["message", "joined", "rewritten"]
+    retrieval_mode: str
+
+
 class _CompletionBody(BaseModel):
     """What a whole completion and a chunk of one share. Bodies are written with ``exclude_unset``,
     so a relayed upstream body keeps its own fields and ragserve's own set every field they send."""
@@ -166,6 +204,13 @@ class _CompletionBody(BaseModel):
     source_nodes: list[NodeWithScore] | None = Field(
         default=None, description="RAG answers: the retrieved chunks the answer was given, with their scores "
         "(on the first chunk of a stream).")
+    citations: list[Citation] | None = Field(
+        default=None, description="RAG answers: the answer's [n] markers that name a source in source_nodes "
+        "(on the final chunk of a stream).")
+    invalid_citations: list[InvalidCitation] | None = Field(
+        default=None, description="RAG answers: [n] markers that name no source the model was given.")
+    rag: RagInfo | None = Field(default=None, description="RAG answers: the retrieval query and mode used "
+                                "(on the first chunk of a stream).")
 
 
 class ChatCompletionResponse(_CompletionBody):

@@ -46,6 +46,9 @@ class RagParams:
     similarity_threshold: float | None = None
     context_token_ratio: float | None = None
     metadata_filter: dict[str, Any] | None = None
+    retrieval_mode: str | None = None
+    query_rewrite: str | None = None
+    sources_in_content: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -154,5 +157,8 @@ def plan(request: ChatCompletionRequest, index_exists: Callable[[str], bool]) ->
         similarity_threshold=request.similarity_threshold,
         context_token_ratio=request.context_token_ratio,
         metadata_filter=request.metadata_filter,
+        retrieval_mode=request.retrieval_mode,
+        query_rewrite=request.query_rewrite,
+        sources_in_content=request.sources_in_content,
     )
     return RagPlan(query=query, system=system, history=history, params=params, body=body)

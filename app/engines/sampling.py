@@ -18,7 +18,7 @@ from typing import Any
 NOT_EXTRA = frozenset({"messages", "model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
                        "temperature", "top_p", "stop", "seed", "user", "tools", "tool_choice", "functions",
                        "function_call", "index_name", "context_token_ratio", "top_k", "similarity_threshold",
-                       "metadata_filter"})
+                       "metadata_filter", "retrieval_mode", "query_rewrite", "sources_in_content"})
 
 
 def extra_fields(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,9 +7,16 @@ from collections.abc import Callable, Sequence
 from app.api.documents import NodeWithScore
 
 
+def passes_threshold(node: NodeWithScore, threshold: float) -> bool:
+    """A node is relevant when its cosine score reaches ``threshold``, or when retrieval found every
+    term of the query in it (``keyword_match``: a part number or a name matched word for word, whose
+    cosine score may be low; see the setting ``lexical_match_min_terms``)."""
+    return node.score >= threshold or bool(node.keyword_match)
+
+
 def relevant(nodes: Sequence[NodeWithScore], threshold: float) -> list[NodeWithScore]:
-    """Nodes scoring at least ``threshold``, best first."""
-    return sorted((n for n in nodes if n.score >= threshold), key=lambda n: n.score, reverse=True)
+    """Nodes that pass ``threshold`` (``passes_threshold``), best cosine score first."""
+    return sorted((n for n in nodes if passes_threshold(n, threshold)), key=lambda n: n.score, reverse=True)
 
 
 def select_context(nodes: Sequence[NodeWithScore], *, threshold: float, budget_tokens: int,

@@ -7,10 +7,11 @@ and the outcome (a response model, or a stream of chunk models) back into HTTP (
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from app.api.documents import NodeWithScore, QueryRequest, QueryResponse, RetrieveRequest, RetrieveResponse
 from app.api.openai import (
@@ -20,18 +21,23 @@ from app.api.openai import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     DeltaMessage,
+    RagInfo,
     ResponseMessage,
     new_completion_id,
 )
 from app.budget import FitResult, fit, fit_passthrough
 from app.budget.tokenizers import Message, TokenCounter
 from app.chat import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
+from app.chat.followup import REWRITE_MAX_TOKENS, joined_query, previous_user_turns, rewrite_messages
 from app.config import Settings
 from app.engines.base import GenerationDelta, GenerationResult
 from app.engines.sampling import SamplingParams
 from app.errors import BadRequestError, NotFoundError, ServiceError
-from app.retrieval import relevant
+from app.retrieval import passes_threshold, relevant
+from app.retrieval.citations import parse_citations, sources_footer
 from app.service.documents import DocumentService
+
+log = logging.getLogger("ragserve.chat")
 
 
 class LanguageModel(Protocol):
@@ -66,6 +72,7 @@ class ChatOutcome:
     source_nodes: list[NodeWithScore] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
+    rag: RagInfo | None = None  # what retrieval searched with, when it ran
 
 
 def _stamp(body: ChatCompletionResponse | ChatCompletionChunk, cid: str, created: int) -> None:
@@ -103,7 +110,8 @@ class ChatService:
     async def query(self, req: QueryRequest) -> QueryResponse:
         """KAITO's ``/query``: retrieve, answer with the relevant nodes, return both."""
         threshold = self._threshold(req.similarity_threshold)
-        nodes, _ = await self.documents.retrieve(req.index_name, req.query, req.top_k, req.metadata_filter)
+        nodes, _ = await self.documents.retrieve(req.index_name, req.query, req.top_k, req.metadata_filter,
+                                                 req.retrieval_mode)
         result = await self._fit(system=[], history=[], query=req.query, nodes=nodes,
                                  requested=req.llm_params.max_tokens, threshold=threshold, ratio=None)
         answer = await self.llm.chat(result.messages, req.llm_params.to_sampling_params(result.max_tokens))
@@ -115,9 +123,9 @@ class ChatService:
         """KAITO's ``/retrieve``: the best nodes, without generation; with ``similarity_threshold``
         only those that reach it. Also returns the stage timings."""
         nodes, timings = await self.documents.retrieve(req.index_name, req.query, req.max_node_count,
-                                                       req.metadata_filter)
+                                                       req.metadata_filter, req.retrieval_mode)
         if req.similarity_threshold is not None:
-            nodes = [n for n in nodes if n.score >= req.similarity_threshold]
+            nodes = [n for n in nodes if passes_threshold(n, req.similarity_threshold)]
         return RetrieveResponse(query=req.query, results=nodes, count=len(nodes)), timings
 
     # --- passthrough --------------------------------------------------------------------------
@@ -174,49 +182,125 @@ class ChatService:
                    history_min_messages=s.history_min_messages, history_max_messages=s.history_max_messages)
 
     async def _rag(self, p: RagPlan, request: ChatCompletionRequest) -> ChatOutcome:
-        k = p.params.top_k or self.settings.top_k
+        k = p.params.top_k or await self._chat_top_k(p, request)
+        threshold = self._threshold(p.params.similarity_threshold)
         try:
-            nodes, timings = await self.documents.retrieve(p.params.index_name, p.query, k, p.params.metadata_filter)
+            nodes, timings, rag = await self._retrieve_for_chat(p, k, threshold)
         except NotFoundError as e:  # every shard said it has no such index
             raise unknown_index(p.params.index_name) from e
         except BadRequestError as e:
             raise BadRequestError(e.message, param="metadata_filter") from e
-        threshold = self._threshold(p.params.similarity_threshold)
         if not relevant(nodes, threshold):
-            return await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings)
+            return self._with_rag(await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream,
+                                                          timings), rag)
         t_fit = time.perf_counter()
         result = await self._fit(system=p.system, history=p.history, query=p.query, nodes=nodes,
                                  requested=request.requested_max_tokens(), threshold=threshold,
                                  ratio=p.params.context_token_ratio)
         timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
         if not result.nodes_used:  # relevant nodes existed but none fitted the budget
-            return await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings)
+            return self._with_rag(await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream,
+                                                          timings), rag)
         sampling = request.to_sampling_params(result.max_tokens)
+        footer = self.settings.sources_in_content if p.params.sources_in_content is None \
+            else p.params.sources_in_content
         outcome = ChatOutcome(
-            mode="rag", reason=None, source_nodes=result.nodes_used, timings=timings,
+            mode="rag", reason=None, source_nodes=result.nodes_used, timings=timings, rag=rag,
             stats={"prompt_tokens": result.prompt_tokens, "context_tokens": result.context_tokens,
                    "history_tokens": result.history_tokens, "history_dropped": result.history_dropped,
                    "nodes_used": len(result.nodes_used)})
         if request.stream:
             include_usage = bool((request.stream_options or {}).get("include_usage"))
-            outcome.stream = self._rag_stream(result.messages, sampling, result.nodes_used, include_usage, outcome)
+            outcome.stream = self._rag_stream(result.messages, sampling, result.nodes_used, include_usage, outcome,
+                                              footer)
             return outcome
         t0 = time.perf_counter()
         answer = await self.llm.chat(result.messages, sampling)
         outcome.timings["generate"] = time.perf_counter() - t0
+        citations, invalid = parse_citations(answer.text, result.nodes_used)
+        text = answer.text + (sources_footer(result.nodes_used, citations) if footer else "")
         outcome.response = ChatCompletionResponse(
             id=new_completion_id(), object="chat.completion", created=int(time.time()),
             model=answer.model or self.llm.model_id,
-            choices=[ChatCompletionChoice(index=0, message=ResponseMessage(role="assistant", content=answer.text),
+            choices=[ChatCompletionChoice(index=0, message=ResponseMessage(role="assistant", content=text),
                                           finish_reason=answer.finish_reason)],
-            usage=answer.usage(), source_nodes=result.nodes_used)
+            usage=answer.usage(), source_nodes=result.nodes_used, citations=citations, invalid_citations=invalid,
+            rag=rag)
         return outcome
+
+    @staticmethod
+    def _with_rag(outcome: ChatOutcome, rag: RagInfo) -> ChatOutcome:
+        outcome.rag = rag  # a no_context fallback still says what it searched with (a header, not the body)
+        return outcome
+
+    # --- what chat retrieves with (candidates, follow-ups) ------------------------------------
+    async def _chat_top_k(self, p: RagPlan, request: ChatCompletionRequest) -> int:
+        """Candidates for a request without ``top_k``: enough to fill the context budget (about the
+        budget divided by the chunk size), at least 5 and at most ``max_top_k``; ``fit`` then
+        selects from them by score, as many as fit."""
+        s = self.settings
+        window = await self.llm.context_window()
+        reserve = request.requested_max_tokens() or s.default_max_tokens
+        ratio = p.params.context_token_ratio if p.params.context_token_ratio is not None else s.context_token_ratio
+        budget = max(0, window - reserve) * ratio
+        return min(s.max_top_k, max(5, int(budget // s.chunk_size)))
+
+    async def _retrieve_for_chat(self, p: RagPlan, k: int,
+                                 threshold: float) -> tuple[list[NodeWithScore], dict[str, float], RagInfo]:
+        """Retrieve for the newest user turn; when it finds nothing relevant and there are earlier user
+        turns, retry with them joined to it (``app.chat.followup``). With ``query_rewrite: llm`` a
+        standalone rewrite by the generator is tried first. Returns the nodes, the summed timings and
+        which query found them (the newest turn alone when none did)."""
+        mode = p.params.retrieval_mode or self.settings.retrieval_mode
+        rewrite = p.params.query_rewrite or self.settings.query_rewrite
+        previous = previous_user_turns(p.history)
+        timings: dict[str, float] = {}
+        attempts: list[tuple[str, Literal["message", "joined", "rewritten"]]] = []
+        if rewrite == "llm" and previous:
+            t0 = time.perf_counter()
+            rewritten = await self._rewrite(p)
+            timings["rewrite"] = time.perf_counter() - t0
+            if rewritten:
+                attempts.append((rewritten, "rewritten"))
+        attempts.append((p.query, "message"))
+        if previous:
+            counter = await self.llm.token_counter()
+            joined = joined_query(p.query, previous, counter.count_text, self.settings.followup_max_tokens)
+            if joined != p.query:
+                attempts.append((joined, "joined"))
+        first: tuple[list[NodeWithScore], RagInfo] | None = None
+        for query, source in attempts:
+            nodes, spent = await self.documents.retrieve(p.params.index_name, query, k, p.params.metadata_filter,
+                                                         mode)
+            for stage, seconds in spent.items():
+                timings[stage] = timings.get(stage, 0.0) + seconds
+            info = RagInfo(query=query, query_source=source, retrieval_mode=mode)
+            if relevant(nodes, threshold):
+                return nodes, timings, info
+            if source == "message":
+                first = (nodes, info)
+        assert first is not None  # the newest turn itself is always attempted
+        return first[0], timings, first[1]
+
+    async def _rewrite(self, p: RagPlan) -> str | None:
+        """A standalone version of the newest question, by the generator (greedy, short); None when
+        the generator fails or answers nothing, so retrieval goes on deterministically."""
+        try:
+            answer = await self.llm.chat(rewrite_messages(p.history, p.query),
+                                         SamplingParams(max_tokens=REWRITE_MAX_TOKENS, temperature=0.0))
+        except ServiceError as e:
+            log.warning("query rewrite failed, retrieving without it: %s", e.message)
+            return None
+        text = answer.text.strip().strip('"').strip()
+        return text.splitlines()[0].strip() if text else None
 
     async def _rag_stream(self, messages: list[dict[str, Any]], sampling: SamplingParams,
                           sources: list[NodeWithScore], include_usage: bool,
-                          outcome: ChatOutcome) -> AsyncGenerator[ChatCompletionChunk, None]:
-        """OpenAI chunks; the first carries the role and ``source_nodes``. ``model`` names the model
-        that generates the answer (the remote server's own name for it, where it says)."""
+                          outcome: ChatOutcome, footer: bool = False) -> AsyncGenerator[ChatCompletionChunk, None]:
+        """OpenAI chunks; the first carries the role, ``source_nodes`` and ``rag``; the final one (with
+        the finish reason) the answer's ``citations``, preceded by the "Sources:" text when
+        ``footer``. ``model`` names the model that generates the answer (the remote server's own
+        name for it, where it says)."""
         cid, created = new_completion_id(), int(time.time())
         model = self.llm.model_id
 
@@ -224,8 +308,19 @@ class ChatService:
             return ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model,
                                        choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)])
 
+        def closing(finish: str | None) -> list[ChatCompletionChunk]:
+            citations, invalid = parse_citations("".join(text), sources)
+            out = []
+            if footer and (extra := sources_footer(sources, citations)):
+                out.append(chunk(DeltaMessage(content=extra)))
+            last = chunk(DeltaMessage(), finish)
+            last.citations, last.invalid_citations = citations, invalid
+            out.append(last)
+            return out
+
         t0 = time.perf_counter()
         deltas = aiter(self.llm.chat_stream(messages, sampling))
+        text: list[str] = []
         try:
             # Wait for the model's first output before the first chunk: an upstream that fails at once
             # becomes an HTTP error status (as in passthrough), not a 200 with an error event.
@@ -233,12 +328,23 @@ class ChatService:
             model = (first.model if first is not None else None) or model
             head = chunk(DeltaMessage(role="assistant", content=""))
             head.source_nodes = sources
+            if outcome.rag is not None:
+                head.rag = outcome.rag
             yield head
             usage = None
+            closed = False
             async for d in _prepend(first, deltas):
                 usage = d.usage() or usage
-                if d.text or d.finish_reason:
-                    yield chunk(DeltaMessage(content=d.text) if d.text else DeltaMessage(), d.finish_reason)
+                if d.text:
+                    text.append(d.text)
+                    yield chunk(DeltaMessage(content=d.text))
+                if d.finish_reason and not closed:
+                    closed = True
+                    for c in closing(d.finish_reason):
+                        yield c
+            if not closed:
+                for c in closing(None):
+                    yield c
             if include_usage and usage is not None:
                 yield ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model,
                                           choices=[], usage=usage)

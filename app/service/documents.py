@@ -20,7 +20,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,13 +36,17 @@ from app.api.documents import (
     UpdateDocumentsResponse,
 )
 from app.api.stats import IndexStats, ShardStats
+from app.config import Settings
 from app.errors import BadRequestError, ConflictError, NotFoundError
 from app.ingest import ChunkingError, DocumentChunker, content_hash, node_id_for
 from app.paths import PathOutsideStorageError, confine
+from app.retrieval.fusion import FusionOptions, fuse_candidates
+from app.retrieval.rerank import Reranker, rerank
 from app.routing import group_by_shard
 from app.service.pool import ShardPool
 from app.service.shard_service import HOME_SHARD, STAGING_PREFIX
 from app.store import ChunkWrite, DocumentWrite, SearchHit, StoredDocument
+from app.store.lexical import lexical_query
 
 MANIFEST = "manifest.json"
 SNAPSHOTS = "snapshots"  # persist/load paths are relative to <storage_dir>/snapshots
@@ -58,6 +62,27 @@ def content_doc_id(hash_value: str, attempt: int = 0) -> str:
     document. ``attempt`` > 0 gives the next candidates, used when another document (edited since)
     already holds the id."""
     return uuid.uuid5(_CONTENT_NAMESPACE, f"{hash_value}:{attempt}").hex
+
+
+@dataclass(frozen=True)
+class RetrievalOptions:
+    """How ``retrieve`` searches by default and fuses (the settings ``retrieval_mode``,
+    ``retrieval_candidates``, ``lexical_min_match``, ``lexical_max_postings``, ``rrf_*``,
+    ``lexical_match_min_terms``)."""
+
+    mode: str = "hybrid"
+    candidates: int = 20
+    min_match: float = 0.3
+    max_postings: int | None = 2000
+    fusion: FusionOptions = field(default_factory=FusionOptions)
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> RetrievalOptions:
+        return cls(mode=s.retrieval_mode, candidates=s.retrieval_candidates, min_match=s.lexical_min_match,
+                   max_postings=s.lexical_max_postings,
+                   fusion=FusionOptions(k=s.rrf_k, dense_weight=s.rrf_dense_weight,
+                                        lexical_weight=s.rrf_lexical_weight,
+                                        match_min_terms=s.lexical_match_min_terms))
 
 
 class TextEmbedder(Protocol):
@@ -93,7 +118,10 @@ class DocumentService:
     """Index management over a pool of shards."""
 
     def __init__(self, pool: ShardPool, embedder: TextEmbedder, chunker: DocumentChunker, *,
-                 storage_dir: str | Path, embedding_model: str = "", embed_batch: int = 128):
+                 storage_dir: str | Path, embedding_model: str = "", embed_batch: int = 128,
+                 retrieval: RetrievalOptions | None = None, reranker: Reranker | None = None):
+        self.retrieval = retrieval or RetrievalOptions()
+        self.reranker = reranker
         self.pool = pool
         self.embedder = embedder
         self.chunker = chunker
@@ -350,15 +378,37 @@ class DocumentService:
         hits = sorted((h for p in parts if p for h in p), key=lambda h: h.score, reverse=True)[:k]
         return [hit_to_node(h) for h in hits]
 
-    async def retrieve(self, index: str, query: str, k: int,
-                       metadata_filter: dict[str, Any] | None = None) -> tuple[list[NodeWithScore], dict[str, float]]:
-        """Nodes for ``query`` and the time spent embedding and searching (seconds)."""
+    async def retrieve(self, index: str, query: str, k: int, metadata_filter: dict[str, Any] | None = None,
+                       mode: str | None = None) -> tuple[list[NodeWithScore], dict[str, float]]:
+        """The top ``k`` nodes for ``query`` in ``mode`` (the server's ``retrieval_mode`` when None),
+        and the time spent embedding and searching (seconds).
+
+        One call per shard returns its dense and its lexical candidates (in hybrid mode
+        ``retrieval_candidates`` of each, at least ``k``); they are fused here, across shards
+        (``fuse_candidates``); a reranker, when configured, reorders the fused candidates and the
+        best ``k`` are kept. The query is embedded in every mode: lexical hits carry their cosine
+        score too."""
+        mode = mode or self.retrieval.mode
         t0 = time.perf_counter()
         vector = await self.embedder.embed_query(query)  # the search itself tells a missing index
         t1 = time.perf_counter()
-        nodes = await self.search(index, vector, k, metadata_filter)
+        # fusion and reranking choose among more than k; a single list, as is, needs only k
+        wide = mode == "hybrid" or self.reranker is not None
+        depth = max(k, self.retrieval.candidates) if wide else k
+        parts = await self.pool.call_all("search_candidates", index, vector, query, depth, mode, metadata_filter,
+                                         self.retrieval.min_match, self.retrieval.max_postings)
+        if all(p is None for p in parts):
+            raise NotFoundError(f"No such index: '{index}' exists.")
+        found = [p for p in parts if p is not None]
+        nodes = fuse_candidates([p.dense for p in found], [p.lexical for p in found],
+                                depth if self.reranker is not None else k, self.retrieval.fusion,
+                                lexical_query(query).tokens)
         t2 = time.perf_counter()
-        return nodes, {"embed": t1 - t0, "search": t2 - t1}
+        timings = {"embed": t1 - t0, "search": t2 - t1}
+        if self.reranker is not None and nodes:
+            nodes = (await rerank(self.reranker, query, nodes))[:k]
+            timings["rerank"] = time.perf_counter() - t2
+        return nodes, timings
 
     # --- persistence --------------------------------------------------------------------------
     @property

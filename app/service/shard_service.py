@@ -23,7 +23,7 @@ import numpy as np
 
 from app.errors import BadRequestError, ConflictError
 from app.routing import shard_for
-from app.store import DocumentWrite, SearchHit, Shard, StoredDocument, read_export
+from app.store import DocumentWrite, SearchCandidates, SearchHit, Shard, StoredDocument, read_export
 from app.store.types import IndexDroppedError, IndexExistsError, IndexNotFoundError
 
 LAYOUT_FILE = "ragserve-layout.json"
@@ -197,6 +197,17 @@ class ShardService:
         """Hits, or None when this shard has no such index (so a search needs no existence check)."""
         try:
             return self._shard.search(index, vector, k, metadata_filter=metadata_filter)
+        except IndexNotFoundError:
+            return None
+
+    def search_candidates(self, index: str, vector: np.ndarray, text: str, k: int, mode: str = "hybrid",
+                          metadata_filter: dict[str, Any] | None = None,
+                          min_match: float = 0.0, max_postings: int | None = None) -> SearchCandidates | None:
+        """A retrieval's dense and lexical candidates in one call (``Shard.search_candidates``), or
+        None when this shard has no such index."""
+        try:
+            return self._shard.search_candidates(index, vector, text, k, mode=mode, metadata_filter=metadata_filter,
+                                                 min_match=min_match, max_postings=max_postings)
         except IndexNotFoundError:
             return None
 

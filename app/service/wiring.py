@@ -15,9 +15,10 @@ from typing import Any, Protocol
 from app.budget.tokenizers import ApproxTokenCounter
 from app.config import ScopedKey, Settings
 from app.ingest import DocumentChunker, hf_token_counter
+from app.retrieval.rerank import CrossEncoderReranker
 from app.service.access import FULL_ACCESS, Principal, Role
 from app.service.chat import ChatService, LanguageModel
-from app.service.documents import DocumentService, TextEmbedder
+from app.service.documents import DocumentService, RetrievalOptions, TextEmbedder
 from app.service.embeddings import EmbeddingService
 from app.service.limits import RequestLimits
 from app.service.pool import ShardPool
@@ -66,8 +67,10 @@ def build_services(settings: Settings, *, pool: ShardPool, embedder: TokenCounti
     count = (hf_token_counter(embedding_tokenizer) if embedding_tokenizer is not None
              else ApproxTokenCounter("no tokenizer for the remote embedding model").count_text)
     chunker = DocumentChunker(count, settings.chunk_size, settings.chunk_overlap)
+    reranker = CrossEncoderReranker(settings.reranker_model) if settings.reranker_model else None
     documents = DocumentService(pool, embedder, chunker, storage_dir=settings.storage_dir,
-                                embedding_model=embedding_model)
+                                embedding_model=embedding_model, retrieval=RetrievalOptions.from_settings(settings),
+                                reranker=reranker)
     return Services(
         settings=settings, documents=documents, chat=ChatService(settings, documents, llm),
         embeddings=EmbeddingService(embedder.embed_documents, embedder.count_tokens, embedding_model),

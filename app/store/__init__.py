@@ -9,6 +9,7 @@ from app.store.types import (
     DimensionMismatchError,
     DocumentWrite,
     IndexNotFoundError,
+    SearchCandidates,
     SearchHit,
     StoredDocument,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "DocumentWrite",
     "IndexNotFoundError",
     "IndexSpec",
+    "SearchCandidates",
     "SearchHit",
     "Shard",
     "StoredDocument",

@@ -1,15 +1,22 @@
 """The shard's SQLite schema: the source of truth for documents, chunks and vectors.
 
-Chunk ids are AUTOINCREMENT so an id is never reused: it is the FAISS id, and the change log can
-replay adds and deletes after a snapshot without ambiguity.
+Chunk ids are AUTOINCREMENT so an id is never reused: it is the FAISS id (and the lexical index's
+rowid), and the change log can replay adds and deletes after a snapshot without ambiguity.
+
+Versions: 1 chunks and documents; 2 index generations (``indexes.generation``, ``origin``,
+``dropped_indexes``); 3 the lexical index (``chunks_fts``, ``app.store.lexical``).
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
 
-SCHEMA_VERSION = 2
+from app.store.lexical import create_lexical_index
+
+SCHEMA_VERSION = 3
+log = logging.getLogger("ragserve.store")
 
 DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -59,14 +66,19 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    """Create the tables, and bring a version-1 file up to date: ``indexes.generation`` (0 for
+    """Create the tables, and bring an older file up to date: ``indexes.generation`` (0 for
     indexes created before generations existed), ``indexes.origin`` and ``dropped_indexes`` (the highest generation of
-    each name ever dropped, so a late write for a dropped index is refused instead of reviving it)."""
+    each name ever dropped, so a late write for a dropped index is refused instead of reviving it);
+    the lexical index, filled from the chunk rows already there."""
     conn.executescript(DDL)
     columns = {r[1] for r in conn.execute("PRAGMA table_info(indexes)")}
     if "generation" not in columns:
         conn.execute("ALTER TABLE indexes ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
     if "origin" not in columns:  # the staging index a load swapped in (makes a retried swap a no-op)
         conn.execute("ALTER TABLE indexes ADD COLUMN origin TEXT")
+    if create_lexical_index(conn):
+        n = conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        if n:
+            log.info("built the lexical index of %d existing chunks", n)
     conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
     conn.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))

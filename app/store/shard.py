@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -36,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from app.config import MAX_LIST_PAGE
+from app.config import MAX_LIST_PAGE, RETRIEVAL_MODES
 from app.index_spec import IndexSpec
 from app.store.faiss_index import (
     VectorIndex,
@@ -47,6 +48,7 @@ from app.store.faiss_index import (
 )
 from app.store.filters import filter_sql
 from app.store.gpu import GpuMirror, resolve_faiss_device
+from app.store.lexical import FTS_TABLE, LexicalQuery, lexical_problems, lexical_query
 from app.store.schema import connect, create_schema
 from app.store.types import (
     DimensionMismatchError,
@@ -54,6 +56,7 @@ from app.store.types import (
     IndexDroppedError,
     IndexExistsError,
     IndexNotFoundError,
+    SearchCandidates,
     SearchHit,
     StoredDocument,
 )
@@ -62,6 +65,7 @@ DB_FILE = "shard.sqlite"
 SNAPSHOT_DIR = "faiss"
 _REBUILD_BATCH = 10_000
 _SQL_VARS = 900  # stay under SQLite's host-parameter limit
+MAX_COUNTED_TERMS = 16  # a lexical search considers a query's first 16 content words
 log = logging.getLogger("ragserve.store")
 
 
@@ -234,9 +238,10 @@ class Shard:
 
     def verify(self) -> list[str]:
         """The shard's self-check: every chunk row has exactly one vector in FAISS, no vector is
-        without a row, FAISS counts what SQLite counts, and no row belongs to a missing index or
-        document. Returns the problems found (empty when healthy). Runs at open (a failing index is
-        rebuilt from SQLite) and after every concurrency test."""
+        without a row, FAISS counts what SQLite counts, no row belongs to a missing index or
+        document, and the lexical index agrees with the chunk rows. Returns the problems found (empty
+        when healthy). Runs at open (a failing index is rebuilt from SQLite) and after every
+        concurrency test."""
         with self._write_lock, self._faiss_lock:
             problems: list[str] = []
             for table in ("chunks", "documents"):
@@ -251,6 +256,7 @@ class Shard:
                 problems.append(f"{n} chunk rows without their document")
             for index in sorted(self._dims):
                 problems += self._vector_problems(index, self._faiss.get(index))
+            problems += lexical_problems(self._write)
             return problems
 
     def _require(self, index: str) -> int:
@@ -646,16 +652,19 @@ class Shard:
                                        is_truncated=truncated))
         return docs, total
 
-    def search(self, index: str, vector: np.ndarray, k: int,
-               metadata_filter: dict[str, Any] | None = None) -> list[SearchHit]:
-        """Top ``k`` chunks by cosine score. A filter selects ids in SQLite first and FAISS scores only
-        those, so a filter never starves the result."""
+    def _query_vector(self, index: str, vector: np.ndarray, k: int) -> np.ndarray:
         dim = self._require(index)
         if k < 1:
             raise ValueError("k must be >= 1")
         query = np.ascontiguousarray(vector, dtype=np.float32).reshape(1, -1)
         if query.shape[1] != dim:
             raise DimensionMismatchError(f"index {index!r} holds {dim}-d vectors, query is {query.shape[1]}-d")
+        return query
+
+    def _dense(self, index: str, query: np.ndarray, k: int,
+               metadata_filter: dict[str, Any] | None) -> list[tuple[int, float]] | None:
+        """(chunk id, cosine) of the top ``k`` by FAISS; None when the filter matches nothing. A
+        filter selects ids in SQLite first and FAISS scores only those, so it never starves the result."""
         allowed = None
         if metadata_filter:
             cond, args = filter_sql(metadata_filter, "d.metadata")
@@ -663,7 +672,7 @@ class Shard:
                 "SELECT c.id FROM chunks c JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
                 f"WHERE c.index_name = ? AND {cond}", (index, *args))]
             if not ids:
-                return []
+                return None
             allowed = ids
         with self._faiss_lock:
             fidx = self._faiss.get(index)
@@ -676,20 +685,152 @@ class Shard:
                                                      min(k, fidx.ntotal))
             else:
                 scores, ids_found = fidx.search(query, k, allowed)
-        pairs = [(int(i), float(s)) for i, s in zip(ids_found[0], scores[0], strict=True) if i >= 0]
+        return [(int(i), float(s)) for i, s in zip(ids_found[0], scores[0], strict=True) if i >= 0]
+
+    def _rows(self, ids: list[int], *, vectors: bool = False) -> dict[int, tuple[Any, ...]]:
+        """Chunk rows with their document's metadata, by id; (id, doc_id, node_id, chunk_index,
+        text, metadata[, vector]). A chunk deleted meanwhile is simply absent."""
+        rows: dict[int, tuple[Any, ...]] = {}
+        extra = ", c.vector" if vectors else ""
+        for part in _chunks(ids):
+            marks = ",".join("?" * len(part))
+            rows.update((r[0], r) for r in self._reader().execute(
+                f"SELECT c.id, c.doc_id, c.node_id, c.chunk_index, c.text, d.metadata{extra} FROM chunks c "
+                "JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
+                f"WHERE c.id IN ({marks})", part))
+        return rows
+
+    def search(self, index: str, vector: np.ndarray, k: int,
+               metadata_filter: dict[str, Any] | None = None) -> list[SearchHit]:
+        """Top ``k`` chunks by cosine score (dense only)."""
+        query = self._query_vector(index, vector, k)
+        pairs = self._dense(index, query, k, metadata_filter)
         if not pairs:
             return []
-        marks = ",".join("?" * len(pairs))
-        rows = {r[0]: r for r in self._reader().execute(
-            "SELECT c.id, c.doc_id, c.node_id, c.chunk_index, c.text, d.metadata FROM chunks c "
+        rows = self._rows([i for i, _ in pairs])
+        return [SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]))
+                for i, score in pairs if (r := rows.get(i)) is not None]
+
+    def _lexical(self, index: str, match: str, k: int,
+                 metadata_filter: dict[str, Any] | None) -> list[tuple[int, float]]:
+        """(chunk id, BM25 score, higher better) of the top ``k`` lexical matches in ``index``.
+
+        The lexical index spans the shard's indexes (its statistics too), so the fast path asks it
+        for a few more than ``k`` and keeps this index's rows: when ``k`` of them survive they are
+        exactly this index's top ``k`` (any other row of it ranks below all of those asked for).
+        Otherwise (a filter, or a shard shared with larger indexes) one join query ranks this
+        index's matching rows only."""
+        db = self._reader()
+        if not metadata_filter:
+            wanted = 2 * k + 10
+            found = db.execute(f"SELECT rowid, rank FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? ORDER BY rank "
+                               "LIMIT ?", (match, wanted)).fetchall()
+            if not found:
+                return []
+            ids = [r[0] for r in found]
+            mine: set[int] = set()
+            for part in _chunks(ids):
+                marks = ",".join("?" * len(part))
+                # "+index_name": look the ids up by rowid, not by scanning the index's rows
+                mine.update(r[0] for r in db.execute(
+                    f"SELECT id FROM chunks WHERE id IN ({marks}) AND +index_name = ?", (*part, index)))
+            kept = [(int(i), -float(r)) for i, r in found if i in mine]
+            if len(kept) >= k or len(found) < wanted:
+                return kept[:k]
+        cond, args = filter_sql(metadata_filter, "d.metadata")
+        return [(int(i), -float(r)) for i, r in db.execute(
+            f"SELECT c.id, {FTS_TABLE}.rank FROM {FTS_TABLE} JOIN chunks c ON c.id = {FTS_TABLE}.rowid "
             "JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
-            f"WHERE c.id IN ({marks})", [i for i, _ in pairs])}
-        hits = []
-        for chunk_id, score in pairs:
-            row = rows.get(chunk_id)
-            if row is not None:  # deleted between the FAISS search and this read
-                hits.append(SearchHit(row[1], row[2], row[3], row[4], score, json.loads(row[5])))
-        return hits
+            f"WHERE {FTS_TABLE} MATCH ? AND c.index_name = ? AND {cond} ORDER BY {FTS_TABLE}.rank LIMIT ?",
+            (match, index, *args, k))]
+
+    def _terms_matched(self, query: LexicalQuery, ids: list[int]) -> dict[int, int]:
+        """How many of ``query``'s terms each of ``ids`` contains (one indexed lookup per term,
+        restricted to those rows)."""
+        counts = dict.fromkeys(ids, 0)
+        for term in query.terms:
+            for part in _chunks(ids):
+                marks = ",".join("?" * len(part))
+                for (i,) in self._reader().execute(
+                        f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid IN ({marks})",
+                        (term, *part)):
+                    counts[i] += 1
+        return counts
+
+    def _selective(self, query: LexicalQuery, max_postings: int) -> tuple[LexicalQuery, int]:
+        """The terms of ``query`` to search with, rarest first while the rows they match add up to at
+        most ``max_postings`` (each count stops at that bound, so counting is cheap too); and how
+        many terms match no row here at all."""
+        db = self._reader()
+        counts: list[tuple[int, int]] = []
+        absent = 0
+        for pos, term in enumerate(query.terms[:MAX_COUNTED_TERMS]):
+            n = db.execute(f"SELECT count(*) FROM (SELECT 1 FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? LIMIT ?)",
+                           (term, max_postings + 1)).fetchone()[0]
+            if n:
+                counts.append((n, pos))
+            else:
+                absent += 1
+        kept: set[int] = set()
+        spent = 0
+        for n, pos in sorted(counts):
+            if spent + n > max_postings:
+                break
+            kept.add(pos)
+            spent += n
+        return LexicalQuery(tuple(t for pos, t in enumerate(query.terms) if pos in kept)), absent
+
+    def search_candidates(self, index: str, vector: np.ndarray, text: str, k: int, *, mode: str = "hybrid",
+                          metadata_filter: dict[str, Any] | None = None,
+                          min_match: float = 0.0, max_postings: int | None = None) -> SearchCandidates:
+        """A retrieval's candidates from this shard, in one call: the top ``k`` by cosine (unless
+        ``mode`` is ``lexical``) and the top ``k`` by BM25 over ``text`` (unless it is ``dense``).
+        Every hit carries its cosine score (lexical-only ones from their stored vector), so a
+        similarity threshold means the same in every mode; lexical hits also carry their BM25 score,
+        and every hit whether it contains all the query's terms. The metadata filter applies to both.
+
+        ``min_match``: the share of the query's terms a lexical hit must contain (rounded up, at
+        least one), BM25's "minimum should match". A hit sharing one common word with a long
+        question is no evidence, but rank fusion would credit it as much as a real match; so the
+        top ``3k`` matches are counted and the weak ones left out. Terms that no row contains count
+        in the share (a chunk with one of six words of a question is weak evidence, even when four
+        of the six occur nowhere); terms left out for cost (below) do not.
+
+        ``max_postings`` bounds the lexical search's cost (``_selective``): BM25 is computed for
+        every row a term matches, so the terms are taken rarest first while the rows they match
+        add up to at most this; the frequent ones left out weigh little in BM25 anyway (low IDF).
+        ``all_terms`` then means every term searched, and is never true when a term matches
+        nothing here."""
+        if mode not in RETRIEVAL_MODES:
+            raise ValueError(f"mode must be one of {', '.join(RETRIEVAL_MODES)}")
+        query = self._query_vector(index, vector, k)
+        dense = self._dense(index, query, k, metadata_filter) if mode != "lexical" else []
+        if dense is None:  # the filter matches nothing in this index
+            return SearchCandidates()
+        lex = lexical_query(text) if mode != "dense" else LexicalQuery(())
+        absent = 0  # terms no row here contains: they still count in the share a hit must match
+        if lex and max_postings is not None:
+            lex, absent = self._selective(lex, max_postings)
+        need = max(1, math.ceil(min_match * (len(lex.terms) + absent) - 1e-9))
+        lexical = self._lexical(index, lex.match, 3 * k if need > 1 else k, metadata_filter) if lex else []
+        dense_ids = {i for i, _ in dense}
+        matched = self._terms_matched(lex, list(dense_ids | {i for i, _ in lexical})) if lex else {}
+        lexical_scores = dict([(i, s) for i, s in lexical if matched[i] >= need][:k])
+        rows = self._rows(list(dense_ids))
+        lexical_only = [i for i in lexical_scores if i not in dense_ids]
+        rows.update(self._rows(lexical_only, vectors=True))
+
+        def hit(i: int, score: float) -> SearchHit:
+            r = rows[i]
+            return SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]), lexical_scores.get(i),
+                             bool(lex) and not absent and matched.get(i, 0) == len(lex.terms))
+
+        cosines = dict(dense)
+        for i in lexical_only:
+            if i in rows:
+                cosines[i] = float(np.frombuffer(rows[i][6], dtype=np.float32) @ query[0])
+        return SearchCandidates(dense=[hit(i, s) for i, s in dense if i in rows],
+                                lexical=[hit(i, cosines[i]) for i in lexical_scores if i in rows])
 
     # --- durability ---------------------------------------------------------------------------
     def snapshot(self) -> None:

@@ -42,12 +42,29 @@ class StoredDocument(_Document):
 
 @dataclass(frozen=True)
 class SearchHit:
+    """One chunk found by a search. ``score`` is always the cosine similarity to the query (for a
+    lexical hit too, from its stored vector), so thresholds mean the same in every mode.
+    ``lexical_score`` is its BM25 score (higher is better) when the lexical search found it, and
+    ``all_terms`` says that its text contains every term of the lexical query."""
+
     doc_id: str
     node_id: str
     chunk_index: int
     text: str
     score: float
     metadata: dict[str, Any]
+    lexical_score: float | None = None
+    all_terms: bool = False
+
+
+@dataclass(frozen=True)
+class SearchCandidates:
+    """One shard's answer to a retrieval: its dense candidates (best cosine first) and its lexical
+    candidates (best BM25 first), each at most ``k``; a chunk found by both is in both lists.
+    The caller fuses the lists of every shard (``app.retrieval.fusion``)."""
+
+    dense: list[SearchHit] = field(default_factory=list)
+    lexical: list[SearchHit] = field(default_factory=list)
 
 
 class IndexNotFoundError(KeyError):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from app.service.pool import ShardPool
-from app.store import ChunkWrite, DimensionMismatchError, DocumentWrite, SearchHit, StoredDocument
+from app.store import ChunkWrite, DimensionMismatchError, DocumentWrite, SearchCandidates, SearchHit, StoredDocument
 
 
 def write(doc_id: str, text: str, dim: int = 4, seed: int = 0) -> DocumentWrite:
@@ -39,6 +39,17 @@ class ShardPoolContract:
         assert isinstance(hits[0], SearchHit) and hits[0].doc_id == "d1"
         assert hits[0].score == pytest.approx(1.0, abs=1e-5)
         assert await pool.call(1, "search", "kb", doc.chunks[0].vector, 1) is None  # no such index there
+
+    async def test_search_candidates_cross_the_pool_in_one_call(self, pool: ShardPool) -> None:
+        doc = write("d1", "the XR-7720 bracket", seed=3)
+        await pool.call(0, "upsert_documents", "kb", [doc])
+        found = await pool.call(0, "search_candidates", "kb", doc.chunks[0].vector, "XR-7720", 5, "hybrid", None,
+                                0.3, 2000)
+        assert isinstance(found, SearchCandidates)
+        assert [h.doc_id for h in found.dense] == ["d1"] and [h.doc_id for h in found.lexical] == ["d1"]
+        assert found.lexical[0].all_terms and found.lexical[0].lexical_score > 0
+        assert found.lexical[0].score == pytest.approx(1.0, abs=1e-5)
+        assert await pool.call(1, "search_candidates", "kb", doc.chunks[0].vector, "XR-7720", 5) is None
 
     async def test_a_shard_error_reaches_the_caller_as_itself(self, pool: ShardPool) -> None:
         await pool.call(0, "upsert_documents", "kb", [write("d1", "four dimensions")])

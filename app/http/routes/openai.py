@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -53,7 +54,8 @@ def openai_router(services: Services) -> APIRouter:
     @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_CHAT_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI chat completions; with `index_name`, answered from the index (RAG). The response
-        says which with `X-RAG-Mode` (and `X-RAG-Reason` for a passthrough)."""
+        says which with `X-RAG-Mode` (and `X-RAG-Reason` for a passthrough), and the query retrieval
+        used with `X-RAG-Query` (URL-encoded)."""
         allow(request, Role.READ, body.index_name)
         t0 = time.perf_counter()
         limits.messages(len(body.messages))
@@ -62,6 +64,8 @@ def openai_router(services: Services) -> APIRouter:
         headers = {"X-RAG-Mode": outcome.mode}
         if outcome.reason:
             headers["X-RAG-Reason"] = outcome.reason
+        if outcome.rag is not None:  # the query retrieval searched with (a follow-up's may differ)
+            headers["X-RAG-Query"] = quote(outcome.rag.query, safe="")
         if outcome.stream is None:
             assert outcome.response is not None
             _report_chat(tel, outcome, time.perf_counter() - t0)

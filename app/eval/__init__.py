@@ -1,0 +1,1 @@
+"""Offline evaluation of a running ragserve server (``ragserve-eval``)."""

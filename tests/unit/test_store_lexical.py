@@ -1,0 +1,172 @@
+"""The shard's lexical index (FTS5): safe queries, written and deleted with the chunk rows, filtered
+like dense hits, durable through export/import, and built on open for shards written before it."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import numpy as np
+import pytest
+
+from app.store import ChunkWrite, DocumentWrite, Shard, read_export
+from app.store.lexical import FTS_TABLE, lexical_query
+
+TEXTS = {
+    "bracket": "The XR-7720 bracket mounts the pump on the frame.",
+    "install": "Installing the pump takes ten minutes with a 10 mm wrench.",
+    "russian": "Ремонт насоса: замените уплотнение.",
+    "chinese": "安装水泵需要十分钟",
+    "other": "Unrelated words about gardening and tomatoes.",
+}
+
+
+def vec(seed: int, dim: int = 8) -> np.ndarray:
+    v = np.random.default_rng(seed).normal(size=dim).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def doc(doc_id: str, text: str, seed: int, **meta: object) -> DocumentWrite:
+    return DocumentWrite(doc_id, text, dict(meta), f"h-{doc_id}", [ChunkWrite(f"{doc_id}-0", 0, text, vec(seed))])
+
+
+@pytest.fixture
+def shard(tmp_path):
+    s = Shard(tmp_path / "s")
+    s.upsert_documents("kb", [doc(k, t, i, kind="a" if i % 2 else "b") for i, (k, t) in enumerate(TEXTS.items())])
+    yield s
+    s.close()
+
+
+def lexical_ids(shard: Shard, text: str, **kw: object) -> list[str]:
+    return [h.doc_id for h in shard.search_candidates("kb", vec(99), text, 5, mode="lexical", **kw).lexical]
+
+
+@pytest.mark.parametrize("text", [
+    '"', '""', '"unbalanced', "pump*", "*", "NEAR(pump bracket)", "pump NEAR bracket", "-pump", "pump -bracket",
+    "AND", "OR NOT", "pump AND OR NOT bracket", "(pump", "kind:a", "^pump", "pump + bracket", "'", "\\", ";--",
+    "", "   ", "?!.,;", "…", "🙂", "a the of", "насоса", "安装水泵需要十分钟", "x" * 5000, "word " * 500,
+])
+def test_no_user_text_is_a_query_syntax_error(shard: Shard, text: str) -> None:
+    shard.search_candidates("kb", vec(0), text, 5)  # would raise sqlite3.OperationalError
+
+
+def test_query_builder_quotes_every_word_and_drops_what_selects_nothing() -> None:
+    assert lexical_query('the "XR-7720," bracket?').terms == ('"xr-7720"', '"bracket"')
+    assert lexical_query('say "hi"').terms == ('"say"', '"hi"')  # inner quotes stripped at the edges
+    assert lexical_query('a"b').terms == ('"a""b"',)  # a quote inside a word is doubled
+    assert lexical_query("?!. -- *").terms == ()
+    assert not lexical_query("")
+    assert lexical_query("How do I install it?").terms == ('"install"',)
+    assert lexical_query("what is it").terms == ('"what"', '"is"', '"it"')  # only stopwords: kept
+    assert lexical_query("Pump pump PUMP").terms == ('"pump"',)
+
+
+def test_lexical_search_finds_words_stems_part_numbers_and_non_latin_text(shard: Shard) -> None:
+    assert lexical_ids(shard, "XR-7720") == ["bracket"]
+    assert lexical_ids(shard, "install") == ["install"]  # porter: installing ~ install
+    assert lexical_ids(shard, "насоса") == ["russian"]
+    assert lexical_ids(shard, "安装水泵需要十分钟") == ["chinese"]
+    assert set(lexical_ids(shard, "pump wrench")) == {"bracket", "install"}
+    assert lexical_ids(shard, "pump wrench")[0] == "install"  # both terms beat one
+
+
+def test_hits_carry_cosine_bm25_and_whether_every_term_matched(shard: Shard) -> None:
+    q = vec(1)  # the "install" chunk's own vector
+    cand = shard.search_candidates("kb", q, "pump wrench", 5)
+    lex = {h.doc_id: h for h in cand.lexical}
+    assert lex["install"].score == pytest.approx(1.0, abs=1e-5)  # cosine from the stored vector
+    assert lex["bracket"].score == pytest.approx(float(vec(0) @ q), abs=1e-5)
+    assert lex["install"].lexical_score > lex["bracket"].lexical_score > 0
+    assert lex["install"].all_terms and not lex["bracket"].all_terms
+    dense = {h.doc_id: h for h in cand.dense}
+    assert dense["install"].all_terms and dense["other"].lexical_score is None and not dense["other"].all_terms
+    assert shard.search_candidates("kb", q, "pump", 5, mode="dense").lexical == []
+    assert shard.search_candidates("kb", q, "pump", 5, mode="lexical").dense == []
+    with pytest.raises(ValueError, match="mode"):
+        shard.search_candidates("kb", q, "pump", 5, mode="bm25")
+
+
+def test_metadata_filter_applies_to_lexical_hits(shard: Shard) -> None:
+    assert set(lexical_ids(shard, "pump")) == {"bracket", "install"}
+    assert lexical_ids(shard, "pump", metadata_filter={"kind": "b"}) == ["bracket"]
+    assert lexical_ids(shard, "pump", metadata_filter={"kind": "nope"}) == []
+    cand = shard.search_candidates("kb", vec(0), "pump", 5, metadata_filter={"kind": "a"})
+    assert {h.doc_id for h in cand.dense + cand.lexical} <= {"install", "chinese"}
+
+
+def test_lexical_rows_follow_updates_deletes_and_drops(shard: Shard) -> None:
+    shard.upsert_documents("kb", [doc("bracket", "A completely new text about valves.", 0)])
+    assert lexical_ids(shard, "XR-7720") == []
+    assert lexical_ids(shard, "valves") == ["bracket"]
+    shard.delete_documents("kb", ["install"])
+    assert lexical_ids(shard, "wrench") == []
+    shard.upsert_documents("other", [doc("x", "wrench in another index", 7)])
+    assert lexical_ids(shard, "wrench") == []  # another index's rows never leak in
+    assert shard.verify() == []
+    shard.drop_index("kb")
+    n = shard._write.execute(f"SELECT COUNT(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH 'pump'").fetchone()[0]
+    assert n == 0
+    assert shard.verify() == []
+
+
+def test_an_index_shared_shard_still_ranks_this_index_exactly(tmp_path) -> None:
+    s = Shard(tmp_path / "s")
+    s.upsert_documents("big", [doc(f"b{i}", f"pump pump pump note {i}", i) for i in range(60)])
+    s.upsert_documents("small", [doc("s1", "pump once", 1), doc("s2", "a pump and a pump", 2)])
+    hits = s.search_candidates("small", vec(0), "pump", 5, mode="lexical").lexical
+    assert [h.doc_id for h in hits] == ["s2", "s1"]  # past the fast path's window into "big"
+    s.close()
+
+
+def test_export_and_import_carry_the_lexical_index(shard: Shard, tmp_path) -> None:
+    shard.export_index("kb", tmp_path / "part.sqlite")
+    _, docs = read_export(tmp_path / "part.sqlite")
+    other = Shard(tmp_path / "t")
+    other.upsert_documents("copy", list(docs))
+    assert [h.doc_id for h in other.search_candidates("copy", vec(0), "XR-7720", 5, mode="lexical").lexical] == [
+        "bracket"]
+    assert other.verify() == []
+    other.close()
+
+
+def test_a_shard_from_before_the_lexical_index_gains_it_on_open(tmp_path) -> None:
+    s = Shard(tmp_path / "s")
+    s.upsert_documents("kb", [doc(k, t, i) for i, (k, t) in enumerate(TEXTS.items())])
+    s.close()
+    db = sqlite3.connect(tmp_path / "s" / "shard.sqlite")  # back to schema version 2
+    for trigger in ("chunks_fts_insert", "chunks_fts_delete", "chunks_fts_update"):
+        db.execute(f"DROP TRIGGER {trigger}")
+    db.execute(f"DROP TABLE {FTS_TABLE}")
+    db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    s = Shard(tmp_path / "s")
+    assert s._write.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+    assert [h.doc_id for h in s.search_candidates("kb", vec(0), "XR-7720", 5, mode="lexical").lexical] == ["bracket"]
+    assert s.verify() == []
+    s.close()
+
+
+def test_min_match_leaves_out_hits_sharing_too_few_terms(shard: Shard) -> None:
+    assert set(lexical_ids(shard, "pump wrench minutes")) == {"bracket", "install"}
+    # 0.6 of three terms: at least two; the bracket shares only "pump"
+    assert lexical_ids(shard, "pump wrench minutes", min_match=0.6) == ["install"]
+    assert lexical_ids(shard, "pump", min_match=1.0) != []  # one term: one is enough
+    # words found nowhere still count: one of three words is weak evidence
+    assert lexical_ids(shard, "pump xylophone quasar", min_match=0.6, max_postings=100) == []
+
+
+def test_max_postings_searches_the_rarest_terms_within_the_bound(tmp_path) -> None:
+    s = Shard(tmp_path / "s")
+    s.upsert_documents("kb", [doc(f"c{i}", f"common filler text {i}", i) for i in range(30)]
+                       + [doc("r", "common and zebra", 99)])
+
+    def ids(text: str, **kw: object) -> list[str]:
+        return [h.doc_id for h in s.search_candidates("kb", vec(0), text, 50, mode="lexical", **kw).lexical]
+
+    assert len(ids("common zebra")) == 31
+    assert ids("common zebra", max_postings=10) == ["r"]  # "common" (31 rows) is past the bound
+    assert ids("common", max_postings=10) == []  # nothing selective enough: no lexical search
+    hit = s.search_candidates("kb", vec(0), "zebra unicorn", 5, mode="lexical", max_postings=10).lexical[0]
+    assert hit.doc_id == "r" and not hit.all_terms  # "unicorn" matches nothing: not every term is there
+    s.close()
