@@ -399,11 +399,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("indexes", parents=[common], help="list indexes with documents, chunks and bytes")
     p.set_defaults(func=cmd_indexes)
+    # Listed here for --help; `ragserve eval ...` is handed to app.eval.beir before this parser runs.
+    sub.add_parser("eval", help="retrieval quality on a BEIR-format dataset (ragserve eval --help)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["eval"]:  # the evaluator has its own options (app/eval/beir.py)
+        from app.eval.beir import main as evaluate
+
+        return evaluate(given[1:], prog="ragserve eval")
+    args = build_parser().parse_args(given)
     url = args.url or os.environ.get("RAGSERVE_URL") or DEFAULT_URL
     key = args.api_key or os.environ.get("RAGSERVE_API_KEY") or None
     console = Console(stderr=True)  # progress, warnings and errors

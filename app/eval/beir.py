@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -156,12 +157,14 @@ def table(summaries: dict[str, dict[str, float]]) -> str:
     return "\n".join([head, *rows])
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ragserve-eval", description="Retrieval quality of a ragserve server on a "
+def parser(prog: str = "ragserve-eval") -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog=prog, description="Retrieval quality of a ragserve server on a "
                                  "BEIR-format dataset (nDCG@10, recall@10/100, MRR@10, p50 latency per mode).")
     ap.add_argument("data", help="folder with corpus.jsonl, queries.jsonl and qrels/<split>.tsv")
-    ap.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
-    ap.add_argument("--api-key", default=None, help="bearer key (a write key: the corpus is indexed)")
+    ap.add_argument("--url", default=os.environ.get("RAGSERVE_URL", "http://127.0.0.1:8000"),
+                    help="the server's base URL (env RAGSERVE_URL)")
+    ap.add_argument("--api-key", default=os.environ.get("RAGSERVE_API_KEY"),
+                    help="bearer key, a write key since the corpus is indexed (env RAGSERVE_API_KEY)")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated retrieval modes")
     ap.add_argument("--split", default="test", help="the qrels file to judge with")
     ap.add_argument("--index", default=None, help="index name (default: a fresh eval-<random> index)")
@@ -173,8 +176,8 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "ragserve-eval") -> int:
+    args = parser(prog).parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:

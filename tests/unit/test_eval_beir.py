@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from app.cli.main import main as cli_main
 from app.eval.beir import Dataset, main, mrr_at, ndcg_at, recall_at
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.inprocess import inprocess_app
@@ -44,7 +45,7 @@ def test_eval_over_http_hybrid_is_at_least_the_better_single_mode(tmp_path, embe
     with FakeOpenAI(answer="unused") as fake, \
             inprocess_app(tmp_path / "data", embedder, fake.url, chunk_size=256, chunk_overlap=32) as (app, _), \
             serve_loopback(app) as url:
-        assert main([str(FIXTURE), "--url", url, "--out", str(out)]) == 0
+        assert cli_main(["eval", str(FIXTURE), "--url", url, "--out", str(out)]) == 0  # `ragserve eval ...`
         printed = capsys.readouterr().out
     result = json.loads(out.read_text())
     modes = result["modes"]
