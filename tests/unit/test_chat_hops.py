@@ -59,7 +59,7 @@ def test_rag_request_calls_the_shards_once_each_to_search(services) -> None:
     pool.calls.clear()
     outcome = asyncio.run(svc.chat.complete(_request(index_name="kb")))
     assert outcome.mode == "rag"
-    assert pool.calls == ["search", "search"]  # no separate existence check before it
+    assert pool.calls == ["search_candidates", "search_candidates"]  # no separate existence check before it
     assert {"embed", "search", "fit", "generate"} <= outcome.timings.keys()
 
 
