@@ -88,23 +88,23 @@ class UpdateDocumentsRequest(BaseModel):
 class UpdateDocumentsResponse(BaseModel):
     """Which documents changed (re-chunked and re-embedded), which were already so, which do not exist."""
 
-    updated_documents: list[DocumentRecord]
-    unchanged_documents: list[DocumentRecord]
-    not_found_documents: list[UpdateDocument]
+    updated_documents: list[DocumentRecord] = Field(description="Changed: re-chunked and re-embedded.")
+    unchanged_documents: list[DocumentRecord] = Field(description="Same text and metadata: nothing was done.")
+    not_found_documents: list[UpdateDocument] = Field(description="No such doc_id in the index (as sent).")
 
 
 class DeleteDocumentsRequest(BaseModel):
     """``POST /indexes/{name}/documents/delete``."""
 
     model_config = ConfigDict(extra="forbid")
-    doc_ids: list[str] = Field(min_length=1)
+    doc_ids: list[str] = Field(min_length=1, description="Ids to delete; a repeated id counts once.")
 
 
 class DeleteDocumentsResponse(BaseModel):
     """Each requested id once, in one of the two lists."""
 
-    deleted_doc_ids: list[str]
-    not_found_doc_ids: list[str]
+    deleted_doc_ids: list[str] = Field(description="Deleted, in the order asked.")
+    not_found_doc_ids: list[str] = Field(description="Not in the index (already deleted, or never there).")
 
 
 class MessageResponse(BaseModel):

@@ -63,6 +63,8 @@ class RemoteDoc:
 
 @dataclass
 class SyncReport:
+    """What one sync did, file by file (paths), for the summary and ``--json``."""
+
     index: str
     added: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)

@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,29 +85,33 @@ def mrr_at(ranking: Sequence[str], rels: dict[str, int], k: int = 10) -> float:
     return 0.0
 
 
+#: The metrics of one ranking against its judgements, by the names the summary reports.
+METRICS: dict[str, Callable[[Sequence[str], dict[str, int]], float]] = {
+    "ndcg@10": lambda ranking, rels: ndcg_at(ranking, rels, 10),
+    "recall@10": lambda ranking, rels: recall_at(ranking, rels, 10),
+    "recall@100": lambda ranking, rels: recall_at(ranking, rels, 100),
+    "mrr@10": lambda ranking, rels: mrr_at(ranking, rels, 10),
+}
+
+
 @dataclass
 class ModeResult:
+    """Per-query metrics of one retrieval mode, averaged (and latency's p50) in the summary."""
+
     mode: str
-    ndcg10: list[float] = field(default_factory=list)
-    recall10: list[float] = field(default_factory=list)
-    recall100: list[float] = field(default_factory=list)
-    mrr10: list[float] = field(default_factory=list)
+    per_query: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in METRICS})
     latency_s: list[float] = field(default_factory=list)
 
     def add(self, ranking: Sequence[str], rels: dict[str, int], seconds: float) -> None:
-        self.ndcg10.append(ndcg_at(ranking, rels, 10))
-        self.recall10.append(recall_at(ranking, rels, 10))
-        self.recall100.append(recall_at(ranking, rels, 100))
-        self.mrr10.append(mrr_at(ranking, rels, 10))
+        for name, metric in METRICS.items():
+            self.per_query[name].append(metric(ranking, rels))
         self.latency_s.append(seconds)
 
     def summary(self) -> dict[str, float]:
-        def mean(xs: list[float]) -> float:
-            return sum(xs) / len(xs) if xs else 0.0
-
-        return {"ndcg@10": mean(self.ndcg10), "recall@10": mean(self.recall10), "recall@100": mean(self.recall100),
-                "mrr@10": mean(self.mrr10), "p50_ms": 1000 * statistics.median(self.latency_s) if self.latency_s
-                else 0.0, "queries": len(self.ndcg10)}
+        out = {name: sum(xs) / len(xs) if xs else 0.0 for name, xs in self.per_query.items()}
+        out["p50_ms"] = 1000 * statistics.median(self.latency_s) if self.latency_s else 0.0
+        out["queries"] = len(self.latency_s)
+        return out
 
 
 def document_ranking(nodes: list[dict[str, Any]]) -> list[str]:
