@@ -54,23 +54,30 @@ class Settings(BaseSettings):
     llm_api_key: SecretStr | None = Field(default=None, description="Bearer key of the remote LLM (never logged).")
     llm_timeout_s: float = Field(default=120.0, gt=0)
     llm_engine_args: dict[str, Any] = Field(
-        default_factory=dict, description="Extra engine arguments (vLLM AsyncEngineArgs, transformers).")
+        default_factory=dict, description="Extra engine arguments (vLLM AsyncEngineArgs, transformers)."
+    )
     model_cache_dir: str | None = Field(
-        default=None, description="Where converted models are cached. None: <storage_dir>/models.")
+        default=None, description="Where converted models are cached. None: <storage_dir>/models."
+    )
     llm_in_ingress: bool | None = Field(
-        default=None, description="Run the remote (openai) engine inside the ingress, not in a Generator "
-        "deployment: it is only an HTTP client, and this saves an actor hop per request. None: yes for openai.")
+        default=None,
+        description="Run the remote (openai) engine inside the ingress, not in a Generator "
+        "deployment: it is only an HTTP client, and this saves an actor hop per request. None: yes for openai.",
+    )
     prompt_format: Literal["auto", "chat", "completion"] = Field(
-        default="auto", description="How the transformers engine prompts its model. auto: the model's chat "
+        default="auto",
+        description="How the transformers engine prompts its model. auto: the model's chat "
         "template if it has one, else plain text ending 'Question: ... Answer:' (a base model, like the packaged "
-        "Gemma 3 270M, answers that and echoes chat turns); chat or completion force one.")
+        "Gemma 3 270M, answers that and echoes chat turns); chat or completion force one.",
+    )
     context_window: int | None = Field(default=None, gt=0, description="Overrides what the engine reports.")
     default_max_tokens: int = Field(default=256, gt=0, description="Completion reserve when a request sets none.")
     min_completion_tokens: int = Field(default=16, gt=0, description="Smallest completion worth sending.")
 
     # --- embeddings -------------------------------------------------------------------------
     embedding_model: str | None = Field(
-        default=None, description="sentence-transformers id or path. None: the packaged all-MiniLM-L6-v2.")
+        default=None, description="sentence-transformers id or path. None: the packaged all-MiniLM-L6-v2."
+    )
     embedding_url: str | None = None
     embedding_api_key: SecretStr | None = None
     embedding_threads: int | None = Field(default=None, ge=1, description="torch threads. None: every usable core.")
@@ -79,24 +86,32 @@ class Settings(BaseSettings):
     embedding_cache_size: int = Field(default=10_000, ge=0)
     embedding_cache_ttl_s: float = Field(default=24 * 3600.0, gt=0)
     query_embedding: QueryEmbeddingSetting = Field(
-        default="auto", description="Where queries are embedded: in each ingress replica (a model copy per "
+        default="auto",
+        description="Where queries are embedded: in each ingress replica (a model copy per "
         "replica, no hop to the Embedder), in the Embedder deployment, or auto: the ingress for a small "
         "local CPU model (app.service.query_embedding), the deployment for remote, GPU or large ones. "
-        "Documents are always embedded by the Embedder deployment.")
+        "Documents are always embedded by the Embedder deployment.",
+    )
     query_embedding_threads: int = Field(
-        default=1, ge=1, description="torch threads of the ingress's query model. One: a query is one short "
+        default=1,
+        ge=1,
+        description="torch threads of the ingress's query model. One: a query is one short "
         "text, a second thread gains little, and on a busy machine threads that wait for each other's cores "
-        "make an encode 10-50x slower (docs/benchmarks.md).")
+        "make an encode 10-50x slower (docs/benchmarks.md).",
+    )
 
     # --- storage and retrieval --------------------------------------------------------------
     storage_dir: str = "./data"
     num_shards: int = Field(default=2, ge=1, le=256)
     faiss_device: Literal["cpu", "gpu", "auto"] = "cpu"
     faiss_index_kind: Literal["flat", "ivf", "hnsw"] = Field(
-        default="flat", description="FAISS index of each shard: flat (exact), ivf or hnsw (approximate).")
+        default="flat", description="FAISS index of each shard: flat (exact), ivf or hnsw (approximate)."
+    )
     faiss_index_params: dict[str, float] = Field(
-        default_factory=dict, description="ivf: nlist, nprobe, train_min, retrain_growth; "
-                                          "hnsw: m, ef_construction, ef_search, max_deleted_ratio.")
+        default_factory=dict,
+        description="ivf: nlist, nprobe, train_min, retrain_growth; "
+        "hnsw: m, ef_construction, ef_search, max_deleted_ratio.",
+    )
     shard_num_cpus: float = Field(default=0.1, ge=0, description="CPUs reserved by each shard actor.")
     similarity_threshold: float = Field(default=0.5, ge=-1.0, le=1.0)
     top_k: int = Field(default=5, ge=1, le=100)
@@ -105,56 +120,88 @@ class Settings(BaseSettings):
 
     # --- retrieval quality (docs/quality.md) ---------------------------------------------------
     retrieval_mode: RetrievalMode = Field(
-        default="hybrid", description="hybrid: dense and lexical (BM25) candidates fused by reciprocal rank "
-        "fusion; dense: cosine only; lexical: BM25 only. Requests may choose their own.")
+        default="hybrid",
+        description="hybrid: dense and lexical (BM25) candidates fused by reciprocal rank "
+        "fusion; dense: cosine only; lexical: BM25 only. Requests may choose their own.",
+    )
     rrf_k: int = Field(default=60, ge=0, description="Reciprocal rank fusion's k: score = sum(w / (k + rank)).")
     rrf_dense_weight: float = Field(default=1.0, ge=0, description="Weight of the dense ranking in the fusion.")
     rrf_lexical_weight: float = Field(default=1.0, ge=0, description="Weight of the lexical ranking in the fusion.")
     retrieval_candidates: int = Field(
-        default=20, ge=1, le=1000, description="Candidates each shard returns per list (dense, lexical) for "
-        "the fusion; at least the request's top_k.")
+        default=20,
+        ge=1,
+        le=1000,
+        description="Candidates each shard returns per list (dense, lexical) for "
+        "the fusion; at least the request's top_k.",
+    )
     lexical_min_match: float = Field(
-        default=0.3, ge=0, le=1, description="Share of a query's terms (rounded up, at least one) a lexical hit "
+        default=0.3,
+        ge=0,
+        le=1,
+        description="Share of a query's terms (rounded up, at least one) a lexical hit "
         "must contain to be a candidate: a chunk sharing one common word with a long question is no evidence, "
-        "yet rank fusion would credit it like a real match.")
+        "yet rank fusion would credit it like a real match.",
+    )
     lexical_max_postings: int | None = Field(
-        default=2000, ge=1, description="Bounds the cost of a lexical search per shard: BM25 is computed for every "
+        default=2000,
+        ge=1,
+        description="Bounds the cost of a lexical search per shard: BM25 is computed for every "
         "row a term matches, so terms are searched rarest first while the rows they match add up to at most this "
-        "(frequent terms weigh little in BM25). None: every term, whatever it costs.")
+        "(frequent terms weigh little in BM25). None: every term, whatever it costs.",
+    )
     lexical_match_min_terms: int | None = Field(
-        default=2, ge=1, description="A chunk containing every term of a query of at least this many terms "
+        default=2,
+        ge=1,
+        description="A chunk containing every term of a query of at least this many terms "
         "(stopwords aside) counts as relevant whatever its cosine score: a part number or a name matched word "
-        "for word passes similarity_threshold on its own. None: only the cosine score decides.")
+        "for word passes similarity_threshold on its own. None: only the cosine score decides.",
+    )
     reranker_model: str | None = Field(
-        default=None, description="Local path of a sentence-transformers CrossEncoder that reorders the fused "
+        default=None,
+        description="Local path of a sentence-transformers CrossEncoder that reorders the fused "
         "candidates (retrieval_candidates of them) before selection. None: no reranking (the CPU default: it "
-        "runs a transformer over every candidate on every request).")
+        "runs a transformer over every candidate on every request).",
+    )
     followup_max_tokens: int = Field(
-        default=128, ge=1, description="A follow-up question that retrieves nothing alone is retried joined to "
-        "the previous user turns, newest first, up to this many tokens.")
+        default=128,
+        ge=1,
+        description="A follow-up question that retrieves nothing alone is retried joined to "
+        "the previous user turns, newest first, up to this many tokens.",
+    )
     query_rewrite: QueryRewrite = Field(
-        default="off", description="llm: a follow-up question is first rewritten into a standalone one by the "
-        "generator (one short extra generation); off: only the deterministic join.")
+        default="off",
+        description="llm: a follow-up question is first rewritten into a standalone one by the "
+        "generator (one short extra generation); off: only the deterministic join.",
+    )
     sources_in_content: bool = Field(
-        default=False, description="Append a plain 'Sources:' list to RAG answers' text, for clients that "
-        "drop the response's extra fields (citations, source_nodes).")
+        default=False,
+        description="Append a plain 'Sources:' list to RAG answers' text, for clients that "
+        "drop the response's extra fields (citations, source_nodes).",
+    )
 
     # --- token budget (docs/architecture.md §5) -----------------------------------------------------
     context_token_ratio: float = Field(default=0.5, ge=0.2, le=0.8)
     history_min_messages: int = Field(default=0, ge=0)
     history_max_messages: int = Field(default=200, ge=0)
     budget_safety_ratio: float | None = Field(
-        default=None, gt=0, le=1.0,
-        description="Share of the free budget filled. None: 1.0 with an exact tokenizer, 0.8 if approximate.")
+        default=None,
+        gt=0,
+        le=1.0,
+        description="Share of the free budget filled. None: 1.0 with an exact tokenizer, 0.8 if approximate.",
+    )
 
     # --- access and limits (every limit is a clear 4xx) ---------------------------------------
     api_keys: list[SecretStr | ScopedKey] | None = Field(
-        default=None, description="Bearer keys accepted on every route but /health and /metrics: a bare key has "
+        default=None,
+        description="Bearer keys accepted on every route but /health and /metrics: a bare key has "
         "full access, {key, indexes, role} is scoped. None: open (only allowed on the loopback, see "
-        "allow_unauthenticated).")
+        "allow_unauthenticated).",
+    )
     allow_unauthenticated: bool = Field(
-        default=False, description="Serve without api_keys on an address other than the loopback. Off: such a "
-        "deployment refuses to start, so an index is never open to a network by accident.")
+        default=False,
+        description="Serve without api_keys on an address other than the loopback. Off: such a "
+        "deployment refuses to start, so an index is never open to a network by accident.",
+    )
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Request body size (413).")
     max_documents_per_request: int = Field(default=1000, ge=1, description="Documents per /index or update call.")
     max_document_chars: int = Field(default=1_000_000, ge=1, description="Characters of one document's text.")
@@ -179,8 +226,10 @@ class Settings(BaseSettings):
         elif self.llm_in_ingress and self.llm_engine != "openai":
             raise ValueError("llm_in_ingress is for the remote 'openai' engine; a local model needs its own deployment")
         if self.prompt_format != "auto" and self.llm_engine != "transformers":
-            raise ValueError("prompt_format applies to the transformers engine; vLLM and remote servers apply "
-                             "the model's chat template themselves")
+            raise ValueError(
+                "prompt_format applies to the transformers engine; vLLM and remote servers apply "
+                "the model's chat template themselves"
+            )
         if self.llm_engine == "openai" and not self.llm_url:
             raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
         # Resolve where the config is read: replicas may run with another working directory.

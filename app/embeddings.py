@@ -43,8 +43,11 @@ def l2_normalise(vectors: np.ndarray) -> np.ndarray:
 
 #: The sentence-transformers module types a model may consist of for ``LocalEmbeddingModel`` to
 #: run it with transformers alone.
-_PLAIN_MODULES = {"sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
-                  "sentence_transformers.models.Normalize"}
+_PLAIN_MODULES = {
+    "sentence_transformers.models.Transformer",
+    "sentence_transformers.models.Pooling",
+    "sentence_transformers.models.Normalize",
+}
 
 
 def plain_pooling(path: str | Path) -> str | None:
@@ -62,8 +65,11 @@ def plain_pooling(path: str | Path) -> str | None:
         return None
     if st_config.get("do_lower_case"):
         return None
-    modes = {k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
-             for k, v in pooling.items() if k.startswith("pooling_mode_") and v}
+    modes = {
+        k.removeprefix("pooling_mode_").removesuffix("_token").removesuffix("_tokens")
+        for k, v in pooling.items()
+        if k.startswith("pooling_mode_") and v
+    }
     return modes.pop() if modes in ({"mean"}, {"cls"}) else None
 
 
@@ -79,8 +85,9 @@ class LocalEmbeddingModel:
     with sentence-transformers. ``plain=False`` forces that.
     """
 
-    def __init__(self, model: str | None = None, device: str | None = None, threads: int | None = None,
-                 plain: bool = True):
+    def __init__(
+        self, model: str | None = None, device: str | None = None, threads: int | None = None, plain: bool = True
+    ):
         import torch
 
         # Ray sets OMP_NUM_THREADS to the actor's num_cpus (often 1): use the cores we can run on
@@ -124,8 +131,9 @@ class LocalEmbeddingModel:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._st is not None:
-            vecs = self._st.encode(texts, batch_size=batch_size, normalize_embeddings=True,
-                                   convert_to_numpy=True, show_progress_bar=False)
+            vecs = self._st.encode(
+                texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+            )
             return np.asarray(vecs, dtype=np.float32)
         return self._encode_plain(texts, batch_size)
 
@@ -138,9 +146,14 @@ class LocalEmbeddingModel:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
-                idx = order[start:start + batch_size]
-                features = self._tokenizer([texts[i] for i in idx], padding=True, truncation="longest_first",
-                                           max_length=self.max_seq_length, return_tensors="pt").to(self.device)
+                idx = order[start : start + batch_size]
+                features = self._tokenizer(
+                    [texts[i] for i in idx],
+                    padding=True,
+                    truncation="longest_first",
+                    max_length=self.max_seq_length,
+                    return_tensors="pt",
+                ).to(self.device)
                 tokens = self._transformer(**features, return_dict=True).last_hidden_state
                 if self.pooling == "cls":
                     pooled = tokens[:, 0]
@@ -170,7 +183,7 @@ class RemoteEmbeddingModel:
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         out: list[np.ndarray] = []
         for i in range(0, len(texts), batch_size):
-            batch = texts[i:i + batch_size]
+            batch = texts[i : i + batch_size]
             resp = self._client.post(self._url, json={"input": batch, "model": self.model_id})
             resp.raise_for_status()
             data = sorted(resp.json()["data"], key=lambda d: d["index"])

@@ -24,8 +24,15 @@ class ServiceError(Exception):
     status: int = 500
     type: str = "server_error"
 
-    def __init__(self, message: str, *, status: int | None = None, param: str | None = None,
-                 code: str | int | None = None, type_: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        param: str | None = None,
+        code: str | int | None = None,
+        type_: str | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.param = param
@@ -77,8 +84,16 @@ class EngineError(ServiceError):
     status = 502
     type = "upstream_error"
 
-    def __init__(self, status: int, message: str, *, type_: str = "upstream_error", body: Any = None,
-                 param: str | None = None, code: str | int | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "upstream_error",
+        body: Any = None,
+        param: str | None = None,
+        code: str | int | None = None,
+    ):
         super().__init__(message, status=status, param=param, code=code, type_=type_)
         self.body = body
 

@@ -47,8 +47,9 @@ class IndexSpec:
         allowed = _PARAMS[kind]
         unknown = sorted(set(params) - set(allowed))
         if unknown:
-            raise ValueError(f"faiss index kind {kind!r} takes {', '.join(allowed) or 'no parameters'}; "
-                             f"got {', '.join(unknown)}")
+            raise ValueError(
+                f"faiss index kind {kind!r} takes {', '.join(allowed) or 'no parameters'}; got {', '.join(unknown)}"
+            )
         types = {f.name: f.type for f in fields(cls)}
         for name, value in params.items():
             is_float = "float" in str(types[name])

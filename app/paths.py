@@ -29,8 +29,7 @@ def confine(storage_dir: str | Path, user_path: str | None, default: str) -> Pat
     if "\x00" in decoded:
         raise PathOutsideStorageError("path must not contain NUL characters")
     if os.path.isabs(decoded):
-        raise PathOutsideStorageError(
-            f"path must be relative to the storage directory, got an absolute path: {raw!r}")
+        raise PathOutsideStorageError(f"path must be relative to the storage directory, got an absolute path: {raw!r}")
     candidate = (root / decoded).resolve()
     if candidate != root and root not in candidate.parents:
         raise PathOutsideStorageError(f"path {raw!r} resolves outside the storage directory")

@@ -46,27 +46,57 @@ class Fact:
 
 
 FACTS: tuple[Fact, ...] = (
-    Fact("The Lumen Valley observatory was built in 1987 on the slopes of Mount Arrel.",
-         "When was the Lumen Valley observatory built?", "1987"),
-    Fact("Zorvath is the capital city of the island nation of Pellumia.",
-         "What is the capital of Pellumia?", "Zorvath"),
-    Fact("The Kestrel-9 delivery drone has a top speed of 140 kilometres per hour.",
-         "What is the top speed of the Kestrel-9 drone?", "140"),
-    Fact("The Bright Harbor bakery chain was founded by Marta Okonkwo in Lisbon.",
-         "Who founded the Bright Harbor bakery chain?", "Okonkwo"),
-    Fact("The Tessaly river is 412 kilometres long and flows into the Amber Sea.",
-         "How long is the Tessaly river?", "412"),
-    Fact("The mascot of the Redwood Falls hockey team is a blue heron.",
-         "What is the mascot of the Redwood Falls hockey team?", "heron"),
-    Fact("Project Nimbus keeps its nightly backups in a data centre in Reykjavik.",
-         "Where does Project Nimbus keep its backups?", "Reykjavik"),
-    Fact("The Quillon 3 smartphone has a 5200 mAh battery.",
-         "How large is the battery of the Quillon 3 smartphone?", "5200"),
+    Fact(
+        "The Lumen Valley observatory was built in 1987 on the slopes of Mount Arrel.",
+        "When was the Lumen Valley observatory built?",
+        "1987",
+    ),
+    Fact(
+        "Zorvath is the capital city of the island nation of Pellumia.", "What is the capital of Pellumia?", "Zorvath"
+    ),
+    Fact(
+        "The Kestrel-9 delivery drone has a top speed of 140 kilometres per hour.",
+        "What is the top speed of the Kestrel-9 drone?",
+        "140",
+    ),
+    Fact(
+        "The Bright Harbor bakery chain was founded by Marta Okonkwo in Lisbon.",
+        "Who founded the Bright Harbor bakery chain?",
+        "Okonkwo",
+    ),
+    Fact(
+        "The Tessaly river is 412 kilometres long and flows into the Amber Sea.",
+        "How long is the Tessaly river?",
+        "412",
+    ),
+    Fact(
+        "The mascot of the Redwood Falls hockey team is a blue heron.",
+        "What is the mascot of the Redwood Falls hockey team?",
+        "heron",
+    ),
+    Fact(
+        "Project Nimbus keeps its nightly backups in a data centre in Reykjavik.",
+        "Where does Project Nimbus keep its backups?",
+        "Reykjavik",
+    ),
+    Fact(
+        "The Quillon 3 smartphone has a 5200 mAh battery.",
+        "How large is the battery of the Quillon 3 smartphone?",
+        "5200",
+    ),
 )
 
 #: Text that belongs to the prompt, never to an answer.
-ECHO_MARKERS: tuple[str, ...] = (CONTEXT_INSTRUCTIONS.split(". ")[0], SOURCES_HEADING, "Question:", "Answer:",
-                                 "User:", "Assistant:", "[1] (", "<start_of_turn>")
+ECHO_MARKERS: tuple[str, ...] = (
+    CONTEXT_INSTRUCTIONS.split(". ")[0],
+    SOURCES_HEADING,
+    "Question:",
+    "Answer:",
+    "User:",
+    "Assistant:",
+    "[1] (",
+    "<start_of_turn>",
+)
 
 
 def echoes_prompt(answer: str) -> bool:
@@ -100,8 +130,9 @@ def index_facts(client: Client, index: str = INDEX) -> None:
     r.raise_for_status()
 
 
-def ask(client: Client, question: str, index: str | None = INDEX, max_tokens: int = 64) -> tuple[dict[str, Any], str,
-                                                                                                 float]:
+def ask(
+    client: Client, question: str, index: str | None = INDEX, max_tokens: int = 64
+) -> tuple[dict[str, Any], str, float]:
     """One chat completion; returns (body, X-RAG-Mode, seconds)."""
     body: dict[str, Any] = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens}
     if index:
@@ -118,16 +149,27 @@ def ask_facts(client: Client, index: str = INDEX) -> list[Answer]:
     for fact in FACTS:
         body, mode, seconds = ask(client, fact.question, index)
         choice = body["choices"][0]
-        answers.append(Answer(fact, choice["message"]["content"] or "", seconds, choice["finish_reason"], mode,
-                              [n["text"] for n in body.get("source_nodes") or []]))
+        answers.append(
+            Answer(
+                fact,
+                choice["message"]["content"] or "",
+                seconds,
+                choice["finish_reason"],
+                mode,
+                [n["text"] for n in body.get("source_nodes") or []],
+            )
+        )
     return answers
 
 
 def summary(answers: list[Answer]) -> dict[str, Any]:
-    return {"correct": sum(a.correct for a in answers), "asked": len(answers),
-            "echoing": sum(echoes_prompt(a.text) for a in answers),
-            "median_s": statistics.median(a.seconds for a in answers),
-            "max_s": max(a.seconds for a in answers)}
+    return {
+        "correct": sum(a.correct for a in answers),
+        "asked": len(answers),
+        "echoing": sum(echoes_prompt(a.text) for a in answers),
+        "median_s": statistics.median(a.seconds for a in answers),
+        "max_s": max(a.seconds for a in answers),
+    }
 
 
 @contextmanager
@@ -144,9 +186,11 @@ def inprocess_client(prompt_format: str, model_cache: Path) -> Iterator[Any]:
     asyncio.run(engine.start())
     embedder = InProcessEmbedder(LocalEmbeddingModel(None, device="cpu"))
     try:
-        with tempfile.TemporaryDirectory() as storage, \
-                inprocess_app(Path(storage), embedder, "http://unused.invalid", engine=engine) as (app, _), \
-                TestClient(app) as client:
+        with (
+            tempfile.TemporaryDirectory() as storage,
+            inprocess_app(Path(storage), embedder, "http://unused.invalid", engine=engine) as (app, _),
+            TestClient(app) as client,
+        ):
             yield client
     finally:
         asyncio.run(engine.stop())
@@ -161,8 +205,12 @@ def run(client: Client) -> list[Answer]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", help="a running ragserve (default: the application in this process)")
-    parser.add_argument("--model-cache", type=Path, default=REPO / "data" / "test-cache" / "models",
-                        help="where the converted Gemma is cached (in-process only)")
+    parser.add_argument(
+        "--model-cache",
+        type=Path,
+        default=REPO / "data" / "test-cache" / "models",
+        help="where the converted Gemma is cached (in-process only)",
+    )
     parser.add_argument("--no-baseline", action="store_true", help="skip the chat-format baseline")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
@@ -180,12 +228,22 @@ def main() -> None:
     print(f"machine: {machine()}\n")
     for name, answers in runs.items():
         print(f"## {name}\n")
-        print(table(["question", "answer", "correct", "s"],
-                    [[a.fact.question, repr(a.text[:80]), "yes" if a.correct else "no", a.seconds] for a in answers]))
+        print(
+            table(
+                ["question", "answer", "correct", "s"],
+                [[a.fact.question, repr(a.text[:80]), "yes" if a.correct else "no", a.seconds] for a in answers],
+            )
+        )
         print()
-    print(table(["prompt", "correct", "echoing", "median s", "max s"],
-                [[name, f"{s['correct']}/{s['asked']}", s["echoing"], s["median_s"], s["max_s"]]
-                 for name, s in ((n, summary(a)) for n, a in runs.items())]))
+    print(
+        table(
+            ["prompt", "correct", "echoing", "median s", "max s"],
+            [
+                [name, f"{s['correct']}/{s['asked']}", s["echoing"], s["median_s"], s["max_s"]]
+                for name, s in ((n, summary(a)) for n, a in runs.items())
+            ],
+        )
+    )
     write_json(args.json, {"machine": machine(), "runs": {n: summary(a) for n, a in runs.items()}})
 
 

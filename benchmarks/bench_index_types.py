@@ -35,7 +35,7 @@ def clustered(n: int, seed: int, centres: int = 2000, spread: float = 0.6) -> np
     for s in range(0, n, 100_000):  # in slices, to keep the peak memory near the result's size
         m = min(100_000, n - s)
         v = c[rng.integers(0, centres, m)] + spread * rng.standard_normal((m, DIM), dtype=np.float32)
-        out[s:s + m] = v / np.linalg.norm(v, axis=1, keepdims=True)
+        out[s : s + m] = v / np.linalg.norm(v, axis=1, keepdims=True)
     return out
 
 
@@ -50,7 +50,7 @@ def build(kind: str, params: dict, vectors: np.ndarray) -> tuple[VectorIndex, fl
         vi.train(vectors[rng.choice(n, size, replace=False)], n)
     ids = np.arange(n, dtype=np.int64)
     for s in range(0, n, 100_000):
-        vi.add(vectors[s:s + 100_000], ids[s:s + 100_000])
+        vi.add(vectors[s : s + 100_000], ids[s : s + 100_000])
     return vi, time.perf_counter() - t0
 
 
@@ -63,8 +63,11 @@ def measure(vi: VectorIndex, queries: np.ndarray, truth: np.ndarray | None, k: i
         lat.append(time.perf_counter() - t0)
         found.append(ids[0])
     found_arr = np.stack(found)
-    recall = 1.0 if truth is None else float(np.mean([len(set(a) & set(b)) / k for a, b in zip(found_arr, truth,
-                                                                                                strict=True)]))
+    recall = (
+        1.0
+        if truth is None
+        else float(np.mean([len(set(a) & set(b)) / k for a, b in zip(found_arr, truth, strict=True)]))
+    )
     return {**summary_ms(lat), "recall": recall, "ids": found_arr}
 
 
@@ -84,11 +87,13 @@ def main(argv: list[str] | None = None) -> dict:
     nlist = args.nlist or (32 if args.smoke else 1024)
     configs: list[tuple[str, dict[str, Any], str]] = [("flat", {}, "flat (exact)")]
     if "ivf" in args.kinds:
-        configs += [("ivf", {"nlist": nlist, "nprobe": p, "train_min": 1000}, f"ivf nlist={nlist} nprobe={p}")
-                    for p in (8, 32)]
+        configs += [
+            ("ivf", {"nlist": nlist, "nprobe": p, "train_min": 1000}, f"ivf nlist={nlist} nprobe={p}") for p in (8, 32)
+        ]
     if "hnsw" in args.kinds:
-        configs += [("hnsw", {"m": 16, "ef_construction": 40, "ef_search": ef}, f"hnsw M=16 efC=40 ef={ef}")
-                    for ef in (32, 128)]
+        configs += [
+            ("hnsw", {"m": 16, "ef_construction": 40, "ef_search": ef}, f"hnsw M=16 efC=40 ef={ef}") for ef in (32, 128)
+        ]
     # what a shard builds when the setting names only the kind
     if "ivf" in args.kinds:
         configs.append(("ivf", {"train_min": 1000}, "ivf defaults (nlist=4·√n, nprobe=nlist/8)"))
@@ -107,8 +112,10 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         vectors = clustered(n, seed=2)
         queries = clustered(nq, seed=3)
-    print(f"{source}: {n:,} vectors x {DIM} dims ready in {time.perf_counter() - t0:.1f} s; {nq} queries; "
-          f"{machine()}", flush=True)
+    print(
+        f"{source}: {n:,} vectors x {DIM} dims ready in {time.perf_counter() - t0:.1f} s; {nq} queries; {machine()}",
+        flush=True,
+    )
 
     built: dict[tuple[str, str], tuple[VectorIndex, float]] = {}
     rows, results = [], []
@@ -125,17 +132,36 @@ def main(argv: list[str] | None = None) -> dict:
             truth = m["ids"]
             flat_p50 = m["p50"]
         rows.append([label, f"{m['recall']:.3f}", m["p50"], m["p99"], flat_p50 / m["p50"], build_s])
-        results.append({"index": label, "recall_at_10": m["recall"], "p50_ms": m["p50"], "p99_ms": m["p99"],
-                        "speedup_vs_flat": flat_p50 / m["p50"], "build_s": build_s})
+        results.append(
+            {
+                "index": label,
+                "recall_at_10": m["recall"],
+                "p50_ms": m["p50"],
+                "p99_ms": m["p99"],
+                "speedup_vs_flat": flat_p50 / m["p50"],
+                "build_s": build_s,
+            }
+        )
         print(f"  {label}: recall {m['recall']:.3f}, p50 {m['p50']:.2f} ms", flush=True)
 
     print(f"\n### Index types at {n:,} vectors (384-d, {source}), 1 query at a time, top 10\n")
     print(table(["index", "recall@10 vs flat", "p50 ms", "p99 ms", "speed-up vs flat p50", "build s"], rows))
-    bar_plot(args.out, f"Query latency p50 at {n:,} vectors (recall@10 in labels)",
-             [f"{r['index']}\nR={r['recall_at_10']:.2f}" for r in results],
-             {"p50 ms": [r["p50_ms"] for r in results]}, "ms", log=True)
-    payload = {"benchmark": "index_types", "n": n, "dim": DIM, "vectors": source, "machine": machine(),
-               "results": results}
+    bar_plot(
+        args.out,
+        f"Query latency p50 at {n:,} vectors (recall@10 in labels)",
+        [f"{r['index']}\nR={r['recall_at_10']:.2f}" for r in results],
+        {"p50 ms": [r["p50_ms"] for r in results]},
+        "ms",
+        log=True,
+    )
+    payload = {
+        "benchmark": "index_types",
+        "n": n,
+        "dim": DIM,
+        "vectors": source,
+        "machine": machine(),
+        "results": results,
+    }
     write_json(args.json, payload)
     return payload
 

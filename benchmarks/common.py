@@ -27,16 +27,60 @@ REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("RAGSERVE_BENCH_CACHE", REPO / "data" / "bench-cache"))
 MODEL_CACHE = REPO / "data" / "test-cache" / "models"
 
-_SUBJECTS = ["The pump", "The operator", "A shard", "The embedding service", "The cluster autoscaler", "The ingress",
-             "The vector index", "A replica", "The scheduler", "The storage volume", "The GPU node", "The tokenizer"]
-_VERBS = ["restarts", "reports", "indexes", "balances", "replicates", "throttles", "caches", "retries",
-          "schedules", "compacts", "validates", "streams"]
-_OBJECTS = ["the request queue", "every acknowledged write", "the pressure readings", "the nightly backup",
-            "the model weights", "the search results", "the retrieval context", "the failed batch",
-            "the maintenance log", "the metadata filter", "the warm cache", "the chat history"]
-_TAILS = ["after a node failure", "within two seconds", "on line {n}", "when the load doubles", "at {n} kPa",
-          "before the deadline", "for tenant {n}", "during the rolling upgrade", "every {n} minutes",
-          "without losing data"]
+_SUBJECTS = [
+    "The pump",
+    "The operator",
+    "A shard",
+    "The embedding service",
+    "The cluster autoscaler",
+    "The ingress",
+    "The vector index",
+    "A replica",
+    "The scheduler",
+    "The storage volume",
+    "The GPU node",
+    "The tokenizer",
+]
+_VERBS = [
+    "restarts",
+    "reports",
+    "indexes",
+    "balances",
+    "replicates",
+    "throttles",
+    "caches",
+    "retries",
+    "schedules",
+    "compacts",
+    "validates",
+    "streams",
+]
+_OBJECTS = [
+    "the request queue",
+    "every acknowledged write",
+    "the pressure readings",
+    "the nightly backup",
+    "the model weights",
+    "the search results",
+    "the retrieval context",
+    "the failed batch",
+    "the maintenance log",
+    "the metadata filter",
+    "the warm cache",
+    "the chat history",
+]
+_TAILS = [
+    "after a node failure",
+    "within two seconds",
+    "on line {n}",
+    "when the load doubles",
+    "at {n} kPa",
+    "before the deadline",
+    "for tenant {n}",
+    "during the rolling upgrade",
+    "every {n} minutes",
+    "without losing data",
+]
 
 
 def sentence(rng: random.Random) -> str:
@@ -52,8 +96,11 @@ def make_texts(n: int, sentences: int = 3, seed: int = 0) -> list[str]:
 
 def make_queries(n: int, seed: int = 99) -> list[str]:
     rng = random.Random(seed)
-    return [f"Which {rng.choice(_OBJECTS).split()[-1]} {rng.choice(_VERBS)[:-1]}s {rng.choice(_TAILS).split()[0]} "
-            f"{rng.randint(1, 500)}?" for _ in range(n)]
+    return [
+        f"Which {rng.choice(_OBJECTS).split()[-1]} {rng.choice(_VERBS)[:-1]}s {rng.choice(_TAILS).split()[0]} "
+        f"{rng.randint(1, 500)}?"
+        for _ in range(n)
+    ]
 
 
 def pct(xs: Sequence[float], p: float) -> float:
@@ -94,12 +141,20 @@ def machine() -> str:
         mem = f", {kb / 2**20:.0f} GiB RAM"
     except (OSError, ValueError, IndexError):
         pass
-    return (f"{os.cpu_count()} cores ({cpu}){mem}, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}")
+    return (
+        f"{os.cpu_count()} cores ({cpu}){mem}, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
 
 
-def bar_plot(path: str | None, title: str, labels: Sequence[str], series: dict[str, Sequence[float]],
-             ylabel: str, log: bool = False) -> None:
+def bar_plot(
+    path: str | None,
+    title: str,
+    labels: Sequence[str],
+    series: dict[str, Sequence[float]],
+    ylabel: str,
+    log: bool = False,
+) -> None:
     """Grouped bars, one group per label; written only when ``path`` is given."""
     if not path:
         return
@@ -162,8 +217,10 @@ def parse_mode(spec: str, query_embedding: str = "auto") -> tuple[bool, str]:
     (``query_embedding`` when the entry names none)."""
     mode, _, where = spec.partition(":")
     if mode not in MODES or where not in ("", "auto", "ingress", "deployment"):
-        raise ValueError(f"bad mode {spec!r}: MODE[:QUERY_EMBEDDING] with MODE in {sorted(MODES)}, "
-                         "QUERY_EMBEDDING in auto, ingress, deployment")
+        raise ValueError(
+            f"bad mode {spec!r}: MODE[:QUERY_EMBEDDING] with MODE in {sorted(MODES)}, "
+            "QUERY_EMBEDDING in auto, ingress, deployment"
+        )
     return MODES[mode], where or query_embedding
 
 
@@ -192,8 +249,12 @@ def deploy_ragserve(port: int, name: str, settings: dict[str, Any]) -> str:
 
     from deployments.builder import build_app
 
-    serve.run(build_app({"model_cache_dir": str(MODEL_CACHE), "shard_num_cpus": 0.1, **settings}),
-              name=name, route_prefix=f"/{name}", blocking=False)
+    serve.run(
+        build_app({"model_cache_dir": str(MODEL_CACHE), "shard_num_cpus": 0.1, **settings}),
+        name=name,
+        route_prefix=f"/{name}",
+        blocking=False,
+    )
     base = f"http://127.0.0.1:{port}/{name}"
     wait_healthy(base)
     return base
@@ -255,8 +316,9 @@ class PrecomputedEmbedder:
         return sum(len(t.split()) for t in texts)
 
 
-def build_storage(storage_dir: Path, num_shards: int, index: str, texts: list[str], vectors: np.ndarray,
-                  batch: int = 1000) -> None:
+def build_storage(
+    storage_dir: Path, num_shards: int, index: str, texts: list[str], vectors: np.ndarray, batch: int = 1000
+) -> None:
     """Write ``texts`` (one chunk each) into ``storage_dir`` exactly as the application lays it out."""
     import asyncio
 
@@ -271,22 +333,35 @@ def build_storage(storage_dir: Path, num_shards: int, index: str, texts: list[st
     tokenizer = LocalEmbeddingModel(None, device="cpu").tokenizer
     pool = LocalShardPool([ShardService(storage_dir, i, num_shards) for i in range(num_shards)])
     chunker = DocumentChunker(hf_token_counter(tokenizer), 256, 32)
-    svc = DocumentService(pool, PrecomputedEmbedder(texts, vectors, None), chunker, storage_dir=storage_dir,
-                          embedding_model="all-MiniLM-L6-v2")
+    svc = DocumentService(
+        pool,
+        PrecomputedEmbedder(texts, vectors, None),
+        chunker,
+        storage_dir=storage_dir,
+        embedding_model="all-MiniLM-L6-v2",
+    )
 
     async def load() -> None:
         for i in range(0, len(texts), batch):
-            await svc.add_documents(index, [Document(text=t, doc_id=f"doc-{i + j}")
-                                            for j, t in enumerate(texts[i:i + batch])])
+            await svc.add_documents(
+                index, [Document(text=t, doc_id=f"doc-{i + j}") for j, t in enumerate(texts[i : i + batch])]
+            )
 
     asyncio.run(load())
     pool.close()
 
 
-_ROLES = [("Embedder", "embedder replica"), ("Ingress", "ingress replica"), ("ShardActor", "shard actors"),
-          ("ServeController", "Serve controller"), ("ProxyActor", "Serve HTTP proxy"),
-          ("Generator", "generator replica"), ("raylet", "Ray system (raylet, GCS, agents)"),
-          ("gcs_server", "Ray system (raylet, GCS, agents)"), ("ray/", "Ray system (raylet, GCS, agents)")]
+_ROLES = [
+    ("Embedder", "embedder replica"),
+    ("Ingress", "ingress replica"),
+    ("ShardActor", "shard actors"),
+    ("ServeController", "Serve controller"),
+    ("ProxyActor", "Serve HTTP proxy"),
+    ("Generator", "generator replica"),
+    ("raylet", "Ray system (raylet, GCS, agents)"),
+    ("gcs_server", "Ray system (raylet, GCS, agents)"),
+    ("ray/", "Ray system (raylet, GCS, agents)"),
+]
 
 
 def cpu_by_role() -> dict[str, float]:
@@ -304,8 +379,11 @@ def cpu_by_role() -> dict[str, float]:
             continue
         if times is None:
             continue
-        role = ("benchmark process (client, fake upstream)" if p.info["pid"] == me
-                else next((r for key, r in _ROLES if key in cmd), None))
+        role = (
+            "benchmark process (client, fake upstream)"
+            if p.info["pid"] == me
+            else next((r for key, r in _ROLES if key in cmd), None)
+        )
         if role is None:
             continue
         out[role] = out.get(role, 0.0) + times.user + times.system
@@ -314,4 +392,3 @@ def cpu_by_role() -> dict[str, float]:
 
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after if after.get(k, 0.0) - before.get(k, 0.0) > 0.05}
-

@@ -32,10 +32,12 @@ def _reraise(exc: BaseException) -> None:
 def query_cache_counters() -> Callable[[bool], None]:
     """Counts the ingress replica's query-vector cache lookups (hit or miss) as Serve metrics,
     wherever its queries are embedded (``HandleEmbedder``, ``InProcessQueryEmbedder``)."""
-    hits = metrics.Counter("ragserve_ingress_query_cache_hits",
-                           "Query embeddings found in the ingress replica's cache.")
-    misses = metrics.Counter("ragserve_ingress_query_cache_misses",
-                             "Query embeddings computed here or asked of the embedder deployment.")
+    hits = metrics.Counter(
+        "ragserve_ingress_query_cache_hits", "Query embeddings found in the ingress replica's cache."
+    )
+    misses = metrics.Counter(
+        "ragserve_ingress_query_cache_misses", "Query embeddings computed here or asked of the embedder deployment."
+    )
     return lambda hit: (hits if hit else misses).inc()
 
 
@@ -46,8 +48,13 @@ class HandleEmbedder:
     embedder's shared one): a repeated query then costs no call to another actor, which on a
     small machine is most of a warm retrieval's time."""
 
-    def __init__(self, handle: Any, cache_size: int = 0, cache_ttl_s: float = 3600.0,
-                 on_lookup: Callable[[bool], None] | None = None):
+    def __init__(
+        self,
+        handle: Any,
+        cache_size: int = 0,
+        cache_ttl_s: float = 3600.0,
+        on_lookup: Callable[[bool], None] | None = None,
+    ):
         self._h = handle
         self._cache: TTLCache[np.ndarray] = TTLCache(cache_size, cache_ttl_s)
         self._on_lookup = on_lookup
@@ -119,8 +126,9 @@ class HandleGenerator:
             _reraise(e)
             raise
 
-    async def passthrough_stream(self, body: dict[str, Any],
-                                 default_max_tokens: int) -> AsyncIterator[ChatCompletionChunk]:
+    async def passthrough_stream(
+        self, body: dict[str, Any], default_max_tokens: int
+    ) -> AsyncIterator[ChatCompletionChunk]:
         try:
             async for chunk in self._h.options(stream=True).passthrough_stream.remote(body, default_max_tokens):
                 yield chunk

@@ -32,7 +32,8 @@ class Embedder:
         s = as_settings(settings)
         if s.embedding_url:
             self.model: LocalEmbeddingModel | RemoteEmbeddingModel = RemoteEmbeddingModel(
-                s.embedding_url, s.embedding_model, secret(s.embedding_api_key))
+                s.embedding_url, s.embedding_model, secret(s.embedding_api_key)
+            )
         else:
             self.model = LocalEmbeddingModel(s.embedding_model, threads=s.embedding_threads)
         self.batch_size = s.embedding_batch_size
@@ -46,8 +47,11 @@ class Embedder:
         self._hits = metrics.Counter("ragserve_embedding_cache_hits", "Query-embedding cache hits.")
         self._misses = metrics.Counter("ragserve_embedding_cache_misses", "Query-embedding cache misses.")
         self._latency = metrics.Histogram(
-            "ragserve_embedding_latency_ms", "Model time per embedding call.",
-            boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000], tag_keys=("kind",))
+            "ragserve_embedding_latency_ms",
+            "Model time per embedding call.",
+            boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000],
+            tag_keys=("kind",),
+        )
         log.info("embedder ready: model=%s dim=%d", self.model.model_id, self.model.dim)
 
     async def _encode(self, texts: list[str], kind: str) -> np.ndarray:
@@ -95,8 +99,14 @@ class Embedder:
         where: dict[str, Any] = {"remote": True, "device": "remote", "params": None}
         if isinstance(self.model, LocalEmbeddingModel):
             where = {"remote": False, "device": self.model.device, "params": self.model.num_parameters}
-        return {"model_id": self.model.model_id, "dim": self.model.dim, **where,
-                "cache_entries": len(self.cache), "cache_hits": self.cache.hits, "cache_misses": self.cache.misses}
+        return {
+            "model_id": self.model.model_id,
+            "dim": self.model.dim,
+            **where,
+            "cache_entries": len(self.cache),
+            "cache_hits": self.cache.hits,
+            "cache_misses": self.cache.misses,
+        }
 
     def tokenizer(self) -> Any:
         """The embedding model's tokenizer, for sizing chunks in the ingress (pickled once)."""

@@ -33,14 +33,21 @@ class Generator:
         await client.start()
         self.window = await client.context_window()
         self._latency = metrics.Histogram(
-            "ragserve_generation_latency_ms", "Time to generate a whole completion.",
-            boundaries=[50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000], tag_keys=("kind",))
-        log.info("generator ready: engine=%s model=%s window=%d in %.1fs", self.settings.llm_engine,
-                 self.engine.model_id, self.window, time.perf_counter() - t0)
+            "ragserve_generation_latency_ms",
+            "Time to generate a whole completion.",
+            boundaries=[50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000],
+            tag_keys=("kind",),
+        )
+        log.info(
+            "generator ready: engine=%s model=%s window=%d in %.1fs",
+            self.settings.llm_engine,
+            self.engine.model_id,
+            self.window,
+            time.perf_counter() - t0,
+        )
 
     def info(self) -> dict[str, Any]:
-        return {"model_id": self.engine.model_id, "context_window": self.window,
-                "engine": self.settings.llm_engine}
+        return {"model_id": self.engine.model_id, "context_window": self.window, "engine": self.settings.llm_engine}
 
     def token_counter(self) -> TokenCounter:
         return self.engine.token_counter()
@@ -63,8 +70,9 @@ class Generator:
         finally:
             self._latency.observe((time.perf_counter() - t0) * 1000, tags={"kind": "passthrough"})
 
-    async def passthrough_stream(self, body: dict[str, Any],
-                                 default_max_tokens: int) -> AsyncIterator[ChatCompletionChunk]:
+    async def passthrough_stream(
+        self, body: dict[str, Any], default_max_tokens: int
+    ) -> AsyncIterator[ChatCompletionChunk]:
         async for chunk in self.engine.passthrough_stream(body, default_max_tokens):
             yield chunk
 

@@ -30,16 +30,21 @@ from deployments.vector_index import RayShardPool, get_or_create_shards, reconci
 @serve.ingress()
 class Ingress:
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
-            self, embedder: Any, generator: Any, settings: Settings | dict[str, Any] | None = None):
+        self, embedder: Any, generator: Any, settings: Settings | dict[str, Any] | None = None
+    ):
         self.settings = s = as_settings(settings)
         check_exposure(await proxy_host(), bool(s.api_keys), s.allow_unauthenticated)
         info = await embedder.info.remote()
-        self.query_embedding = choose_query_embedding(s.query_embedding, remote=info["remote"],
-                                                      device=info["device"], params=info["params"])
+        self.query_embedding = choose_query_embedding(
+            s.query_embedding, remote=info["remote"], device=info["device"], params=info["params"]
+        )
         self.embedder = await self._embedder(embedder, s, self.query_embedding)
         # chunks are sized in the embedding model's tokens: its tokenizer, from the copy here if any
-        tokenizer = (self.embedder.model.tokenizer if isinstance(self.embedder, InProcessQueryEmbedder)
-                     else await embedder.tokenizer.remote())
+        tokenizer = (
+            self.embedder.model.tokenizer
+            if isinstance(self.embedder, InProcessQueryEmbedder)
+            else await embedder.tokenizer.remote()
+        )
         if generator is not None:
             handle = HandleGenerator(generator)
             self.llm: LanguageModel = handle
@@ -50,13 +55,25 @@ class Ingress:
             llm_ready = client.start()
         self.pool = RayShardPool(await reconcile_shards(s, get_or_create_shards(s)))
         self.services: Services = build_services(
-            s, pool=self.pool, embedder=self.embedder, llm=self.llm, embedding_model=info["model_id"],
-            embedding_tokenizer=tokenizer, telemetry=ServeTelemetry(), health=self._health,
-            metrics_text=self._metrics_text)
+            s,
+            pool=self.pool,
+            embedder=self.embedder,
+            llm=self.llm,
+            embedding_model=info["model_id"],
+            embedding_tokenizer=tokenizer,
+            telemetry=ServeTelemetry(),
+            health=self._health,
+            metrics_text=self._metrics_text,
+        )
         await asyncio.gather(self.pool.wait_ready(), llm_ready)
         self._embedding_model = info["model_id"]
-        log.info("ingress ready: shards=%d embedding=%s (queries embedded in the %s) llm=%s", s.num_shards,
-                 info["model_id"], self.query_embedding, self.llm.model_id)
+        log.info(
+            "ingress ready: shards=%d embedding=%s (queries embedded in the %s) llm=%s",
+            s.num_shards,
+            info["model_id"],
+            self.query_embedding,
+            self.llm.model_id,
+        )
 
     @staticmethod
     async def _embedder(handle: Any, s: Settings, where: str) -> TokenCountingEmbedder:
@@ -66,16 +83,26 @@ class Ingress:
         counted = query_cache_counters()
         if where == "deployment":
             return HandleEmbedder(handle, s.embedding_cache_size, s.embedding_cache_ttl_s, on_lookup=counted)
-        model = await asyncio.to_thread(LocalEmbeddingModel, s.embedding_model, device="cpu",
-                                        threads=s.query_embedding_threads)
-        return InProcessQueryEmbedder(model, HandleEmbedder(handle), cache_size=s.embedding_cache_size,
-                                      cache_ttl_s=s.embedding_cache_ttl_s, max_batch=s.embedding_batch_size,
-                                      on_lookup=counted)
+        model = await asyncio.to_thread(
+            LocalEmbeddingModel, s.embedding_model, device="cpu", threads=s.query_embedding_threads
+        )
+        return InProcessQueryEmbedder(
+            model,
+            HandleEmbedder(handle),
+            cache_size=s.embedding_cache_size,
+            cache_ttl_s=s.embedding_cache_ttl_s,
+            max_batch=s.embedding_batch_size,
+            on_lookup=counted,
+        )
 
     async def _health(self) -> dict[str, Any]:
         await self.pool.wait_ready()
-        return {"status": "ok", "model": self.llm.model_id, "embedding_model": self._embedding_model,
-                "shards": self.pool.num_shards}
+        return {
+            "status": "ok",
+            "model": self.llm.model_id,
+            "embedding_model": self._embedding_model,
+            "shards": self.pool.num_shards,
+        }
 
     async def _metrics_text(self) -> str:
         """The Prometheus text of this node's Ray metrics agent, where ``ray.serve.metrics`` land."""

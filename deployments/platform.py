@@ -66,8 +66,14 @@ def private_haproxy_ports() -> dict[str, str]:
     return {"RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port())}
 
 
-def init_local_ray(num_cpus: int | None = None, *, high_throughput: bool | None = None,
-                   env_vars: Mapping[str, str] | None = None, private: bool = True, **kwargs: Any) -> dict[str, str]:
+def init_local_ray(
+    num_cpus: int | None = None,
+    *,
+    high_throughput: bool | None = None,
+    env_vars: Mapping[str, str] | None = None,
+    private: bool = True,
+    **kwargs: Any,
+) -> dict[str, str]:
     """Start a local Ray in the given mode, without the dashboard (nothing reads it on one
     machine). ``private``: a cluster of a test or a benchmark, whose HAProxy takes free ports for
     its stats and metrics rather than Ray's fixed ones. Returns the Serve variables it started with."""
@@ -77,8 +83,13 @@ def init_local_ray(num_cpus: int | None = None, *, high_throughput: bool | None 
     if private and env["RAY_SERVE_ENABLE_HA_PROXY"] == "1":
         env.update(private_haproxy_ports())
         os.environ.update(env)
-    ray.init(num_cpus=num_cpus, include_dashboard=False, configure_logging=False,
-             runtime_env={"env_vars": {**OFFLINE_ENV, **env, **(env_vars or {})}}, **kwargs)
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        configure_logging=False,
+        runtime_env={"env_vars": {**OFFLINE_ENV, **env, **(env_vars or {})}},
+        **kwargs,
+    )
     return env
 
 

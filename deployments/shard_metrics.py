@@ -35,8 +35,9 @@ def start_size_gauges(service: Any, interval_s: float = INTERVAL_S) -> threading
     from ray.util import metrics
 
     documents = metrics.Gauge("ragserve_shard_documents", "Documents per shard and index.", tag_keys=("shard", "index"))
-    chunks = metrics.Gauge("ragserve_shard_chunks", "Chunks (vectors) per shard and index.",
-                           tag_keys=("shard", "index"))
+    chunks = metrics.Gauge(
+        "ragserve_shard_chunks", "Chunks (vectors) per shard and index.", tag_keys=("shard", "index")
+    )
     stop = threading.Event()
 
     def loop() -> None:

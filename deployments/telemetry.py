@@ -17,18 +17,21 @@ def _tags(*keys: str) -> dict[str, Any]:
 
 class ServeTelemetry:
     def __init__(self) -> None:
-        self._requests = metrics.Counter("ragserve_requests", "HTTP requests by route, status, mode and reason.",
-                                         **_tags("route", "status", "mode", "reason"))
-        self._latency = metrics.Histogram("ragserve_stage_latency_ms", "Latency of each pipeline stage.",
-                                          boundaries=_MS, **_tags("stage"))
-        self._context = metrics.Histogram("ragserve_context_tokens", "Tokens of retrieved context sent.",
-                                          boundaries=_TOKENS)
-        self._history = metrics.Histogram("ragserve_history_tokens", "Tokens of chat history sent.",
-                                          boundaries=_TOKENS)
+        self._requests = metrics.Counter(
+            "ragserve_requests",
+            "HTTP requests by route, status, mode and reason.",
+            **_tags("route", "status", "mode", "reason"),
+        )
+        self._latency = metrics.Histogram(
+            "ragserve_stage_latency_ms", "Latency of each pipeline stage.", boundaries=_MS, **_tags("stage")
+        )
+        self._context = metrics.Histogram(
+            "ragserve_context_tokens", "Tokens of retrieved context sent.", boundaries=_TOKENS
+        )
+        self._history = metrics.Histogram("ragserve_history_tokens", "Tokens of chat history sent.", boundaries=_TOKENS)
         self._dropped = metrics.Counter("ragserve_history_messages_dropped", "History messages cut by the budget.")
         self._indexed = metrics.Counter("ragserve_documents_indexed", "Documents acknowledged by POST /index.")
-        self._upstream = metrics.Counter("ragserve_upstream_errors", "LLM upstream failures by kind.",
-                                         **_tags("kind"))
+        self._upstream = metrics.Counter("ragserve_upstream_errors", "LLM upstream failures by kind.", **_tags("kind"))
 
     def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None:
         self._requests.inc(tags={"route": route, "status": str(status), "mode": mode, "reason": reason})

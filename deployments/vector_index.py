@@ -54,11 +54,21 @@ def shard_open_options(settings: Settings) -> dict[str, Any]:
 
 
 def _get_or_create_shard(settings: Settings, i: int) -> Any:
-    return cast(Any, ShardActor).options(  # @ray.remote made it an ActorClass
-        name=shard_actor_name(settings, i), namespace=SHARD_NAMESPACE, get_if_exists=True,
-        lifetime="detached", max_restarts=-1, max_task_retries=-1, max_concurrency=16,
-        num_cpus=settings.shard_num_cpus, scheduling_strategy="SPREAD",
-    ).remote(settings.storage_dir, i, settings.num_shards, **shard_open_options(settings))
+    return (
+        cast(Any, ShardActor)
+        .options(  # @ray.remote made it an ActorClass
+            name=shard_actor_name(settings, i),
+            namespace=SHARD_NAMESPACE,
+            get_if_exists=True,
+            lifetime="detached",
+            max_restarts=-1,
+            max_task_retries=-1,
+            max_concurrency=16,
+            num_cpus=settings.shard_num_cpus,
+            scheduling_strategy="SPREAD",
+        )
+        .remote(settings.storage_dir, i, settings.num_shards, **shard_open_options(settings))
+    )
 
 
 def get_or_create_shards(settings: Settings) -> list[Any]:

@@ -26,7 +26,7 @@ SOURCE = ROOT / "configs" / "gpu.yaml"
 TARGET = ROOT / "kuberay" / "rayservice.yaml"
 
 RAY_VERSION = "2.60.0"
-IMAGE = "ghcr.io/ragserve/ragserve:0.1.0-gpu"   # kuberay/Dockerfile: rayproject/ray + `pip install .[gpu]`
+IMAGE = "ghcr.io/ragserve/ragserve:0.1.0-gpu"  # kuberay/Dockerfile: rayproject/ray + `pip install .[gpu]`
 STORAGE_MOUNT = "/data/ragserve"
 PVC_NAME = "ragserve-data"
 API_KEYS_SECRET = "ragserve-api-keys"  # kubectl create secret generic ragserve-api-keys --from-literal=api-keys=...
@@ -57,17 +57,23 @@ def _container(name: str, cpu: str, memory: str, gpus: int = 0) -> dict[str, Any
     if gpus:
         limits["nvidia.com/gpu"] = gpus
     return {
-        "name": name, "image": IMAGE, "imagePullPolicy": "IfNotPresent",
+        "name": name,
+        "image": IMAGE,
+        "imagePullPolicy": "IfNotPresent",
         "resources": {"limits": limits, "requests": {"cpu": cpu, "memory": memory}},
         # Serve's high-throughput mode on every pod: Ray reads it when the pod's raylet starts. Set
         # both to "0" to run Serve's default request path instead.
         # The API keys come from a Kubernetes Secret, never from this manifest: the cluster's Serve
         # listens beyond the loopback, where ragserve refuses to start without keys.
-        "env": [{"name": "HF_HOME", "value": f"{STORAGE_MOUNT}/hf-cache"},
-                {"name": "RAGSERVE_STORAGE_DIR", "value": STORAGE_MOUNT},
-                {"name": "RAGSERVE_API_KEYS",
-                 "valueFrom": {"secretKeyRef": {"name": API_KEYS_SECRET, "key": API_KEYS_SECRET_KEY}}},
-                *({"name": k, "value": v} for k, v in serve_env(high_throughput=True).items())],
+        "env": [
+            {"name": "HF_HOME", "value": f"{STORAGE_MOUNT}/hf-cache"},
+            {"name": "RAGSERVE_STORAGE_DIR", "value": STORAGE_MOUNT},
+            {
+                "name": "RAGSERVE_API_KEYS",
+                "valueFrom": {"secretKeyRef": {"name": API_KEYS_SECRET, "key": API_KEYS_SECRET_KEY}},
+            },
+            *({"name": k, "value": v} for k, v in serve_env(high_throughput=True).items()),
+        ],
         "volumeMounts": _volume_mounts(),
     }
 
@@ -76,33 +82,47 @@ def manifest() -> dict[str, Any]:
     head = {
         # num-cpus 0: no Serve replica or shard lands on the head; it runs GCS, the controller, the proxy
         "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0"},
-        "template": {"spec": {
-            "containers": [{**_container("ray-head", "4", "16Gi"),
-                            "ports": [{"containerPort": 6379, "name": "gcs"},
-                                      {"containerPort": 8265, "name": "dashboard"},
-                                      {"containerPort": 8000, "name": "serve"},
-                                      {"containerPort": 8080, "name": "metrics"}]}],
-            "volumes": _volumes()}},
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        **_container("ray-head", "4", "16Gi"),
+                        "ports": [
+                            {"containerPort": 6379, "name": "gcs"},
+                            {"containerPort": 8265, "name": "dashboard"},
+                            {"containerPort": 8000, "name": "serve"},
+                            {"containerPort": 8080, "name": "metrics"},
+                        ],
+                    }
+                ],
+                "volumes": _volumes(),
+            }
+        },
     }
     gpu_group = {
         "groupName": "gpu",
-        "replicas": 1, "minReplicas": 1, "maxReplicas": 4,
+        "replicas": 1,
+        "minReplicas": 1,
+        "maxReplicas": 4,
         # one GPU per pod: the generator takes a whole GPU, the embedder a quarter of another
         "rayStartParams": {"num-gpus": "1", "num-cpus": "8"},
-        "template": {"spec": {
-            "containers": [_container("ray-worker", "8", "64Gi", gpus=1)],
-            "nodeSelector": GPU_TYPE_LABEL,
-            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "volumes": _volumes()}},
+        "template": {
+            "spec": {
+                "containers": [_container("ray-worker", "8", "64Gi", gpus=1)],
+                "nodeSelector": GPU_TYPE_LABEL,
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "volumes": _volumes(),
+            }
+        },
     }
     cpu_group = {
         "groupName": "cpu",
-        "replicas": 2, "minReplicas": 2, "maxReplicas": 8,
+        "replicas": 2,
+        "minReplicas": 2,
+        "maxReplicas": 8,
         # ingress replicas and index shards; two pods at least so shards spread over nodes
         "rayStartParams": {"num-cpus": "8", "num-gpus": "0"},
-        "template": {"spec": {
-            "containers": [_container("ray-worker", "8", "32Gi")],
-            "volumes": _volumes()}},
+        "template": {"spec": {"containers": [_container("ray-worker", "8", "32Gi")], "volumes": _volumes()}},
     }
     return {
         "apiVersion": "ray.io/v1",

@@ -27,9 +27,15 @@ stats.PERCENTILES_TO_CHART = [0.5, 0.95, 0.99]
 
 TOPICS = ["pump", "valve", "turbine", "boiler", "compressor", "conveyor", "generator", "chiller"]
 QUESTIONS = [f"When was the {t} on line {n} last serviced?" for t in TOPICS for n in range(1, 6)]
-SEED_DOCS = [{"text": f"Service record: the {t} on line {n} was serviced in week {(n * 7) % 52 + 1}; pressure "
-                      f"{90 + n * 3} kPa, next check in {n + 2} weeks.", "metadata": {"topic": t, "line": n}}
-             for t in TOPICS for n in range(1, 6)]
+SEED_DOCS = [
+    {
+        "text": f"Service record: the {t} on line {n} was serviced in week {(n * 7) % 52 + 1}; pressure "
+        f"{90 + n * 3} kPa, next check in {n + 2} weeks.",
+        "metadata": {"topic": t, "line": n},
+    }
+    for t in TOPICS
+    for n in range(1, 6)
+]
 _doc_ids = count()
 
 
@@ -61,15 +67,20 @@ def _seed_index(environment: Any, **_: Any) -> None:
     opts = environment.parsed_options
     if environment.host is None or opts is None:
         return
-    r = httpx.post(f"{environment.host.rstrip('/')}/index", headers=_headers(environment), timeout=300,
-                   json={"index_name": opts.index_name, "documents": SEED_DOCS})
+    r = httpx.post(
+        f"{environment.host.rstrip('/')}/index",
+        headers=_headers(environment),
+        timeout=300,
+        json={"index_name": opts.index_name, "documents": SEED_DOCS},
+    )
     r.raise_for_status()
 
 
 def fire_metric(env: Any, name: str, value_ms: float) -> None:
     """A custom metric in Locust's tables and CSV, with its percentiles (request type METRIC)."""
-    env.events.request.fire(request_type="METRIC", name=name, response_time=value_ms, response_length=0,
-                            exception=None, context={})
+    env.events.request.fire(
+        request_type="METRIC", name=name, response_time=value_ms, response_length=0, exception=None, context={}
+    )
 
 
 class _RagServeUser(FastHttpUser):
@@ -83,8 +94,10 @@ class _RagServeUser(FastHttpUser):
         self.headers = _headers(self.environment)
 
     def chat_body(self, rag: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"messages": [{"role": "user", "content": random.choice(QUESTIONS)}],
-                                "max_tokens": self.max_tokens}
+        body: dict[str, Any] = {
+            "messages": [{"role": "user", "content": random.choice(QUESTIONS)}],
+            "max_tokens": self.max_tokens,
+        }
         if rag:
             body["index_name"] = self.index
         return body
@@ -97,8 +110,13 @@ class RagChatUser(_RagServeUser):
 
     @task
     def rag_chat(self) -> None:
-        with self.client.post("/v1/chat/completions", json=self.chat_body(True), headers=self.headers,
-                              name="chat rag", catch_response=True) as r:
+        with self.client.post(
+            "/v1/chat/completions",
+            json=self.chat_body(True),
+            headers=self.headers,
+            name="chat rag",
+            catch_response=True,
+        ) as r:
             if r.status_code != 200:
                 r.failure(f"{r.status_code}: {r.text[:200]}")
             elif not r.json().get("choices"):
@@ -116,9 +134,14 @@ class StreamingRagChatUser(_RagServeUser):
         t0 = time.perf_counter()
         first = last = None
         deltas = 0
-        with self.client.post("/v1/chat/completions", json={**self.chat_body(True), "stream": True},
-                              headers=self.headers, name="chat rag stream", stream=True,
-                              catch_response=True) as r:
+        with self.client.post(
+            "/v1/chat/completions",
+            json={**self.chat_body(True), "stream": True},
+            headers=self.headers,
+            name="chat rag stream",
+            stream=True,
+            catch_response=True,
+        ) as r:
             if r.status_code != 200:
                 r.failure(f"{r.status_code}")
                 return
@@ -154,8 +177,13 @@ class PassthroughChatUser(_RagServeUser):
 
     @task
     def passthrough(self) -> None:
-        with self.client.post("/v1/chat/completions", json=self.chat_body(False), headers=self.headers,
-                              name="chat passthrough", catch_response=True) as r:
+        with self.client.post(
+            "/v1/chat/completions",
+            json=self.chat_body(False),
+            headers=self.headers,
+            name="chat passthrough",
+            catch_response=True,
+        ) as r:
             if r.status_code != 200 or r.headers.get("x-rag-mode") != "passthrough":
                 r.failure(f"{r.status_code} mode={r.headers.get('x-rag-mode')}")
 
@@ -171,10 +199,20 @@ class IngestUser(_RagServeUser):
         for _ in range(5):
             i = next(_doc_ids)
             t = TOPICS[i % len(TOPICS)]
-            docs.append({"text": f"Locust record {i} from {os.getpid()}: the {t} on line {i % 11} logged "
-                                 f"{80 + i % 70} kPa at {time.time():.3f}.", "metadata": {"topic": t}})
-        with self.client.post("/index", json={"index_name": self.index, "documents": docs}, headers=self.headers,
-                              name="index", catch_response=True) as r:
+            docs.append(
+                {
+                    "text": f"Locust record {i} from {os.getpid()}: the {t} on line {i % 11} logged "
+                    f"{80 + i % 70} kPa at {time.time():.3f}.",
+                    "metadata": {"topic": t},
+                }
+            )
+        with self.client.post(
+            "/index",
+            json={"index_name": self.index, "documents": docs},
+            headers=self.headers,
+            name="index",
+            catch_response=True,
+        ) as r:
             if r.status_code != 200 or len(r.json()) != len(docs):
                 r.failure(f"{r.status_code}: {r.text[:200]}")
 
@@ -186,9 +224,13 @@ class RetrieveUser(_RagServeUser):
 
     @task
     def retrieve(self) -> None:
-        with self.client.post("/retrieve", json={"index_name": self.index, "query": random.choice(QUESTIONS),
-                                                 "max_node_count": 5}, headers=self.headers, name="retrieve",
-                              catch_response=True) as r:
+        with self.client.post(
+            "/retrieve",
+            json={"index_name": self.index, "query": random.choice(QUESTIONS), "max_node_count": 5},
+            headers=self.headers,
+            name="retrieve",
+            catch_response=True,
+        ) as r:
             if r.status_code != 200:
                 r.failure(f"{r.status_code}: {r.text[:200]}")
 
@@ -228,9 +270,11 @@ class StepShape(LoadTestShape):
 # shape is chosen before the file is read: RAGSERVE_SHAPE=fixed|step (unset: -u/-r/-t as usual).
 _SHAPE = os.environ.get("RAGSERVE_SHAPE", "none")
 if _SHAPE == "fixed":
+
     class SelectedShape(FixedShape):
         abstract = False
 elif _SHAPE == "step":
+
     class SelectedShape(StepShape):  # type: ignore[no-redef]
         abstract = False
 elif _SHAPE != "none":

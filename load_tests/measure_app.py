@@ -20,9 +20,30 @@ import httpx
 from app.http.server_timing import parse_server_timing
 
 WORDS = [
-    "retrieval", "index", "shard", "vector", "cluster", "kubernetes", "operator", "token", "budget", "window",
-    "context", "history", "latency", "throughput", "replica", "batch", "cache", "embedding", "model", "search",
-    "answer", "source", "document", "chunk",
+    "retrieval",
+    "index",
+    "shard",
+    "vector",
+    "cluster",
+    "kubernetes",
+    "operator",
+    "token",
+    "budget",
+    "window",
+    "context",
+    "history",
+    "latency",
+    "throughput",
+    "replica",
+    "batch",
+    "cache",
+    "embedding",
+    "model",
+    "search",
+    "answer",
+    "source",
+    "document",
+    "chunk",
 ]
 
 
@@ -44,7 +65,7 @@ def raw_encode_rate(texts: list[str], batch: int) -> float:
 async def served_encode_rate(url: str, texts: list[str], batch: int, concurrency: int) -> float:
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         await client.post("/v1/embeddings", json={"input": texts[:batch]})  # warm-up
-        batches = [texts[i:i + batch] for i in range(0, len(texts), batch)]
+        batches = [texts[i : i + batch] for i in range(0, len(texts), batch)]
         sem = asyncio.Semaphore(concurrency)
 
         async def one(b: list[str]) -> None:
@@ -59,16 +80,25 @@ async def served_encode_rate(url: str, texts: list[str], batch: int, concurrency
 
 def rag_latency(url: str, chats: int, max_tokens: int) -> list[dict[str, float]]:
     docs = [{"text": t} for t in make_texts(200)] + [
-        {"text": "The ragserve embedder batches queries with serve.batch and caches query vectors for a day.",
-         "metadata": {"topic": "embedder"}}]
+        {
+            "text": "The ragserve embedder batches queries with serve.batch and caches query vectors for a day.",
+            "metadata": {"topic": "embedder"},
+        }
+    ]
     rows = []
     with httpx.Client(base_url=url, timeout=600) as client:
         client.post("/index", json={"index_name": "bench", "documents": docs}).raise_for_status()
         for i in range(chats):
             t0 = time.perf_counter()
-            r = client.post("/v1/chat/completions", json={
-                "index_name": "bench", "max_tokens": max_tokens, "similarity_threshold": 0.3,
-                "messages": [{"role": "user", "content": f"How does the ragserve embedder batch queries? ({i})"}]})
+            r = client.post(
+                "/v1/chat/completions",
+                json={
+                    "index_name": "bench",
+                    "max_tokens": max_tokens,
+                    "similarity_threshold": 0.3,
+                    "messages": [{"role": "user", "content": f"How does the ragserve embedder batch queries? ({i})"}],
+                },
+            )
             r.raise_for_status()
             timing = parse_server_timing(r.headers.get("server-timing", ""))
             timing["total_client"] = (time.perf_counter() - t0) * 1000

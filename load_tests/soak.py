@@ -47,8 +47,11 @@ def server_rss_mib(root_pid: int | None) -> tuple[float, int]:
         except psutil.NoSuchProcess:
             procs = []
     else:
-        procs = [p for p in psutil.process_iter(["cmdline"])
-                 if any(k in " ".join(p.info["cmdline"] or []) for k in ("ray::", "raylet", "gcs_server"))]
+        procs = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if any(k in " ".join(p.info["cmdline"] or []) for k in ("ray::", "raylet", "gcs_server"))
+        ]
     total, n = 0, 0
     for p in procs:
         try:
@@ -92,14 +95,20 @@ class Soak:
             i = self.next_id
             self.next_id += 1
             topic = TOPICS[i % len(TOPICS)]
-            docs.append({"doc_id": f"soak-{i}", "metadata": {"topic": topic},
-                         "text": f"Soak record {i}: the {topic} on line {i % 17} was serviced; pressure "
-                                 f"{90 + i % 60} kPa, temperature {20 + i % 30} C, next check in {i % 9 + 1} weeks."})
+            docs.append(
+                {
+                    "doc_id": f"soak-{i}",
+                    "metadata": {"topic": topic},
+                    "text": f"Soak record {i}: the {topic} on line {i % 17} was serviced; pressure "
+                    f"{90 + i % 60} kPa, temperature {20 + i % 30} C, next check in {i % 9 + 1} weeks.",
+                }
+            )
         return docs
 
     async def ingest(self) -> None:
-        r = await self.timed("index", self.client.post("/index", json={"index_name": self.index,
-                                                                         "documents": self.new_docs(10)}))
+        r = await self.timed(
+            "index", self.client.post("/index", json={"index_name": self.index, "documents": self.new_docs(10)})
+        )
         if r is not None and r.status_code == 200:
             self.acknowledged.update(d["doc_id"] for d in r.json())
 
@@ -107,29 +116,53 @@ class Soak:
         live = sorted(self.acknowledged - self.deleted)
         if live:
             doc_id = random.choice(live)
-            await self.timed("update", self.client.post(f"/indexes/{self.index}/documents", json={
-                "documents": [{"doc_id": doc_id, "text": f"Updated soak record {doc_id} at {time.time():.0f}."}]}))
+            await self.timed(
+                "update",
+                self.client.post(
+                    f"/indexes/{self.index}/documents",
+                    json={
+                        "documents": [{"doc_id": doc_id, "text": f"Updated soak record {doc_id} at {time.time():.0f}."}]
+                    },
+                ),
+            )
 
     async def delete(self) -> None:
         live = sorted(self.acknowledged - self.deleted)
         if len(live) > 50:
             victims = random.sample(live, 3)
-            r = await self.timed("delete", self.client.post(f"/indexes/{self.index}/documents/delete",
-                                                            json={"doc_ids": victims}))
+            r = await self.timed(
+                "delete", self.client.post(f"/indexes/{self.index}/documents/delete", json={"doc_ids": victims})
+            )
             if r is not None and r.status_code == 200:
                 self.deleted.update(victims)
 
     async def retrieve(self) -> None:
-        await self.timed("retrieve", self.client.post("/retrieve", json={
-            "index_name": self.index, "query": f"when is the next {random.choice(TOPICS)} check", "top_k": 5}))
+        await self.timed(
+            "retrieve",
+            self.client.post(
+                "/retrieve",
+                json={"index_name": self.index, "query": f"when is the next {random.choice(TOPICS)} check", "top_k": 5},
+            ),
+        )
 
     async def list_docs(self) -> None:
-        await self.timed("list", self.client.get(f"/indexes/{self.index}/documents", params={
-            "limit": 20, "offset": random.randint(0, 200), "metadata_filter": json.dumps({"topic": "pump"})}))
+        await self.timed(
+            "list",
+            self.client.get(
+                f"/indexes/{self.index}/documents",
+                params={
+                    "limit": 20,
+                    "offset": random.randint(0, 200),
+                    "metadata_filter": json.dumps({"topic": "pump"}),
+                },
+            ),
+        )
 
     async def chat(self, rag: bool, stream: bool) -> None:
-        body: dict = {"messages": [{"role": "user", "content": f"What pressure did the {random.choice(TOPICS)} "
-                                                               "have?"}], "max_tokens": self.max_tokens}
+        body: dict = {
+            "messages": [{"role": "user", "content": f"What pressure did the {random.choice(TOPICS)} have?"}],
+            "max_tokens": self.max_tokens,
+        }
         if rag:
             body["index_name"] = self.index
         kind = f"chat_{'rag' if rag else 'pass'}{'_stream' if stream else ''}"
@@ -140,7 +173,7 @@ class Soak:
         async def consume() -> httpx.Response:
             async with self.client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
                 async for line in r.aiter_lines():
-                    if line.startswith("data: {\"error\""):
+                    if line.startswith('data: {"error"'):
                         self.errors[f"{kind}: stream error event"] += 1
                 return r
 
@@ -151,8 +184,9 @@ class Soak:
             await random.choice(actions)()
 
     async def run(self, minutes: float, sample_s: float) -> None:
-        await self.timed("index", self.client.post("/index", json={"index_name": self.index,
-                                                                     "documents": self.new_docs(100)}))
+        await self.timed(
+            "index", self.client.post("/index", json={"index_name": self.index, "documents": self.new_docs(100)})
+        )
         self.acknowledged.update(f"soak-{i}" for i in range(100))
         deadline = time.monotonic() + minutes * 60
         samples: list[tuple[float, float, int]] = []
@@ -162,15 +196,25 @@ class Soak:
             while time.monotonic() < deadline:
                 mib, n = server_rss_mib(self.server_pid)
                 samples.append((time.monotonic() - t0, mib, n))
-                print(f"t={samples[-1][0]:6.0f}s  server rss {mib:8.1f} MiB over {n} processes  "
-                      f"requests {sum(self.counts.values())}  errors {sum(self.errors.values())}", flush=True)
+                print(
+                    f"t={samples[-1][0]:6.0f}s  server rss {mib:8.1f} MiB over {n} processes  "
+                    f"requests {sum(self.counts.values())}  errors {sum(self.errors.values())}",
+                    flush=True,
+                )
                 await asyncio.sleep(sample_s)
 
         fast = [self.ingest, self.update, self.delete, self.retrieve, self.retrieve, self.list_docs]
-        chats = [lambda: self.chat(True, False), lambda: self.chat(True, True),
-                 lambda: self.chat(False, False), lambda: self.chat(False, True)]
-        await asyncio.gather(sampler(), *(self.worker(deadline, fast) for _ in range(4)),
-                             *(self.worker(deadline, chats) for _ in range(2)))
+        chats = [
+            lambda: self.chat(True, False),
+            lambda: self.chat(True, True),
+            lambda: self.chat(False, False),
+            lambda: self.chat(False, True),
+        ]
+        await asyncio.gather(
+            sampler(),
+            *(self.worker(deadline, fast) for _ in range(4)),
+            *(self.worker(deadline, chats) for _ in range(2)),
+        )
         samples.append((minutes * 60, *server_rss_mib(self.server_pid)))
         await self.report(samples)
 
@@ -183,13 +227,17 @@ class Soak:
         print(f"\nerrors: {dict(self.errors) or 'none'}")
         start, end = samples[0][1], samples[-1][1]
         peak = max(s[1] for s in samples)
-        print(f"memory (server process tree, RSS): start {start:.0f} MiB, end {end:.0f} MiB, peak {peak:.0f} MiB, "
-              f"growth {end - start:+.0f} MiB")
+        print(
+            f"memory (server process tree, RSS): start {start:.0f} MiB, end {end:.0f} MiB, peak {peak:.0f} MiB, "
+            f"growth {end - start:+.0f} MiB"
+        )
         r = await self.client.get(f"/indexes/{self.index}/documents", params={"limit": 1})
         expected = len(self.acknowledged - self.deleted)
         present = r.json().get("total_items") if r.status_code == 200 else None
-        print(f"documents: acknowledged {len(self.acknowledged)}, deleted {len(self.deleted)}, "
-              f"expected {expected}, present {present}")
+        print(
+            f"documents: acknowledged {len(self.acknowledged)}, deleted {len(self.deleted)}, "
+            f"expected {expected}, present {present}"
+        )
         await self.client.aclose()
         if present != expected:
             raise SystemExit("document count does not match what was acknowledged")
@@ -203,8 +251,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--index", default=f"soak-{int(time.time())}")
     ap.add_argument("--max-tokens", type=int, default=16)
-    ap.add_argument("--server-pid", type=int, default=None, help="root of the server's process tree "
-                    "(default: the local `serve run` process)")
+    ap.add_argument(
+        "--server-pid",
+        type=int,
+        default=None,
+        help="root of the server's process tree (default: the local `serve run` process)",
+    )
     args = ap.parse_args(argv)
     random.seed(7)
     pid = args.server_pid or find_server_pid()

@@ -15,9 +15,11 @@ def make_pdf(pages: list[str], title: str | None = None) -> bytes:
     objs.append(f"<< /Type /Pages /Kids [{kids}] /Count {n} >>".encode())
     font_id = 3 + 2 * n
     for i, text in enumerate(pages):
-        content = (f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode() if text else b"")
-        objs.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 {font_id} 0 R"
-                    f" >> >> /Contents {4 + 2 * i} 0 R >>".encode())
+        content = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode() if text else b""
+        objs.append(
+            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 {font_id} 0 R"
+            f" >> >> /Contents {4 + 2 * i} 0 R >>".encode()
+        )
         objs.append(b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream")
     objs.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
     info_id = None
@@ -42,8 +44,13 @@ def make_pdf(pages: list[str], title: str | None = None) -> bytes:
 def make_docx(paragraphs: list[tuple[str, str]]) -> bytes:
     """A minimal Word document; each entry is (style, text), style '' or 'Heading1'."""
     body = "".join(
-        (f'<w:p><w:pPr><w:pStyle w:val="{style}"/></w:pPr><w:r><w:t>{text}</w:t></w:r></w:p>' if style
-         else f"<w:p><w:r><w:t>{text}</w:t></w:r></w:p>") for style, text in paragraphs)
+        (
+            f'<w:p><w:pPr><w:pStyle w:val="{style}"/></w:pPr><w:r><w:t>{text}</w:t></w:r></w:p>'
+            if style
+            else f"<w:p><w:r><w:t>{text}</w:t></w:r></w:p>"
+        )
+        for style, text in paragraphs
+    )
     ns = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
     files = {
         "[Content_Types].xml": '<?xml version="1.0" encoding="UTF-8"?><Types xmlns="http://schemas.openxmlformats.org/'

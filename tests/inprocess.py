@@ -50,18 +50,36 @@ class RecordingTelemetry:
 
 
 @contextmanager
-def inprocess_app(storage_dir: Path, embedder: Any, llm_url: str, *, telemetry: Any = None,
-                  engine: GenerationEngine | None = None, **settings: Any) -> Iterator[tuple[FastAPI, Settings]]:
+def inprocess_app(
+    storage_dir: Path,
+    embedder: Any,
+    llm_url: str,
+    *,
+    telemetry: Any = None,
+    engine: GenerationEngine | None = None,
+    **settings: Any,
+) -> Iterator[tuple[FastAPI, Settings]]:
     """Yield ``(app, settings)``; the shards are closed on exit. ``settings`` override Settings fields.
     ``engine``: serve this engine (e.g. the real embedded TransformersEngine) instead of the OpenAI
     adapter to ``llm_url``."""
-    s = Settings(storage_dir=str(storage_dir), llm_engine="openai", llm_url=llm_url,
-                 **{"num_shards": 2, "default_max_tokens": 64, "chunk_size": 128, "chunk_overlap": 16, **settings})
+    s = Settings(
+        storage_dir=str(storage_dir),
+        llm_engine="openai",
+        llm_url=llm_url,
+        **{"num_shards": 2, "default_max_tokens": 64, "chunk_size": 128, "chunk_overlap": 16, **settings},
+    )
     check_layout(s.storage_dir, s.num_shards)
     pool = LocalShardPool([ShardService(s.storage_dir, i, s.num_shards) for i in range(s.num_shards)])
     llm = EngineClient(engine or OpenAIEngine(llm_url, s.llm_model or "fake-model", None, s.llm_timeout_s))
-    services = build_services(s, pool=pool, embedder=embedder, llm=llm, embedding_model="all-MiniLM-L6-v2",
-                              embedding_tokenizer=embedder.model.tokenizer, telemetry=telemetry)
+    services = build_services(
+        s,
+        pool=pool,
+        embedder=embedder,
+        llm=llm,
+        embedding_model="all-MiniLM-L6-v2",
+        embedding_tokenizer=embedder.model.tokenizer,
+        telemetry=telemetry,
+    )
     try:
         yield create_app(services), s
     finally:

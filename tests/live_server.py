@@ -46,11 +46,14 @@ def serve(app: Any) -> Iterator[str]:
 
 
 @contextmanager
-def live_app(storage: Path, embedder: Any, *, answer: str = "The answer is in the sources [1].",
-             **settings: Any) -> Iterator[tuple[str, FakeOpenAI]]:
+def live_app(
+    storage: Path, embedder: Any, *, answer: str = "The answer is in the sources [1].", **settings: Any
+) -> Iterator[tuple[str, FakeOpenAI]]:
     """The whole application on a real socket; yields ``(base_url, fake_upstream)``."""
-    with FakeOpenAI(answer=answer, model="fake-model", max_model_len=4096) as fake, \
-            inprocess_app(storage, embedder, fake.url, **{"similarity_threshold": 0.0, **settings}) as (app, _), \
-            serve(app) as url:
+    with (
+        FakeOpenAI(answer=answer, model="fake-model", max_model_len=4096) as fake,
+        inprocess_app(storage, embedder, fake.url, **{"similarity_threshold": 0.0, **settings}) as (app, _),
+        serve(app) as url,
+    ):
         assert httpx.get(f"{url}/health").status_code == 200
         yield url, fake

@@ -12,9 +12,7 @@ from app.config import RetrievalMode
 from app.engines.sampling import SamplingParams
 
 INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-INDEX_NAME_RULE = (
-    "index names are 1-128 characters: letters, digits, '_', '-' and '.', starting with a letter or digit"
-)
+INDEX_NAME_RULE = "index names are 1-128 characters: letters, digits, '_', '-' and '.', starting with a letter or digit"
 
 #: Flat metadata, checked by :func:`app.api.values.check_metadata`.
 Metadata = Annotated[dict[str, Any], AfterValidator(check_metadata)]
@@ -122,15 +120,20 @@ class NodeWithScore(BaseModel):
     score: float = Field(description="Cosine similarity to the query (lexical hits too, from their stored vector).")
     metadata: dict[str, Any] = Field(default_factory=dict)
     fused_score: float | None = Field(
-        default=None, description="Reciprocal rank fusion score over the rankings that found it: results are "
-        "in this order.")
+        default=None,
+        description="Reciprocal rank fusion score over the rankings that found it: results are in this order.",
+    )
     sources: list[Literal["dense", "lexical"]] | None = Field(
-        default=None, description="Which rankings found it: dense (cosine), lexical (BM25).")
+        default=None, description="Which rankings found it: dense (cosine), lexical (BM25)."
+    )
     rerank_score: float | None = Field(
-        default=None, description="The reranker's score (reranker_model), when one reordered the candidates.")
+        default=None, description="The reranker's score (reranker_model), when one reordered the candidates."
+    )
     keyword_match: bool | None = Field(
-        default=None, description="It contains every term of a query of at least lexical_match_min_terms terms, "
-        "so it counts as relevant whatever its score.")
+        default=None,
+        description="It contains every term of a query of at least lexical_match_min_terms terms, "
+        "so it counts as relevant whatever its score.",
+    )
 
 
 class _RetrievalRequest(BaseModel):
@@ -142,7 +145,8 @@ class _RetrievalRequest(BaseModel):
     metadata_filter: dict[str, Any] | None = None
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
     retrieval_mode: RetrievalMode | None = Field(
-        default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted.")
+        default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted."
+    )
 
     _check_name = field_validator("index_name")(lambda cls, v: validate_index_name(v))
     _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
@@ -162,8 +166,9 @@ class LLMParams(BaseModel):
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, stop=stop,
-                              seed=self.seed)
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, stop=stop, seed=self.seed
+        )
 
 
 class QueryRequest(_RetrievalRequest):

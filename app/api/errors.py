@@ -31,8 +31,9 @@ def is_openai_path(path: str) -> bool:
     return path.startswith("/v1/")
 
 
-def error_model(path: str, message: str, *, type_: str, param: str | None = None,
-                code: str | int | None = None) -> ErrorResponse | DetailResponse:
+def error_model(
+    path: str, message: str, *, type_: str, param: str | None = None, code: str | int | None = None
+) -> ErrorResponse | DetailResponse:
     """The error body for a request to ``path``."""
     if is_openai_path(path):
         return ErrorResponse(error=ErrorDetail(message=message, type=type_, param=param, code=code))

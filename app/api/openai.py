@@ -18,8 +18,18 @@ from app.config import QueryRewrite, RetrievalMode
 from app.engines.sampling import SamplingParams, extra_fields
 
 # Fields that only ragserve understands; they are removed before a request goes upstream.
-RAG_FIELDS = frozenset({"index_name", "context_token_ratio", "top_k", "similarity_threshold", "metadata_filter",
-                        "retrieval_mode", "query_rewrite", "sources_in_content"})
+RAG_FIELDS = frozenset(
+    {
+        "index_name",
+        "context_token_ratio",
+        "top_k",
+        "similarity_threshold",
+        "metadata_filter",
+        "retrieval_mode",
+        "query_rewrite",
+        "sources_in_content",
+    }
+)
 
 
 class ContentPart(BaseModel):
@@ -87,13 +97,18 @@ class ChatCompletionRequest(BaseModel):
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
     metadata_filter: dict[str, Any] | None = None
     retrieval_mode: RetrievalMode | None = Field(
-        default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted.")
+        default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted."
+    )
     query_rewrite: QueryRewrite | None = Field(
-        default=None, description="llm: rewrite a follow-up into a standalone question with the generator "
-        "before retrieving; the server's query_rewrite when omitted.")
+        default=None,
+        description="llm: rewrite a follow-up into a standalone question with the generator "
+        "before retrieving; the server's query_rewrite when omitted.",
+    )
     sources_in_content: bool | None = Field(
-        default=None, description="Append a plain 'Sources:' list to the answer's text; the server's "
-        "sources_in_content when omitted.")
+        default=None,
+        description="Append a plain 'Sources:' list to the answer's text; the server's "
+        "sources_in_content when omitted.",
+    )
 
     _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
     _check_index = field_validator("index_name")(lambda cls, v: v if v is None else validate_index_name(v))
@@ -118,9 +133,15 @@ class ChatCompletionRequest(BaseModel):
 
     def to_sampling_params(self, max_tokens: int) -> SamplingParams:
         """What an engine needs to generate for this request, once the budget has fixed ``max_tokens``."""
-        return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              stop=tuple(self.stop_list()), seed=self.seed, model=self.model,
-                              extra=extra_fields(self.model_dump(exclude_unset=True)))
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=tuple(self.stop_list()),
+            seed=self.seed,
+            model=self.model,
+            extra=extra_fields(self.model_dump(exclude_unset=True)),
+        )
 
     def upstream_body(self) -> dict[str, Any]:
         """The body to forward upstream: everything the client sent except the RAG fields."""
@@ -140,8 +161,11 @@ class UsageInfo(BaseModel):
 
     @classmethod
     def of(cls, prompt_tokens: int, completion_tokens: int) -> UsageInfo:
-        return cls(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                   total_tokens=prompt_tokens + completion_tokens)
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
 
 
 class ResponseMessage(BaseModel):
@@ -202,15 +226,21 @@ class _CompletionBody(BaseModel):
     model: str = ""
     usage: UsageInfo | None = None
     source_nodes: list[NodeWithScore] | None = Field(
-        default=None, description="RAG answers: the retrieved chunks the answer was given, with their scores "
-        "(on the first chunk of a stream).")
+        default=None,
+        description="RAG answers: the retrieved chunks the answer was given, with their scores "
+        "(on the first chunk of a stream).",
+    )
     citations: list[Citation] | None = Field(
-        default=None, description="RAG answers: the answer's [n] markers that name a source in source_nodes "
-        "(on the final chunk of a stream).")
+        default=None,
+        description="RAG answers: the answer's [n] markers that name a source in source_nodes "
+        "(on the final chunk of a stream).",
+    )
     invalid_citations: list[InvalidCitation] | None = Field(
-        default=None, description="RAG answers: [n] markers that name no source the model was given.")
-    rag: RagInfo | None = Field(default=None, description="RAG answers: the retrieval query and mode used "
-                                "(on the first chunk of a stream).")
+        default=None, description="RAG answers: [n] markers that name no source the model was given."
+    )
+    rag: RagInfo | None = Field(
+        default=None, description="RAG answers: the retrieval query and mode used (on the first chunk of a stream)."
+    )
 
 
 class ChatCompletionResponse(_CompletionBody):
@@ -247,8 +277,9 @@ class EmbeddingRequest(BaseModel):
     input: str | list[str] = Field(description="A string or a list of strings (token arrays are not supported).")
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(default=None, ge=1, description="Truncate (and re-normalise) to this many "
-                                   "dimensions; at most the model's own.")
+    dimensions: int | None = Field(
+        default=None, ge=1, description="Truncate (and re-normalise) to this many dimensions; at most the model's own."
+    )
     user: str | None = None
 
     @field_validator("input")

@@ -31,8 +31,10 @@ def check_text(value: str, where: str) -> str:
     """``value`` if it is valid Unicode text (no lone surrogates), else ``ValueError`` naming ``where``."""
     match = _SURROGATE.search(value)
     if match is not None:
-        raise ValueError(f"{where} contains a lone surrogate (\\u{ord(match.group()):04x}) at character "
-                         f"{match.start()}: send valid UTF-8 text")
+        raise ValueError(
+            f"{where} contains a lone surrogate (\\u{ord(match.group()):04x}) at character "
+            f"{match.start()}: send valid UTF-8 text"
+        )
     return value
 
 
@@ -76,12 +78,16 @@ def check_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"{where}: lists are limited to {MAX_LIST_ITEMS} items, got {len(value)}")
             for i, item in enumerate(value):
                 if isinstance(item, list | dict):
-                    raise ValueError(f"{where}[{i}]: metadata lists hold strings, numbers, booleans or null, "
-                                     "not nested lists or objects")
+                    raise ValueError(
+                        f"{where}[{i}]: metadata lists hold strings, numbers, booleans or null, "
+                        "not nested lists or objects"
+                    )
                 _check_scalar(item, f"{where}[{i}]")
         elif isinstance(value, dict):
-            raise ValueError(f"{where}: metadata values are strings, numbers, booleans, null or lists of "
-                             "them; nested objects are not accepted (flatten the key, e.g. 'author.name')")
+            raise ValueError(
+                f"{where}: metadata values are strings, numbers, booleans, null or lists of "
+                "them; nested objects are not accepted (flatten the key, e.g. 'author.name')"
+            )
         else:
             _check_scalar(value, where)
     return metadata

@@ -30,7 +30,10 @@ class PromptTooLongError(BadRequestError):
         super().__init__(
             f"Prompt length exceeds context window: the prompt needs {prompt_tokens} tokens and at least "
             f"{min_completion} are reserved for the completion, but the context window is {window} tokens. "
-            f"Shorten the messages or the system prompt.", param="messages", code="context_length_exceeded")
+            f"Shorten the messages or the system prompt.",
+            param="messages",
+            code="context_length_exceeded",
+        )
         self.prompt_tokens = prompt_tokens
         self.min_completion = min_completion
         self.window = window
@@ -56,11 +59,23 @@ def _message_cost(counter: TokenCounter, message: Message, empty: int) -> int:
     return max(0, counter.count_messages([message]) - empty)
 
 
-def fit(*, counter: TokenCounter, window: int, system: Sequence[Message], history: Sequence[Message], query: str,
-        nodes: Sequence[NodeWithScore], requested_max_tokens: int | None, default_max_tokens: int = 256,
-        min_completion_tokens: int = 16, context_ratio: float = 0.5, similarity_threshold: float = 0.5,
-        safety_ratio: float | None = None, history_min_messages: int = 0,
-        history_max_messages: int = 200) -> FitResult:
+def fit(
+    *,
+    counter: TokenCounter,
+    window: int,
+    system: Sequence[Message],
+    history: Sequence[Message],
+    query: str,
+    nodes: Sequence[NodeWithScore],
+    requested_max_tokens: int | None,
+    default_max_tokens: int = 256,
+    min_completion_tokens: int = 16,
+    context_ratio: float = 0.5,
+    similarity_threshold: float = 0.5,
+    safety_ratio: float | None = None,
+    history_min_messages: int = 0,
+    history_max_messages: int = 200,
+) -> FitResult:
     candidates = relevant(nodes, similarity_threshold)
     min_completion = min(min_completion_tokens, requested_max_tokens or min_completion_tokens)
 
@@ -88,8 +103,9 @@ def fit(*, counter: TokenCounter, window: int, system: Sequence[Message], histor
     def node_cost(node: NodeWithScore) -> int:
         return counter.count_text("\n\n" + rag_prompt.format_source(9, node))
 
-    selected, skipped = select_context(candidates, threshold=similarity_threshold, budget_tokens=context_budget,
-                                       cost=node_cost)
+    selected, skipped = select_context(
+        candidates, threshold=similarity_threshold, budget_tokens=context_budget, cost=node_cost
+    )
     context_used = sum(node_cost(n) for n in selected)
 
     # 5. history: newest first, whole messages; unused context budget flows here
@@ -127,15 +143,29 @@ def fit(*, counter: TokenCounter, window: int, system: Sequence[Message], histor
             raise PromptTooLongError(prompt, min_completion, window)
 
     return FitResult(
-        messages=messages, nodes_used=selected, nodes_skipped=skipped, history_kept=len(kept),
-        history_dropped=len(history) - len(kept), max_tokens=reserve, prompt_tokens=prompt,
+        messages=messages,
+        nodes_used=selected,
+        nodes_skipped=skipped,
+        history_kept=len(kept),
+        history_dropped=len(history) - len(kept),
+        max_tokens=reserve,
+        prompt_tokens=prompt,
         context_tokens=sum(node_cost(n) for n in selected) + (framing if selected else 0),
-        history_tokens=sum(_message_cost(counter, m, empty) for m in kept), window=window, exact=counter.exact)
+        history_tokens=sum(_message_cost(counter, m, empty) for m in kept),
+        window=window,
+        exact=counter.exact,
+    )
 
 
-def fit_passthrough(*, counter: TokenCounter, window: int, messages: Sequence[Message],
-                    requested_max_tokens: int | None, default_max_tokens: int = 256,
-                    min_completion_tokens: int = 16) -> tuple[int, int]:
+def fit_passthrough(
+    *,
+    counter: TokenCounter,
+    window: int,
+    messages: Sequence[Message],
+    requested_max_tokens: int | None,
+    default_max_tokens: int = 256,
+    min_completion_tokens: int = 16,
+) -> tuple[int, int]:
     """(prompt tokens, clamped max_tokens) for a request forwarded unchanged."""
     prompt = counter.count_messages(messages)
     min_completion = min(min_completion_tokens, requested_max_tokens or min_completion_tokens)

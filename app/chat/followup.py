@@ -53,6 +53,10 @@ def rewrite_messages(history: Sequence[dict[str, Any]], query: str) -> list[dict
             if text:
                 lines.append(f"{m['role'].capitalize()}: {text[:REWRITE_CHARS]}")
     transcript = "\n".join(lines)
-    return [{"role": "system", "content": REWRITE_INSTRUCTIONS},
-            {"role": "user", "content": f"Conversation:\n{transcript}\n\nLast question: {query[:REWRITE_CHARS]}\n\n"
-                                        "Standalone question:"}]
+    return [
+        {"role": "system", "content": REWRITE_INSTRUCTIONS},
+        {
+            "role": "user",
+            "content": f"Conversation:\n{transcript}\n\nLast question: {query[:REWRITE_CHARS]}\n\nStandalone question:",
+        },
+    ]

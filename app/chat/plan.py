@@ -86,8 +86,9 @@ def _validate_messages(messages: list[ChatMessage]) -> ChatError | None:
                 return BadRequestError(f"{where}: user content must not be an empty list", param=f"{where}.content")
             for j, part in enumerate(m.content):
                 if part.type == "text" and part.text is None:
-                    return BadRequestError(f"{where}.content[{j}]: a text part needs 'text'",
-                                     param=f"{where}.content[{j}].text")
+                    return BadRequestError(
+                        f"{where}.content[{j}]: a text part needs 'text'", param=f"{where}.content[{j}].text"
+                    )
     return None
 
 

@@ -56,12 +56,18 @@ class ChatStream:
 
 
 class RagClient:
-    def __init__(self, url: str = DEFAULT_URL, api_key: str | None = None, timeout: float = 600.0,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        api_key: str | None = None,
+        timeout: float = 600.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0),
-                                 transport=transport)
+        self.http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=httpx.Timeout(timeout, connect=10.0), transport=transport
+        )
 
     def close(self) -> None:
         self.http.close()
@@ -88,7 +94,7 @@ class RagClient:
             if not err.retryable or attempt >= retries:
                 raise err
             attempt += 1
-            time.sleep(min(8.0, 0.5 * 2 ** attempt))
+            time.sleep(min(8.0, 0.5 * 2**attempt))
 
     # --- indexes and documents -----------------------------------------------------------------
     def indexes(self) -> list[str]:
@@ -106,8 +112,15 @@ class RagClient:
                 return None
             raise
 
-    def documents_page(self, index: str, *, limit: int = 100, offset: int = 0, max_text_length: int | None = 1000,
-                       metadata_filter: dict[str, Any] | None = None) -> dict[str, Any]:
+    def documents_page(
+        self,
+        index: str,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        max_text_length: int | None = 1000,
+        metadata_filter: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         if max_text_length is not None:
             params["max_text_length"] = max_text_length
@@ -115,15 +128,26 @@ class RagClient:
             params["metadata_filter"] = json.dumps(metadata_filter)
         return self.request("GET", f"/indexes/{quote(index, safe='')}/documents", params=params, retries=2)
 
-    def iter_documents(self, index: str, *, page_size: int = 100, max_text_length: int | None = 1,
-                       metadata_filter: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    def iter_documents(
+        self,
+        index: str,
+        *,
+        page_size: int = 100,
+        max_text_length: int | None = 1,
+        metadata_filter: dict[str, Any] | None = None,
+    ) -> Iterator[dict[str, Any]]:
         """Every document of ``index``, page by page (text cut to ``max_text_length``). A missing
         index yields nothing."""
         offset = 0
         while True:
             try:
-                page = self.documents_page(index, limit=page_size, offset=offset, max_text_length=max_text_length,
-                                           metadata_filter=metadata_filter)
+                page = self.documents_page(
+                    index,
+                    limit=page_size,
+                    offset=offset,
+                    max_text_length=max_text_length,
+                    metadata_filter=metadata_filter,
+                )
             except ApiError as e:
                 if e.status == 404 and offset == 0:
                     return
@@ -139,19 +163,28 @@ class RagClient:
         return self.request("POST", "/index", json={"index_name": index, "documents": documents}, retries=3)
 
     def update_documents(self, index: str, documents: list[dict[str, Any]]) -> dict[str, Any]:
-        return self.request("POST", f"/indexes/{quote(index, safe='')}/documents", json={"documents": documents},
-                            retries=3)
+        return self.request(
+            "POST", f"/indexes/{quote(index, safe='')}/documents", json={"documents": documents}, retries=3
+        )
 
     def delete_documents(self, index: str, doc_ids: list[str]) -> dict[str, Any]:
-        return self.request("POST", f"/indexes/{quote(index, safe='')}/documents/delete", json={"doc_ids": doc_ids},
-                            retries=3)
+        return self.request(
+            "POST", f"/indexes/{quote(index, safe='')}/documents/delete", json={"doc_ids": doc_ids}, retries=3
+        )
 
     def drop_index(self, index: str) -> dict[str, Any]:
         return self.request("DELETE", f"/indexes/{quote(index, safe='')}")
 
     # --- questions -----------------------------------------------------------------------------
-    def query(self, index: str, query: str, *, top_k: int = 5, metadata_filter: dict[str, Any] | None = None,
-              llm_params: dict[str, Any] | None = None) -> dict[str, Any]:
+    def query(
+        self,
+        index: str,
+        query: str,
+        *,
+        top_k: int = 5,
+        metadata_filter: dict[str, Any] | None = None,
+        llm_params: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"index_name": index, "query": query, "top_k": top_k}
         if metadata_filter:
             body["metadata_filter"] = metadata_filter
@@ -178,8 +211,11 @@ class RagClient:
                 if not resp.is_success:
                     resp.read()
                     raise ApiError(resp.status_code, _message(resp))
-                yield ChatStream(resp.headers.get("x-rag-mode", ""), resp.headers.get("x-rag-reason", ""),
-                                 _sse_events(resp.iter_lines()))
+                yield ChatStream(
+                    resp.headers.get("x-rag-mode", ""),
+                    resp.headers.get("x-rag-reason", ""),
+                    _sse_events(resp.iter_lines()),
+                )
         except httpx.HTTPError as e:
             raise ApiError(0, f"stream from {self.url} failed: {e}") from e
 
@@ -198,8 +234,9 @@ def _sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
         event = json.loads(payload)
         if isinstance(event, dict) and isinstance(event.get("error"), dict):
             err = event["error"]
-            raise ApiError(int(err.get("code") or 502) if str(err.get("code", "")).isdigit() else 502,
-                           str(err.get("message")))
+            raise ApiError(
+                int(err.get("code") or 502) if str(err.get("code", "")).isdigit() else 502, str(err.get("message"))
+            )
         yield event
     if data and data[-1] != "[DONE]":  # a stream cut without its final blank line
         yield json.loads("\n".join(data))

@@ -16,8 +16,23 @@ import pathspec
 
 from app.ingest.convert import is_supported
 
-ALWAYS_SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv",
-                                 ".mypy_cache", ".pytest_cache", ".ruff_cache", ".tox", ".idea", ".vscode"})
+ALWAYS_SKIPPED_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        "node_modules",
+        ".venv",
+        "venv",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".tox",
+        ".idea",
+        ".vscode",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -117,8 +132,14 @@ class FileSelector:
         return not (self.exclude is not None and self.exclude.match_file(rel))
 
 
-def discover(roots: Sequence[Path], base: Path, selector: FileSelector, *, gitignore: bool = True,
-             skipped: list[tuple[str, str]] | None = None) -> list[LocalFile]:
+def discover(
+    roots: Sequence[Path],
+    base: Path,
+    selector: FileSelector,
+    *,
+    gitignore: bool = True,
+    skipped: list[tuple[str, str]] | None = None,
+) -> list[LocalFile]:
     """The supported files under ``roots`` (files or directories), sorted by relative path, each once.
     Unsupported files named explicitly are reported in ``skipped`` with the reason."""
     found: dict[str, LocalFile] = {}
@@ -171,4 +192,3 @@ def _walk(root: Path, inherited: list[_Ignore], gitignore: bool) -> Iterator[Pat
                     continue
                 yield path
         stack.extend(reversed(subdirs))
-

@@ -66,12 +66,21 @@ class RichProgress:
         self.total_files = files
         self.t0 = time.monotonic()
         self.progress = Progress(
-            SpinnerColumn(), TextColumn("[bold]ingest"), BarColumn(), TaskProgressColumn(),
+            SpinnerColumn(),
+            TextColumn("[bold]ingest"),
+            BarColumn(),
+            TaskProgressColumn(),
             TextColumn("{task.fields[files]}/{task.fields[total_files]} files"),
-            TextColumn("{task.fields[docs]} docs sent"), TextColumn("{task.fields[chunks]} chunks"),
-            TextColumn("{task.fields[rate]} docs/s"), TimeRemainingColumn(), console=self.console, transient=False)
-        self.task = self.progress.add_task("ingest", total=max(total_bytes, 1), files=0, total_files=files, docs=0,
-                                           chunks="–", rate="0.0")
+            TextColumn("{task.fields[docs]} docs sent"),
+            TextColumn("{task.fields[chunks]} chunks"),
+            TextColumn("{task.fields[rate]} docs/s"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self.task = self.progress.add_task(
+            "ingest", total=max(total_bytes, 1), files=0, total_files=files, docs=0, chunks="–", rate="0.0"
+        )
         self.progress.start()
 
     def advance(self, files: int, nbytes: int, documents: int) -> None:
@@ -80,8 +89,13 @@ class RichProgress:
         self.files += files
         self.docs += documents
         rate = self.docs / max(time.monotonic() - self.t0, 1e-6)
-        self.progress.update(self.task, advance=nbytes or (1 if self.total_files == 0 else 0), files=self.files,
-                             docs=self.docs, rate=f"{rate:.1f}")
+        self.progress.update(
+            self.task,
+            advance=nbytes or (1 if self.total_files == 0 else 0),
+            files=self.files,
+            docs=self.docs,
+            rate=f"{rate:.1f}",
+        )
 
     def chunks(self, total: int) -> None:
         if self.progress is not None:
@@ -130,10 +144,12 @@ def _filter_arg(text: str | None) -> dict[str, Any] | None:
 
 # --- ingest -------------------------------------------------------------------------------------
 def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | None) -> None:
-    console.print(f"[bold]{report.index}[/bold]: {len(report.added)} added, {len(report.updated)} updated, "
-                  f"{len(report.unchanged)} unchanged, {len(report.deleted)} deleted, "
-                  f"[{'red' if report.failed else 'default'}]{len(report.failed)} failed[/] "
-                  f"({report.documents_sent} documents sent in {report.seconds:.1f} s)")
+    console.print(
+        f"[bold]{report.index}[/bold]: {len(report.added)} added, {len(report.updated)} updated, "
+        f"{len(report.unchanged)} unchanged, {len(report.deleted)} deleted, "
+        f"[{'red' if report.failed else 'default'}]{len(report.failed)} failed[/] "
+        f"({report.documents_sent} documents sent in {report.seconds:.1f} s)"
+    )
     for path, reason in report.failed:
         console.print(f"  [red]failed[/red]  {escape(path)}: {escape(reason)}")
     for path, warning in report.warnings:
@@ -141,16 +157,22 @@ def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | N
     for path, reason in report.skipped:
         console.print(f"  [dim]skipped {escape(path)}: {escape(reason)}[/dim]")
     if report.stale:
-        console.print(f"  [yellow]{len(report.stale)} file(s) are gone from disk but still indexed; "
-                      "run with --delete to remove them[/yellow]")
+        console.print(
+            f"  [yellow]{len(report.stale)} file(s) are gone from disk but still indexed; "
+            "run with --delete to remove them[/yellow]"
+        )
     if report.fatal:
         console.print(f"  [red]stopped: {escape(report.fatal)}[/red]")
     if report.interrupted:
-        console.print(f"  [yellow]interrupted: {len(report.not_processed)} file(s) not processed; every file "
-                      "sent was indexed whole. Run the same command again to finish.[/yellow]")
+        console.print(
+            f"  [yellow]interrupted: {len(report.not_processed)} file(s) not processed; every file "
+            "sent was indexed whole. Run the same command again to finish.[/yellow]"
+        )
     if stats:
-        console.print(f"  index now: {stats['documents']} documents, {stats['chunks']} chunks, "
-                      f"{human_bytes(stats['bytes'])} of text")
+        console.print(
+            f"  index now: {stats['documents']} documents, {stats['chunks']} chunks, "
+            f"{human_bytes(stats['bytes'])} of text"
+        )
 
 
 def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, out: Console) -> int:
@@ -167,10 +189,21 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
     limits = Limits.from_config(client.config())
     show_progress = not args.json and not args.quiet
     progress: ProgressSink = RichProgress(console) if show_progress else NoProgress()
-    syncer = Syncer(client, args.index, roots, base=Path(args.base) if args.base else None, include=args.include,
-                    exclude=args.exclude, gitignore=not args.no_gitignore, delete=args.delete, limits=limits,
-                    batch_documents=args.batch_size, batch_bytes=args.batch_kb * 1024, progress=progress,
-                    checksum=args.checksum)
+    syncer = Syncer(
+        client,
+        args.index,
+        roots,
+        base=Path(args.base) if args.base else None,
+        include=args.include,
+        exclude=args.exclude,
+        gitignore=not args.no_gitignore,
+        delete=args.delete,
+        limits=limits,
+        batch_documents=args.batch_size,
+        batch_bytes=args.batch_kb * 1024,
+        progress=progress,
+        checksum=args.checksum,
+    )
     stop = threading.Event()
 
     def on_sigint(signum: int, frame: Any) -> None:
@@ -179,8 +212,9 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         stop.set()
         console.print("[yellow]Stopping after the batch in flight (Ctrl-C again to abort at once)…[/yellow]")
 
-    previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() \
-        else None
+    previous = (
+        signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
+    )
 
     def show(report: SyncReport) -> None:
         stats = None
@@ -233,8 +267,13 @@ def print_sources(nodes: Sequence[dict[str, Any]], console: Console) -> None:
 
 def cmd_query(args: argparse.Namespace, client: RagClient, err: Console, console: Console) -> int:
     params = {"max_tokens": args.max_tokens} if args.max_tokens else None
-    answer = client.query(args.index, " ".join(args.question), top_k=args.top_k,
-                          metadata_filter=_filter_arg(args.filter), llm_params=params)
+    answer = client.query(
+        args.index,
+        " ".join(args.question),
+        top_k=args.top_k,
+        metadata_filter=_filter_arg(args.filter),
+        llm_params=params,
+    )
     if args.json:
         _print_json(answer)
         return EXIT_OK
@@ -243,8 +282,9 @@ def cmd_query(args: argparse.Namespace, client: RagClient, err: Console, console
     return EXIT_OK
 
 
-def _chat_once(args: argparse.Namespace, client: RagClient, console: Console,
-               messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+def _chat_once(
+    args: argparse.Namespace, client: RagClient, console: Console, messages: list[dict[str, Any]]
+) -> tuple[str, dict[str, Any]]:
     body: dict[str, Any] = {"messages": messages}
     if args.index:
         body.update(index_name=args.index, top_k=args.top_k)
@@ -292,8 +332,10 @@ def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console:
             _print_json(result)
         return EXIT_OK
     if not args.json:
-        console.print(f"[dim]chatting with index {args.index or '(none)'} — an empty line or Ctrl-D ends, "
-                      "/reset starts over[/dim]")
+        console.print(
+            f"[dim]chatting with index {args.index or '(none)'} — an empty line or Ctrl-D ends, "
+            "/reset starts over[/dim]"
+        )
     while True:
         try:
             line = input("you> ").strip()
@@ -333,9 +375,14 @@ def cmd_indexes(args: argparse.Namespace, client: RagClient, err: Console, conso
         return EXIT_OK
     table = Table("index", "documents", "chunks", "bytes", "kind", "shards")
     for r in rows:
-        table.add_row(r["index_name"], str(r.get("documents", "?")), str(r.get("chunks", "?")),
-                      human_bytes(r["bytes"]) if "bytes" in r else "?", str(r.get("index_kind", "?")),
-                      str(len(r.get("shards", []))) if "shards" in r else "?")
+        table.add_row(
+            r["index_name"],
+            str(r.get("documents", "?")),
+            str(r.get("chunks", "?")),
+            human_bytes(r["bytes"]) if "bytes" in r else "?",
+            str(r.get("index_kind", "?")),
+            str(len(r.get("shards", []))) if "shards" in r else "?",
+        )
     console.print(table)
     return EXIT_OK
 
@@ -354,34 +401,52 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ragserve", description="Index folders into ragserve and ask them "
-                                     "questions.", parents=[_common(True)])
+    parser = argparse.ArgumentParser(
+        prog="ragserve", description="Index folders into ragserve and ask them questions.", parents=[_common(True)]
+    )
     common = _common(False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("ingest", parents=[common], help="index (and sync) files and folders",
-                       description="Index files and folders: new files are added, changed ones updated, "
-                       "unchanged ones skipped. Document ids are paths relative to --base.")
+    p = sub.add_parser(
+        "ingest",
+        parents=[common],
+        help="index (and sync) files and folders",
+        description="Index files and folders: new files are added, changed ones updated, "
+        "unchanged ones skipped. Document ids are paths relative to --base.",
+    )
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--index", "-i", required=True, help="index name")
-    p.add_argument("--include", action="append", default=[], metavar="GLOB",
-                   help="only files matching (gitignore syntax, relative to --base; repeatable)")
+    p.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="only files matching (gitignore syntax, relative to --base; repeatable)",
+    )
     p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="leave out matching files")
     p.add_argument("--no-gitignore", action="store_true", help="do not honour .gitignore files")
-    p.add_argument("--delete", action="store_true",
-                   help="delete documents whose files under PATH are gone (or no longer selected)")
+    p.add_argument(
+        "--delete", action="store_true", help="delete documents whose files under PATH are gone (or no longer selected)"
+    )
     p.add_argument("--watch", action="store_true", help="keep syncing as files change")
-    p.add_argument("--checksum", action="store_true",
-                   help="compare every file's content hash, not only its modification time")
+    p.add_argument(
+        "--checksum", action="store_true", help="compare every file's content hash, not only its modification time"
+    )
     p.add_argument("--base", help="directory that document ids are relative to (default: the current one)")
     p.add_argument("--batch-size", type=int, default=16, help="documents per request (at most the server's limit)")
-    p.add_argument("--batch-kb", type=int, default=64,
-                   help="text per request in KiB, a soft target for a moving progress bar (a larger file goes whole)")
+    p.add_argument(
+        "--batch-kb",
+        type=int,
+        default=64,
+        help="text per request in KiB, a soft target for a moving progress bar (a larger file goes whole)",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_ingest)
 
-    for name, helptext in (("query", "ask a question (POST /query)"),
-                           ("chat", "chat with an index, streaming (POST /v1/chat/completions)")):
+    for name, helptext in (
+        ("query", "ask a question (POST /query)"),
+        ("chat", "chat with an index, streaming (POST /v1/chat/completions)"),
+    ):
         p = sub.add_parser(name, parents=[common], help=helptext)
         p.add_argument("--index", "-i", required=name == "query", help="index name")
         p.add_argument("--top-k", type=int, default=5)

@@ -87,12 +87,21 @@ class SyncReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "index": self.index, "added": self.added, "updated": self.updated, "unchanged": len(self.unchanged),
-            "deleted": self.deleted, "failed": [{"path": p, "reason": r} for p, r in self.failed],
-            "skipped": [{"path": p, "reason": r} for p, r in self.skipped], "stale": self.stale,
-            "not_processed": self.not_processed, "warnings": [{"path": p, "warning": w} for p, w in self.warnings],
-            "documents_sent": self.documents_sent, "documents_deleted": self.documents_deleted,
-            "seconds": round(self.seconds, 3), "interrupted": self.interrupted, "fatal": self.fatal or None,
+            "index": self.index,
+            "added": self.added,
+            "updated": self.updated,
+            "unchanged": len(self.unchanged),
+            "deleted": self.deleted,
+            "failed": [{"path": p, "reason": r} for p, r in self.failed],
+            "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
+            "stale": self.stale,
+            "not_processed": self.not_processed,
+            "warnings": [{"path": p, "warning": w} for p, w in self.warnings],
+            "documents_sent": self.documents_sent,
+            "documents_deleted": self.documents_deleted,
+            "seconds": round(self.seconds, 3),
+            "interrupted": self.interrupted,
+            "fatal": self.fatal or None,
             "ok": self.ok,
         }
 
@@ -151,12 +160,24 @@ class FilePlan:
 class Syncer:
     """Keeps an index in sync with files; remembers what the index holds between runs (``--watch``)."""
 
-    def __init__(self, client: RagClient, index: str, roots: Sequence[Path], *, base: Path | None = None,
-                 include: Sequence[str] = (), exclude: Sequence[str] = (), gitignore: bool = True,
-                 delete: bool = False, limits: Limits | None = None, batch_documents: int = 16,
-                 batch_bytes: int = 64 * 1024,
-                 progress: ProgressSink | None = None, convert_file: Callable[[bytes, str], Converted] = convert,
-                 checksum: bool = False):
+    def __init__(
+        self,
+        client: RagClient,
+        index: str,
+        roots: Sequence[Path],
+        *,
+        base: Path | None = None,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        gitignore: bool = True,
+        delete: bool = False,
+        limits: Limits | None = None,
+        batch_documents: int = 16,
+        batch_bytes: int = 64 * 1024,
+        progress: ProgressSink | None = None,
+        convert_file: Callable[[bytes, str], Converted] = convert,
+        checksum: bool = False,
+    ):
         self.client = client
         self.index = index
         self.roots = [Path(r) for r in roots]
@@ -292,7 +313,7 @@ class Syncer:
             if gone:  # deleted by someone else meanwhile: add them back
                 self.client.add_documents(self.index, [d for d in part if d["doc_id"] in gone])
         for i in range(0, len(deletes), self.limits.max_documents_per_request):
-            self.client.delete_documents(self.index, deletes[i:i + self.limits.max_documents_per_request])
+            self.client.delete_documents(self.index, deletes[i : i + self.limits.max_documents_per_request])
         remote = self.remote if self.remote is not None else {}
         for d in (*adds, *updates):
             remote[d["doc_id"]] = RemoteDoc(content_hash(d["text"], d["metadata"]), d["metadata"])
@@ -376,8 +397,12 @@ class Syncer:
             pass  # report.fatal says why
         finally:
             self.progress.finish()
-        recorded = {*report.added, *report.updated, *report.unchanged,
-                    *(p for p, _ in (*report.failed, *report.skipped))}
+        recorded = {
+            *report.added,
+            *report.updated,
+            *report.unchanged,
+            *(p for p, _ in (*report.failed, *report.skipped)),
+        }
         left = [f.rel for f in files if f.rel not in recorded]
         report.interrupted = stop.is_set() and bool(left)
         report.not_processed = left if (report.interrupted or report.fatal) else []
@@ -398,7 +423,7 @@ class Syncer:
         ids = sorted(i for v in gone.values() for i in v)
         step = self.limits.max_documents_per_request
         for i in range(0, len(ids), step):
-            self.client.delete_documents(self.index, ids[i:i + step])
+            self.client.delete_documents(self.index, ids[i : i + step])
         for doc_id in ids:
             (self.remote or {}).pop(doc_id, None)
         report.deleted = sorted(gone)
@@ -410,8 +435,7 @@ def _fatal(e: ApiError) -> bool:
     return e.status in (0, 401, 403) or e.status >= 500
 
 
-def watch(syncer: Syncer, stop: threading.Event, on_report: Callable[[SyncReport], None],
-          poll_s: float = 1.0) -> None:
+def watch(syncer: Syncer, stop: threading.Event, on_report: Callable[[SyncReport], None], poll_s: float = 1.0) -> None:
     """Sync again whenever a file under the roots changes, until ``stop`` is set. Uses watchfiles
     (inotify and friends) when installed, else polls the tree's (path, size, mtime) every ``poll_s``."""
     watchfiles: Any
@@ -420,8 +444,14 @@ def watch(syncer: Syncer, stop: threading.Event, on_report: Callable[[SyncReport
     except ImportError:  # pragma: no cover - watchfiles is a dependency; polling is the fallback
         watchfiles = None
     if watchfiles is not None:
-        for _changes in watchfiles.watch(*syncer.roots, stop_event=stop, debounce=400, rust_timeout=500,
-                                         yield_on_timeout=False, raise_interrupt=False):
+        for _changes in watchfiles.watch(
+            *syncer.roots,
+            stop_event=stop,
+            debounce=400,
+            rust_timeout=500,
+            yield_on_timeout=False,
+            raise_interrupt=False,
+        ):
             if stop.is_set():
                 return
             on_report(syncer.run(stop))

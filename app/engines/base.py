@@ -70,8 +70,9 @@ def cap_window(configured: int | None, served: Any, model: str) -> int | None:
     if configured is None or served is None:
         return configured or served
     if configured > served:
-        log.warning("context_window %d is larger than max_model_len %d of %s; using %d", configured, served, model,
-                    served)
+        log.warning(
+            "context_window %d is larger than max_model_len %d of %s; using %d", configured, served, model, served
+        )
     return min(configured, served)
 
 
@@ -122,16 +123,22 @@ class GenerationEngine(abc.ABC):
         """A prompt that leaves no room for a single token is the client's to shorten (400)."""
         window = self.context_window()
         if window is not None and prompt_tokens >= window:
-            raise BadRequestError(f"Prompt length exceeds context window: the prompt has {prompt_tokens} tokens, "
-                                  f"the window {window}", param="messages", code="context_length_exceeded")
+            raise BadRequestError(
+                f"Prompt length exceeds context window: the prompt has {prompt_tokens} tokens, the window {window}",
+                param="messages",
+                code="context_length_exceeded",
+            )
 
     def check_sampling(self, params: SamplingParams) -> None:
         """Refuse (400) sampling fields this engine cannot honour, rather than ignore them."""
         if params.extra and not self.serves_rich_requests:
             names = ", ".join(sorted(params.extra))
-            raise BadRequestError(f"{names}: not supported by the embedded {self.engine_name} engine; remove "
-                                  f"{'it' if len(params.extra) == 1 else 'them'} or use a remote OpenAI-compatible "
-                                  "server (llm_engine: openai)", param=sorted(params.extra)[0])
+            raise BadRequestError(
+                f"{names}: not supported by the embedded {self.engine_name} engine; remove "
+                f"{'it' if len(params.extra) == 1 else 'them'} or use a remote OpenAI-compatible "
+                "server (llm_engine: openai)",
+                param=sorted(params.extra)[0],
+            )
 
     def check_passthrough(self, body: dict[str, Any]) -> None:
         """Refuse (400) what this engine cannot serve; see :attr:`serves_rich_requests`."""
@@ -139,17 +146,21 @@ class GenerationEngine(abc.ABC):
             return
         for key in ("tools", "functions"):
             if body.get(key):
-                raise BadRequestError(f"'{key}' (tool and function calling) is not supported by the embedded "
-                                      f"{self.engine_name} engine", param=key)
+                raise BadRequestError(
+                    f"'{key}' (tool and function calling) is not supported by the embedded {self.engine_name} engine",
+                    param=key,
+                )
         for i, message in enumerate(body.get("messages") or []):
             content = message.get("content") if isinstance(message, dict) else None
             if isinstance(content, list):
                 for part in content:
                     kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                     if kind != "text":
-                        raise BadRequestError(f"messages[{i}]: content of type {kind!r} is not supported by the "
-                                              f"embedded {self.engine_name} engine (text only)",
-                                              param=f"messages[{i}].content")
+                        raise BadRequestError(
+                            f"messages[{i}]: content of type {kind!r} is not supported by the "
+                            f"embedded {self.engine_name} engine (text only)",
+                            param=f"messages[{i}].content",
+                        )
 
     async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse:
         """Answer a raw OpenAI chat body (no RAG fields; a ``max_tokens`` it has is already clamped to
@@ -159,20 +170,34 @@ class GenerationEngine(abc.ABC):
         result = await self.chat(body["messages"], SamplingParams.from_body(body, default_max_tokens))
         return ChatCompletionResponse(
             model=self.model_id,
-            choices=[ChatCompletionChoice(index=0, message=ResponseMessage(role="assistant", content=result.text),
-                                          finish_reason=result.finish_reason)],
-            usage=result.usage())
+            choices=[
+                ChatCompletionChoice(
+                    index=0,
+                    message=ResponseMessage(role="assistant", content=result.text),
+                    finish_reason=result.finish_reason,
+                )
+            ],
+            usage=result.usage(),
+        )
 
-    async def passthrough_stream(self, body: dict[str, Any],
-                                 default_max_tokens: int) -> AsyncGenerator[ChatCompletionChunk, None]:
+    async def passthrough_stream(
+        self, body: dict[str, Any], default_max_tokens: int
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """Streamed passthrough: chunks without id/created, which the chat service sets."""
         self.check_passthrough(body)
         params = SamplingParams.from_body(body, default_max_tokens)
         async with contextlib.aclosing(self.chat_stream(body["messages"], params)) as deltas:
             async for delta in deltas:
-                chunk = ChatCompletionChunk(model=self.model_id, choices=[ChatCompletionChunkChoice(
-                    index=0, delta=DeltaMessage(content=delta.text) if delta.text else DeltaMessage(),
-                    finish_reason=delta.finish_reason)])
+                chunk = ChatCompletionChunk(
+                    model=self.model_id,
+                    choices=[
+                        ChatCompletionChunkChoice(
+                            index=0,
+                            delta=DeltaMessage(content=delta.text) if delta.text else DeltaMessage(),
+                            finish_reason=delta.finish_reason,
+                        )
+                    ],
+                )
                 usage = delta.usage()
                 if usage is not None:
                     chunk.usage = usage
@@ -190,6 +215,10 @@ async def collect(deltas: AsyncGenerator[GenerationDelta, None]) -> GenerationRe
             parts.append(delta.text)
             last = delta
             model = model or delta.model
-    return GenerationResult(text="".join(parts), finish_reason=last.finish_reason or "stop",
-                            prompt_tokens=last.prompt_tokens or 0, completion_tokens=last.completion_tokens or 0,
-                            model=model)
+    return GenerationResult(
+        text="".join(parts),
+        finish_reason=last.finish_reason or "stop",
+        prompt_tokens=last.prompt_tokens or 0,
+        completion_tokens=last.completion_tokens or 0,
+        model=model,
+    )

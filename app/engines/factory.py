@@ -22,20 +22,31 @@ def make_engine(settings: Settings) -> GenerationEngine:
     if settings.llm_engine == "transformers":
         from app.engines.transformers_engine import TransformersEngine
 
-        return TransformersEngine(settings.llm_model, model_cache_dir(settings), settings.llm_engine_args,
-                                  prompt_format=settings.prompt_format)
+        return TransformersEngine(
+            settings.llm_model,
+            model_cache_dir(settings),
+            settings.llm_engine_args,
+            prompt_format=settings.prompt_format,
+        )
     if settings.llm_engine == "openai":
         from app.engines.openai_engine import OpenAIEngine
 
         if not settings.llm_url:
             raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
-        return OpenAIEngine(settings.llm_url, settings.llm_model, secret(settings.llm_api_key), settings.llm_timeout_s,
-                            context_window=settings.context_window)
+        return OpenAIEngine(
+            settings.llm_url,
+            settings.llm_model,
+            secret(settings.llm_api_key),
+            settings.llm_timeout_s,
+            context_window=settings.context_window,
+        )
     if settings.llm_engine == "vllm":
         from app.engines.vllm_engine import VLLMEngine
 
         if not settings.llm_model:
-            raise ValueError("llm_engine 'vllm' needs llm_model (or RAGSERVE_LLM_MODEL): a Hugging Face id or a "
-                             "local model directory")
+            raise ValueError(
+                "llm_engine 'vllm' needs llm_model (or RAGSERVE_LLM_MODEL): a Hugging Face id or a "
+                "local model directory"
+            )
         return VLLMEngine(settings.llm_model, settings.llm_engine_args, context_window=settings.context_window)
     raise ValueError(f"unknown llm_engine {settings.llm_engine!r}; expected transformers, vllm or openai")

@@ -103,8 +103,9 @@ class OpenAIEngine(GenerationEngine):
     serves_rich_requests = True  # tools, images: the upstream decides what it serves
     engine_name = "openai"
 
-    def __init__(self, base_url: str, model: str | None, api_key: str | None, timeout_s: float,
-                 context_window: int | None = None):
+    def __init__(
+        self, base_url: str, model: str | None, api_key: str | None, timeout_s: float, context_window: int | None = None
+    ):
         self.base_url = normalise_base_url(base_url)
         self._configured_model = model
         self.model_id = model or UNKNOWN_MODEL
@@ -121,14 +122,17 @@ class OpenAIEngine(GenerationEngine):
         """The shared client, created on first use (inside the event loop that will use it)."""
         if self._client is None or self._client.is_closed:
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-            timeout = httpx.Timeout(connect=min(10.0, self._timeout_s), read=self._timeout_s,
-                                    write=self._timeout_s, pool=self._timeout_s)
+            timeout = httpx.Timeout(
+                connect=min(10.0, self._timeout_s), read=self._timeout_s, write=self._timeout_s, pool=self._timeout_s
+            )
             limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=30.0)
             # Small writes (a request's headers, then its body) must not wait on Nagle's algorithm.
             transport = httpx.AsyncHTTPTransport(
-                limits=limits, retries=0, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
-            self._client = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout,
-                                             transport=transport)
+                limits=limits, retries=0, socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+            )
+            self._client = httpx.AsyncClient(
+                base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+            )
         return self._client
 
     async def start(self) -> None:
@@ -142,8 +146,9 @@ class OpenAIEngine(GenerationEngine):
             response.raise_for_status()
             cards = [c for c in response.json().get("data", []) if isinstance(c, dict)]
         except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            log.warning("could not list models at %s/models (%s); continuing with model=%s", self.base_url,
-                        exc, self.model_id)
+            log.warning(
+                "could not list models at %s/models (%s); continuing with model=%s", self.base_url, exc, self.model_id
+            )
             cards = []
         if self._configured_model is None and cards:
             self.model_id = str(cards[0].get("id"))
@@ -151,11 +156,21 @@ class OpenAIEngine(GenerationEngine):
         if card is not None:
             self.set_window(self._configured_window, card.get("max_model_len"))
         elif cards:
-            log.warning("upstream %s does not list model %r (it lists %s)", self.base_url, self.model_id,
-                        [c.get("id") for c in cards])
+            log.warning(
+                "upstream %s does not list model %r (it lists %s)",
+                self.base_url,
+                self.model_id,
+                [c.get("id") for c in cards],
+            )
         self._counter = await asyncio.to_thread(self._make_counter)
-        log.info("openai engine: upstream %s model=%s window=%s tokens counted by %s (exact=%s)", self.base_url,
-                 self.model_id, self._window, self._counter.name, self._counter.exact)
+        log.info(
+            "openai engine: upstream %s model=%s window=%s tokens counted by %s (exact=%s)",
+            self.base_url,
+            self.model_id,
+            self._window,
+            self._counter.name,
+            self._counter.exact,
+        )
 
     async def stop(self) -> None:
         if self._client is not None:
@@ -179,8 +194,12 @@ class OpenAIEngine(GenerationEngine):
             # budget keeps its safety margin (docs/architecture.md §5.7).
             counter.exact = False
             counter.name = f"{counter.name}~{model}"
-            log.warning("token counts for model %r are ESTIMATED with %s (no local tokenizer); the budget "
-                        "keeps a safety margin", model, counter.name)
+            log.warning(
+                "token counts for model %r are ESTIMATED with %s (no local tokenizer); the budget "
+                "keeps a safety margin",
+                model,
+                counter.name,
+            )
         return counter
 
     def token_counter(self) -> TokenCounter:
@@ -197,8 +216,12 @@ class OpenAIEngine(GenerationEngine):
         return body
 
     def _chat_body(self, messages: Sequence[Message], params: SamplingParams, stream: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {**params.extra, "messages": list(messages), "max_tokens": params.max_tokens,
-                                "stream": stream}
+        body: dict[str, Any] = {
+            **params.extra,
+            "messages": list(messages),
+            "max_tokens": params.max_tokens,
+            "stream": stream,
+        }
         body.update(params.set_fields())
         if params.model:
             body["model"] = params.model
@@ -208,8 +231,11 @@ class OpenAIEngine(GenerationEngine):
 
     def _transport_error(self, exc: httpx.HTTPError) -> EngineError:
         if isinstance(exc, httpx.TimeoutException):
-            return EngineError(504, f"upstream LLM at {self.base_url} timed out ({type(exc).__name__}, "
-                                    f"timeout {self._timeout_s:g}s)", type_="timeout")
+            return EngineError(
+                504,
+                f"upstream LLM at {self.base_url} timed out ({type(exc).__name__}, timeout {self._timeout_s:g}s)",
+                type_="timeout",
+            )
         if isinstance(exc, httpx.ConnectError):
             return EngineError(502, f"cannot connect to upstream LLM at {self.base_url}: {exc}")
         return EngineError(502, f"upstream LLM at {self.base_url} failed: {type(exc).__name__}: {exc}")
@@ -285,12 +311,17 @@ class OpenAIEngine(GenerationEngine):
             prompt_tokens = self.token_counter().count_messages(messages)
         if completion_tokens is None:
             completion_tokens = self.token_counter().count_text(text)
-        return GenerationResult(text=text, finish_reason=choices[0].get("finish_reason") or "stop",
-                                prompt_tokens=int(prompt_tokens), completion_tokens=int(completion_tokens),
-                                model=str(data.get("model") or body_model(params, self.model_id)))
+        return GenerationResult(
+            text=text,
+            finish_reason=choices[0].get("finish_reason") or "stop",
+            prompt_tokens=int(prompt_tokens),
+            completion_tokens=int(completion_tokens),
+            model=str(data.get("model") or body_model(params, self.model_id)),
+        )
 
-    async def chat_stream(self, messages: Sequence[Message],
-                          params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
+    async def chat_stream(
+        self, messages: Sequence[Message], params: SamplingParams
+    ) -> AsyncGenerator[GenerationDelta, None]:
         """Text deltas in arrival order; the last delta carries the finish reason and the usage
         (the upstream's, asked for with ``stream_options.include_usage``; counted here if it sends none)."""
         finish: str | None = None
@@ -316,8 +347,12 @@ class OpenAIEngine(GenerationEngine):
             prompt_tokens = self.token_counter().count_messages(messages)
         if completion_tokens is None:
             completion_tokens = self.token_counter().count_text("".join(parts))
-        yield GenerationDelta(text="", finish_reason=finish or "stop", prompt_tokens=int(prompt_tokens),
-                              completion_tokens=int(completion_tokens))
+        yield GenerationDelta(
+            text="",
+            finish_reason=finish or "stop",
+            prompt_tokens=int(prompt_tokens),
+            completion_tokens=int(completion_tokens),
+        )
 
     async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse:
         """The body as the client sent it (RAG fields already removed), with ``model`` filled in if
@@ -326,8 +361,9 @@ class OpenAIEngine(GenerationEngine):
         data.setdefault("model", body.get("model") or self.model_id)
         return _validated(ChatCompletionResponse, data)
 
-    async def passthrough_stream(self, body: dict[str, Any],
-                                 default_max_tokens: int) -> AsyncGenerator[ChatCompletionChunk, None]:
+    async def passthrough_stream(
+        self, body: dict[str, Any], default_max_tokens: int
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """The upstream's chunks, relayed one by one as they arrive."""
         body = self._with_model(body)
         body["stream"] = True
@@ -346,9 +382,12 @@ def _validated(model: Any, data: dict[str, Any]) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise EngineError(502, f"upstream LLM returned a malformed {model.__name__}: "
-                               f"{exc.errors()[0].get('msg', 'invalid')} at "
-                               f"{'.'.join(str(x) for x in exc.errors()[0].get('loc', ()))}") from exc
+        raise EngineError(
+            502,
+            f"upstream LLM returned a malformed {model.__name__}: "
+            f"{exc.errors()[0].get('msg', 'invalid')} at "
+            f"{'.'.join(str(x) for x in exc.errors()[0].get('loc', ()))}",
+        ) from exc
 
 
 def _parse_event(data: str) -> dict[str, Any]:

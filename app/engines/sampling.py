@@ -15,10 +15,33 @@ from typing import Any
 
 #: Chat fields whose value sampling does not depend on: the body's own, the budget's, the RAG
 #: pipeline's and the typed ones below. Every other field a client sends is ``extra``.
-NOT_EXTRA = frozenset({"messages", "model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-                       "temperature", "top_p", "stop", "seed", "user", "tools", "tool_choice", "functions",
-                       "function_call", "index_name", "context_token_ratio", "top_k", "similarity_threshold",
-                       "metadata_filter", "retrieval_mode", "query_rewrite", "sources_in_content"})
+NOT_EXTRA = frozenset(
+    {
+        "messages",
+        "model",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "user",
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "index_name",
+        "context_token_ratio",
+        "top_k",
+        "similarity_threshold",
+        "metadata_filter",
+        "retrieval_mode",
+        "query_rewrite",
+        "sources_in_content",
+    }
+)
 
 
 def extra_fields(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -50,8 +73,12 @@ class SamplingParams:
 
     def set_fields(self) -> dict[str, Any]:
         """The typed sampling fields the request set, by their OpenAI names (what an engine passes on)."""
-        fields: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p,
-                                  "stop": list(self.stop) or None, "seed": self.seed}
+        fields: dict[str, Any] = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": list(self.stop) or None,
+            "seed": self.seed,
+        }
         return {k: v for k, v in fields.items() if v is not None}
 
     @classmethod
@@ -60,6 +87,12 @@ class SamplingParams:
         as a plain chat); ``default_max_tokens`` when the body sets no limit."""
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens
         stop = body.get("stop")
-        return cls(max_tokens=int(max_tokens), temperature=body.get("temperature"), top_p=body.get("top_p"),
-                   stop=(stop,) if isinstance(stop, str) else tuple(stop or ()), seed=body.get("seed"),
-                   model=body.get("model"), extra=extra_fields(body))
+        return cls(
+            max_tokens=int(max_tokens),
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
+            seed=body.get("seed"),
+            model=body.get("model"),
+            extra=extra_fields(body),
+        )

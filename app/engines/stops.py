@@ -76,20 +76,20 @@ class AnswerCutter:
         cut = stop_index(visible, self.stops)
         if cut is not None:
             self.stopped = True
-            self._answer = visible[:max(cut, self.sent)]
+            self._answer = visible[: max(cut, self.sent)]
             return ""
         self._answer = visible
         ready = safe_length(visible, self.stops)
         if self.strip:
             ready = max(self.sent, len(visible[:ready].rstrip()))
-        piece = visible[self.sent:ready] if ready > self.sent else ""
+        piece = visible[self.sent : ready] if ready > self.sent else ""
         self.sent = max(self.sent, ready)
         return piece
 
     def finish(self) -> str:
         """The rest of the answer, once generation has ended (stopped, end of sequence, or length)."""
         answer = self._answer.rstrip() if self.strip else self._answer
-        rest = answer[self.sent:] if len(answer) > self.sent else ""
+        rest = answer[self.sent :] if len(answer) > self.sent else ""
         self.sent += len(rest)
         return rest
 

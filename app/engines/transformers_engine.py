@@ -87,8 +87,9 @@ def _hf() -> SimpleNamespace:
         def end(self) -> None:
             pass  # the worker pushes the end marker itself, also when generate() raises
 
-    return SimpleNamespace(torch=torch, transformers=transformers, CancelCriteria=CancelCriteria,
-                           TokenStreamer=TokenStreamer)
+    return SimpleNamespace(
+        torch=torch, transformers=transformers, CancelCriteria=CancelCriteria, TokenStreamer=TokenStreamer
+    )
 
 
 _END = object()
@@ -155,13 +156,19 @@ class TransformersEngine(GenerationEngine):
 
     engine_name = "transformers"
 
-    def __init__(self, model: str | None, cache_dir: str | Path, engine_args: dict[str, Any] | None = None,
-                 prompt_format: PromptFormat = "auto"):
+    def __init__(
+        self,
+        model: str | None,
+        cache_dir: str | Path,
+        engine_args: dict[str, Any] | None = None,
+        prompt_format: PromptFormat = "auto",
+    ):
         args = dict(engine_args or {})
         unknown = sorted(set(args) - ENGINE_ARG_KEYS)
         if unknown:
-            raise ValueError(f"unknown engine_args for the transformers engine: {unknown}; "
-                             f"allowed: {sorted(ENGINE_ARG_KEYS)}")
+            raise ValueError(
+                f"unknown engine_args for the transformers engine: {unknown}; allowed: {sorted(ENGINE_ARG_KEYS)}"
+            )
         if prompt_format not in ("auto", "chat", "completion"):
             raise ValueError(f"prompt_format must be auto, chat or completion, not {prompt_format!r}")
         self._model_ref = model
@@ -218,15 +225,23 @@ class TransformersEngine(GenerationEngine):
             tokenizer, model, source = self._load_packaged()
         self._install(tokenizer, model)
         self.load_info = {"source": source, "seconds": time.perf_counter() - t0}
-        log.info("transformers engine: %s loaded from %s in %.1fs (window %s, counter %s, %s prompts)",
-                 self.model_id, source, self.load_info["seconds"], self._window,
-                 self._counter.name if self._counter else None, self.prompt_format)
+        log.info(
+            "transformers engine: %s loaded from %s in %.1fs (window %s, counter %s, %s prompts)",
+            self.model_id,
+            source,
+            self.load_info["seconds"],
+            self._window,
+            self._counter.name if self._counter else None,
+            self.prompt_format,
+        )
 
     def _load_dir(self, path: str | Path) -> tuple[Any, Any]:
         hf = _hf()
         dtype = self._args.get("dtype", "float32")
-        kwargs: dict[str, Any] = {"local_files_only": True,
-                                  "dtype": getattr(hf.torch, dtype) if isinstance(dtype, str) else dtype}
+        kwargs: dict[str, Any] = {
+            "local_files_only": True,
+            "dtype": getattr(hf.torch, dtype) if isinstance(dtype, str) else dtype,
+        }
         if self._args.get("attn_implementation"):
             kwargs["attn_implementation"] = self._args["attn_implementation"]
         tokenizer = hf.transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
@@ -281,14 +296,18 @@ class TransformersEngine(GenerationEngine):
             finally:
                 part.unlink(missing_ok=True)
         log.info("converting %s to a transformers model (about a minute on CPU, once)", gguf_path)
-        model_kwargs: dict[str, Any] = {"gguf_file": packaged.MODEL_NAME, "dtype": hf.torch.float32,
-                                        "local_files_only": True}
+        model_kwargs: dict[str, Any] = {
+            "gguf_file": packaged.MODEL_NAME,
+            "dtype": hf.torch.float32,
+            "local_files_only": True,
+        }
         gguf_config = getattr(hf.transformers, "GgufConfig", None)
         if gguf_config is not None:
             # Newer transformers may keep GGUF blocks packed (not serialisable); ask for dense weights.
             model_kwargs["quantization_config"] = gguf_config(dequantize=True)
         tokenizer = hf.transformers.AutoTokenizer.from_pretrained(
-            str(gguf_dir), gguf_file=packaged.MODEL_NAME, local_files_only=True)
+            str(gguf_dir), gguf_file=packaged.MODEL_NAME, local_files_only=True
+        )
         t_tokenizer = time.perf_counter()
         model = hf.transformers.AutoModelForCausalLM.from_pretrained(str(gguf_dir), **model_kwargs)
         log.info("GGUF read: tokenizer %.1fs, model %.1fs", t_tokenizer - t0, time.perf_counter() - t_tokenizer)
@@ -328,8 +347,10 @@ class TransformersEngine(GenerationEngine):
             self._format_stops = COMPLETION_STOPS
         elif not has_template:
             if not str(getattr(text_config, "model_type", "")).startswith("gemma"):
-                raise ValueError(f"prompt_format 'chat' needs a chat template, and model {self.model_id} has none; "
-                                 f"use prompt_format 'completion' (or 'auto')")
+                raise ValueError(
+                    f"prompt_format 'chat' needs a chat template, and model {self.model_id} has none; "
+                    f"use prompt_format 'completion' (or 'auto')"
+                )
             render = render_gemma  # a Gemma GGUF ships no template; Gemma's turn format is known
         self.prompt_format = fmt
         # The one renderer: generation renders with this counter, so the budget counts what the model sees.
@@ -370,8 +391,9 @@ class TransformersEngine(GenerationEngine):
 
     def _require_started(self) -> None:
         if self._model is None or self._counter is None:
-            raise EngineError(503, f"model {self.model_id} is not loaded (start() has not completed)",
-                              type_="server_error")
+            raise EngineError(
+                503, f"model {self.model_id} is not loaded (start() has not completed)", type_="server_error"
+            )
 
     def token_counter(self) -> TokenCounter:
         self._require_started()
@@ -390,27 +412,36 @@ class TransformersEngine(GenerationEngine):
                 if seed is not None and kwargs.get("do_sample"):
                     hf.torch.manual_seed(seed)  # global RNG: safe, generation is serialised on this thread
                 self._model.generate(
-                    input_ids=input_ids, attention_mask=hf.torch.ones_like(input_ids),
+                    input_ids=input_ids,
+                    attention_mask=hf.torch.ones_like(input_ids),
                     streamer=hf.TokenStreamer(job),
                     stopping_criteria=hf.transformers.StoppingCriteriaList([hf.CancelCriteria(job.cancel)]),
-                    **kwargs)
+                    **kwargs,
+                )
         except BaseException as exc:
             job.push(exc)
         finally:
             job.push(_END)
 
     def _generate_kwargs(self, params: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "eos_token_id": sorted(self._eos_ids),
-                                  "pad_token_id": self._pad_id}
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "eos_token_id": sorted(self._eos_ids),
+            "pad_token_id": self._pad_id,
+        }
         if params.temperature:
-            kwargs.update(do_sample=True, temperature=float(params.temperature),
-                          top_p=float(params.top_p) if params.top_p is not None else 1.0)
+            kwargs.update(
+                do_sample=True,
+                temperature=float(params.temperature),
+                top_p=float(params.top_p) if params.top_p is not None else 1.0,
+            )
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         return kwargs
 
-    async def _generate(self, messages: Sequence[Message],
-                        params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
+    async def _generate(
+        self, messages: Sequence[Message], params: SamplingParams
+    ) -> AsyncGenerator[GenerationDelta, None]:
         """Deltas as tokens are decoded; the last one has the finish reason and the usage."""
         self.check_sampling(params)
         self._require_started()
@@ -418,16 +449,17 @@ class TransformersEngine(GenerationEngine):
         tokenizer = self._tokenizer
         prompt = self._counter.render(messages)
         input_ids = await asyncio.to_thread(
-            lambda: tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids)
+            lambda: tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+        )
         prompt_tokens = int(input_ids.shape[1])
         self.check_prompt_fits(prompt_tokens)
         window = self._window
         max_new = params.max_tokens if window is None else min(params.max_tokens, window - prompt_tokens)
-        cutter = AnswerCutter(merge_stops(self._format_stops, params.stop),
-                              strip=self.prompt_format == "completion")
+        cutter = AnswerCutter(merge_stops(self._format_stops, params.stop), strip=self.prompt_format == "completion")
         job = _Job(asyncio.get_running_loop())
-        self._executor.submit(self._generate_blocking, input_ids, self._generate_kwargs(params, max_new),
-                              params.seed, job)
+        self._executor.submit(
+            self._generate_blocking, input_ids, self._generate_kwargs(params, max_new), params.seed, job
+        )
         generated: list[int] = []
         try:
             while True:
@@ -435,8 +467,9 @@ class TransformersEngine(GenerationEngine):
                 if item is _END:
                     break
                 if isinstance(item, BaseException):
-                    raise EngineError(500, f"generation failed: {type(item).__name__}: {item}",
-                                      type_="server_error") from item
+                    raise EngineError(
+                        500, f"generation failed: {type(item).__name__}: {item}", type_="server_error"
+                    ) from item
                 generated.extend(item)
                 piece = cutter.feed(tokenizer.decode(generated, skip_special_tokens=True))
                 if cutter.stopped:
@@ -450,11 +483,13 @@ class TransformersEngine(GenerationEngine):
             finish = "stop"
         else:
             finish = "length" if len(generated) >= max_new else "stop"
-        yield GenerationDelta(text=cutter.finish(), finish_reason=finish, prompt_tokens=prompt_tokens,
-                              completion_tokens=len(generated))
+        yield GenerationDelta(
+            text=cutter.finish(), finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(generated)
+        )
 
-    async def chat_stream(self, messages: Sequence[Message],
-                          params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
+    async def chat_stream(
+        self, messages: Sequence[Message], params: SamplingParams
+    ) -> AsyncGenerator[GenerationDelta, None]:
         # aclosing: a consumer that stops early closes the inner generator now, which stops generation.
         async with contextlib.aclosing(self._generate(messages, params)) as deltas:
             async for delta in deltas:

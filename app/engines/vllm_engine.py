@@ -92,8 +92,7 @@ class VLLMEngine(GenerationEngine):
             else:
                 log.warning("model %s has no chat template; prompts use a plain 'role: content' layout", self.model_id)
         self._counter = HFTokenCounter(self._tokenizer, render=render, name=f"hf:{self.model_id}")
-        log.info("vllm engine: %s ready (window %s, sampling defaults %s)", self.model_id, self._window,
-                 self._defaults)
+        log.info("vllm engine: %s ready (window %s, sampling defaults %s)", self.model_id, self._window, self._defaults)
 
     async def stop(self) -> None:
         engine, self._engine = self._engine, None
@@ -112,8 +111,9 @@ class VLLMEngine(GenerationEngine):
 
     def token_counter(self) -> HFTokenCounter:
         if self._counter is None:
-            raise EngineError(503, f"model {self.model_id} is not loaded (start() has not completed)",
-                              type_="server_error")
+            raise EngineError(
+                503, f"model {self.model_id} is not loaded (start() has not completed)", type_="server_error"
+            )
         return self._counter
 
     def sampling_params(self, params: SamplingParams) -> Any:
@@ -122,8 +122,9 @@ class VLLMEngine(GenerationEngine):
         kwargs.update(n=1, max_tokens=params.max_tokens, **params.set_fields())
         return self._sampling_params_cls(**kwargs)
 
-    async def chat_stream(self, messages: Sequence[Message],
-                          params: SamplingParams) -> AsyncGenerator[GenerationDelta, None]:
+    async def chat_stream(
+        self, messages: Sequence[Message], params: SamplingParams
+    ) -> AsyncGenerator[GenerationDelta, None]:
         """Deltas of vLLM's cumulative outputs; leaving early aborts the request in vLLM."""
         self.check_sampling(params)
         counter = self.token_counter()
@@ -146,7 +147,7 @@ class VLLMEngine(GenerationEngine):
                 completion = output.outputs[0]
                 text = completion.text or ""
                 if len(text) > len(sent):
-                    yield GenerationDelta(text=text[len(sent):])
+                    yield GenerationDelta(text=text[len(sent) :])
                     sent = text
                 final = output
             finished = True
@@ -156,8 +157,9 @@ class VLLMEngine(GenerationEngine):
             raise BadRequestError(str(exc)) from exc
         except Exception as exc:
             dead = "dead" in type(exc).__name__.lower()
-            raise EngineError(503 if dead else 500, f"vLLM generation failed: {type(exc).__name__}: {exc}",
-                              type_="server_error") from exc
+            raise EngineError(
+                503 if dead else 500, f"vLLM generation failed: {type(exc).__name__}: {exc}", type_="server_error"
+            ) from exc
         finally:
             with contextlib.suppress(Exception):
                 await outputs.aclose()
@@ -171,5 +173,9 @@ class VLLMEngine(GenerationEngine):
         reason = completion.finish_reason
         finish = "length" if reason == "length" else "stop"
         prompt_tokens = len(final.prompt_token_ids) if final.prompt_token_ids is not None else len(prompt_ids)
-        yield GenerationDelta(text="", finish_reason=finish, prompt_tokens=prompt_tokens,
-                              completion_tokens=len(completion.token_ids or ()))
+        yield GenerationDelta(
+            text="",
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(completion.token_ids or ()),
+        )

@@ -45,8 +45,10 @@ class Dataset:
     def load(cls, root: str | Path, split: str = "test") -> Dataset:
         """A BEIR dataset folder; only queries judged in ``split`` are kept."""
         root = Path(root)
-        corpus = {str(d["_id"]): {"title": d.get("title") or "", "text": d.get("text") or ""}
-                  for d in _jsonl(root / "corpus.jsonl")}
+        corpus = {
+            str(d["_id"]): {"title": d.get("title") or "", "text": d.get("text") or ""}
+            for d in _jsonl(root / "corpus.jsonl")
+        }
         qrels: dict[str, dict[str, int]] = {}
         with open(root / "qrels" / f"{split}.tsv", encoding="utf-8") as f:
             for n, line in enumerate(f):
@@ -132,23 +134,34 @@ def _check(r: httpx.Response, what: str) -> httpx.Response:
 def index_corpus(client: httpx.Client, index: str, data: Dataset, batch: int) -> None:
     """The corpus into ``index``: the title and the text as the document (the title is part of what
     BEIR's retrievers see), the BEIR id as doc_id."""
-    docs = [{"doc_id": doc_id, "text": f"{d['title']}\n\n{d['text']}".strip(), "metadata": {"title": d["title"]}}
-            for doc_id, d in data.corpus.items() if (d["title"] + d["text"]).strip()]
+    docs = [
+        {"doc_id": doc_id, "text": f"{d['title']}\n\n{d['text']}".strip(), "metadata": {"title": d["title"]}}
+        for doc_id, d in data.corpus.items()
+        if (d["title"] + d["text"]).strip()
+    ]
     for i in range(0, len(docs), batch):
-        _check(client.post("/index", json={"index_name": index, "documents": docs[i:i + batch]}),
-               f"indexing documents {i}-{i + batch}")
+        _check(
+            client.post("/index", json={"index_name": index, "documents": docs[i : i + batch]}),
+            f"indexing documents {i}-{i + batch}",
+        )
 
 
-def evaluate(client: httpx.Client, index: str, data: Dataset, modes: Sequence[str],
-             depth: int = DEPTH) -> dict[str, ModeResult]:
+def evaluate(
+    client: httpx.Client, index: str, data: Dataset, modes: Sequence[str], depth: int = DEPTH
+) -> dict[str, ModeResult]:
     """Every judged query in every mode (modes interleaved per query, so that a slower moment of a
     shared machine does not fall on one mode only)."""
     results = {m: ModeResult(m) for m in modes}
     for qid, text in data.queries.items():
         for mode in modes:
             t0 = time.perf_counter()
-            r = _check(client.post("/retrieve", json={"index_name": index, "query": text, "max_node_count": depth,
-                                                      "retrieval_mode": mode}), f"query {qid} ({mode})")
+            r = _check(
+                client.post(
+                    "/retrieve",
+                    json={"index_name": index, "query": text, "max_node_count": depth, "retrieval_mode": mode},
+                ),
+                f"query {qid} ({mode})",
+            )
             seconds = time.perf_counter() - t0
             results[mode].add(document_ranking(r.json()["results"]), data.qrels[qid], seconds)
     return results
@@ -156,19 +169,31 @@ def evaluate(client: httpx.Client, index: str, data: Dataset, modes: Sequence[st
 
 def table(summaries: dict[str, dict[str, float]]) -> str:
     head = "| mode | nDCG@10 | recall@10 | recall@100 | MRR@10 | p50 ms |\n|---|---:|---:|---:|---:|---:|"
-    rows = [f"| {m} | {s['ndcg@10']:.3f} | {s['recall@10']:.3f} | {s['recall@100']:.3f} | {s['mrr@10']:.3f} | "
-            f"{s['p50_ms']:.1f} |" for m, s in summaries.items()]
+    rows = [
+        f"| {m} | {s['ndcg@10']:.3f} | {s['recall@10']:.3f} | {s['recall@100']:.3f} | {s['mrr@10']:.3f} | "
+        f"{s['p50_ms']:.1f} |"
+        for m, s in summaries.items()
+    ]
     return "\n".join([head, *rows])
 
 
 def parser(prog: str = "ragserve-eval") -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog, description="Retrieval quality of a ragserve server on a "
-                                 "BEIR-format dataset (nDCG@10, recall@10/100, MRR@10, p50 latency per mode).")
+    ap = argparse.ArgumentParser(
+        prog=prog,
+        description="Retrieval quality of a ragserve server on a "
+        "BEIR-format dataset (nDCG@10, recall@10/100, MRR@10, p50 latency per mode).",
+    )
     ap.add_argument("data", help="folder with corpus.jsonl, queries.jsonl and qrels/<split>.tsv")
-    ap.add_argument("--url", default=os.environ.get("RAGSERVE_URL", "http://127.0.0.1:8000"),
-                    help="the server's base URL (env RAGSERVE_URL)")
-    ap.add_argument("--api-key", default=os.environ.get("RAGSERVE_API_KEY"),
-                    help="bearer key, a write key since the corpus is indexed (env RAGSERVE_API_KEY)")
+    ap.add_argument(
+        "--url",
+        default=os.environ.get("RAGSERVE_URL", "http://127.0.0.1:8000"),
+        help="the server's base URL (env RAGSERVE_URL)",
+    )
+    ap.add_argument(
+        "--api-key",
+        default=os.environ.get("RAGSERVE_API_KEY"),
+        help="bearer key, a write key since the corpus is indexed (env RAGSERVE_API_KEY)",
+    )
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated retrieval modes")
     ap.add_argument("--split", default="test", help="the qrels file to judge with")
     ap.add_argument("--index", default=None, help="index name (default: a fresh eval-<random> index)")
@@ -193,7 +218,7 @@ def main(argv: list[str] | None = None, prog: str = "ragserve-eval") -> int:
         print(f"ragserve-eval: cannot read the dataset at {args.data}: {e}", file=sys.stderr)
         return 2
     if args.max_queries:
-        data.queries = dict(list(data.queries.items())[:args.max_queries])
+        data.queries = dict(list(data.queries.items())[: args.max_queries])
     index = args.index or f"eval-{uuid.uuid4().hex[:10]}"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     with httpx.Client(base_url=args.url, headers=headers, timeout=args.timeout) as client:
@@ -210,12 +235,19 @@ def main(argv: list[str] | None = None, prog: str = "ragserve-eval") -> int:
                 with contextlib.suppress(httpx.HTTPError):  # the results stand without the clean-up
                     client.delete(f"/indexes/{index}")
     summaries = {m: r.summary() for m, r in results.items()}
-    print(f"{Path(args.data).name}: {len(data.corpus)} documents (indexed in {indexed_s:.1f} s), "
-          f"{len(data.queries)} queries\n")
+    print(
+        f"{Path(args.data).name}: {len(data.corpus)} documents (indexed in {indexed_s:.1f} s), "
+        f"{len(data.queries)} queries\n"
+    )
     print(table(summaries))
     if args.out:
-        payload = {"dataset": str(args.data), "documents": len(data.corpus), "queries": len(data.queries),
-                   "index_seconds": indexed_s, "modes": summaries}
+        payload = {
+            "dataset": str(args.data),
+            "documents": len(data.corpus),
+            "queries": len(data.queries),
+            "index_seconds": indexed_s,
+            "modes": summaries,
+        }
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(payload, indent=2))
     return 0

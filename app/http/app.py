@@ -22,15 +22,19 @@ from app.service.wiring import Services
 
 
 def create_app(services: Services) -> FastAPI:
-    app = FastAPI(title="ragserve", version="0.1.0",
-                  description="OpenAI-compatible RAG server with a KAITO RAGEngine-style document API.")
+    app = FastAPI(
+        title="ragserve",
+        version="0.1.0",
+        description="OpenAI-compatible RAG server with a KAITO RAGEngine-style document API.",
+    )
     tel = services.telemetry
     # Outermost last: authentication runs before a body is read, the size limit while it is read.
     app.add_middleware(BodySizeMiddleware, max_bytes=services.limits.max_request_bytes)
     credentials = services.credentials()
     if credentials:
-        app.add_middleware(ApiKeyMiddleware, keys=credentials,
-                           on_reject=lambda reason: tel.request("unauthenticated", 401, "", reason))
+        app.add_middleware(
+            ApiKeyMiddleware, keys=credentials, on_reject=lambda reason: tel.request("unauthenticated", 401, "", reason)
+        )
     app.add_middleware(RequestCountingMiddleware, telemetry=tel)  # outermost: sees every response
     install_error_handlers(app, tel)
     app.include_router(openai_router(services))

@@ -48,12 +48,13 @@ def route_path(scope: MutableMapping[str, Any]) -> str:
     """The request path without the Serve route prefix (``root_path``)."""
     path, root = scope.get("path", ""), scope.get("root_path", "")
     if root and path.startswith(root):
-        path = path[len(root):] or "/"
+        path = path[len(root) :] or "/"
     return str(path)
 
 
-def error_bytes(path: str, message: str, *, type_: str, param: str | None = None,
-                code: str | int | None = None) -> bytes:
+def error_bytes(
+    path: str, message: str, *, type_: str, param: str | None = None, code: str | int | None = None
+) -> bytes:
     """A serialised error body for a request to ``path``."""
     return error_model(path, message, type_=type_, param=param, code=code).model_dump_json().encode()
 
@@ -86,8 +87,9 @@ def install_error_handlers(app: FastAPI, telemetry: Telemetry) -> None:
     async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
         openai = is_openai_path(route_path(request.scope))
-        return error_response(request, ServiceError(message, status=400 if openai else 422, param=param,
-                                                    type_="invalid_request_error"))
+        return error_response(
+            request, ServiceError(message, status=400 if openai else 422, param=param, type_="invalid_request_error")
+        )
 
     @app.exception_handler(ServiceError)
     async def _on_service_error(request: Request, exc: ServiceError) -> JSONResponse:
@@ -98,8 +100,11 @@ def install_error_handlers(app: FastAPI, telemetry: Telemetry) -> None:
 
 async def send_error(send: Any, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
     """Answer from a middleware, before any route ran."""
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
-

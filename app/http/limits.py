@@ -35,8 +35,11 @@ class BodySizeMiddleware:
                 except ValueError:
                     declared = -1
                 if declared > self.max_bytes:
-                    await send_error(send, 413, error_bytes(path, self._message(), type_="invalid_request_error",
-                                                            code="request_too_large"))
+                    await send_error(
+                        send,
+                        413,
+                        error_bytes(path, self._message(), type_="invalid_request_error", code="request_too_large"),
+                    )
                     return
         seen = 0
         exceeded = False
@@ -58,8 +61,11 @@ class BodySizeMiddleware:
             if exceeded:
                 if message["type"] == "http.response.start" and not replaced:
                     replaced = True
-                    await send_error(send, 413, error_bytes(path, self._message(), type_="invalid_request_error",
-                                                            code="request_too_large"))
+                    await send_error(
+                        send,
+                        413,
+                        error_bytes(path, self._message(), type_="invalid_request_error", code="request_too_large"),
+                    )
                 return
             await send(message)
 
@@ -67,5 +73,8 @@ class BodySizeMiddleware:
             await self.app(scope, counting_receive, guarded_send)
         except _BodyTooLarge:
             if not replaced:
-                await send_error(send, 413, error_bytes(path, self._message(), type_="invalid_request_error",
-                                                        code="request_too_large"))
+                await send_error(
+                    send,
+                    413,
+                    error_bytes(path, self._message(), type_="invalid_request_error", code="request_too_large"),
+                )

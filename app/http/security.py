@@ -56,8 +56,9 @@ def bearer_token(scope: Scope) -> str | None:
 class ApiKeyMiddleware:
     """Requires ``Authorization: Bearer <key>`` on every HTTP route except :data:`OPEN_PATHS`."""
 
-    def __init__(self, app: ASGIApp, keys: Iterable[tuple[str, Principal]],
-                 on_reject: Callable[[str], None] | None = None):
+    def __init__(
+        self, app: ASGIApp, keys: Iterable[tuple[str, Principal]], on_reject: Callable[[str], None] | None = None
+    ):
         self.app = app
         self.check = KeyChecker(keys)
         self.on_reject = on_reject
@@ -79,7 +80,14 @@ class ApiKeyMiddleware:
         reason = "missing" if token is None else "invalid"
         if self.on_reject is not None:
             self.on_reject(reason)
-        message = ("Missing API key: send it as 'Authorization: Bearer <key>'." if token is None
-                   else "Incorrect API key provided.")
-        await send_error(send, 401, error_bytes(path, message, type_="invalid_request_error", code="invalid_api_key"),
-                         [(b"www-authenticate", b'Bearer realm="ragserve"')])
+        message = (
+            "Missing API key: send it as 'Authorization: Bearer <key>'."
+            if token is None
+            else "Incorrect API key provided."
+        )
+        await send_error(
+            send,
+            401,
+            error_bytes(path, message, type_="invalid_request_error", code="invalid_api_key"),
+            [(b"www-authenticate", b'Bearer realm="ragserve"')],
+        )

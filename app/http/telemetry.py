@@ -32,9 +32,12 @@ class RequestCountingMiddleware:
             if message["type"] == "http.response.start" and not started:
                 started = True
                 headers = {k.lower(): v for k, v in message.get("headers", [])}
-                self.telemetry.request(route(), message["status"],
-                                       headers.get(b"x-rag-mode", b"").decode("latin-1"),
-                                       headers.get(b"x-rag-reason", b"").decode("latin-1"))
+                self.telemetry.request(
+                    route(),
+                    message["status"],
+                    headers.get(b"x-rag-mode", b"").decode("latin-1"),
+                    headers.get(b"x-rag-reason", b"").decode("latin-1"),
+                )
             await send(message)
 
         try:

@@ -27,17 +27,31 @@ _GRAMMARS: dict[str, tuple[str, str]] = {
     "c": ("tree_sitter_c", "language"),
     "cpp": ("tree_sitter_cpp", "language"),
 }
-_ALIASES = {"py": "python", "python3": "python", "js": "javascript", "jsx": "javascript", "node": "javascript",
-            "ts": "typescript", "golang": "go", "rs": "rust", "c++": "cpp", "cxx": "cpp", "cc": "cpp", "h": "c",
-            "hpp": "cpp"}
+_ALIASES = {
+    "py": "python",
+    "python3": "python",
+    "js": "javascript",
+    "jsx": "javascript",
+    "node": "javascript",
+    "ts": "typescript",
+    "golang": "go",
+    "rs": "rust",
+    "c++": "cpp",
+    "cxx": "cpp",
+    "cc": "cpp",
+    "h": "c",
+    "hpp": "cpp",
+}
 SUPPORTED_LANGUAGES: tuple[str, ...] = tuple(_GRAMMARS)
 
 
 class UnsupportedLanguageError(ChunkingError):
     def __init__(self, language: str | None):
         shown = "missing" if not language else repr(language)
-        super().__init__(f"code splitting needs metadata.language; {shown} is not supported. "
-                         f"Supported languages: {', '.join(SUPPORTED_LANGUAGES)}")
+        super().__init__(
+            f"code splitting needs metadata.language; {shown} is not supported. "
+            f"Supported languages: {', '.join(SUPPORTED_LANGUAGES)}"
+        )
 
 
 def normalise_language(language: Any) -> str:
@@ -98,8 +112,9 @@ class CodeChunker:
                 spans.extend((s + c.start_char, s + c.end_char) for c in self._by_lines(text[s:e]))
         return number(spans, text)
 
-    def _segments(self, node: Any, start: int, end: int, data: bytes, out: list[tuple[int, int]],
-                  depth: int = 0) -> None:
+    def _segments(
+        self, node: Any, start: int, end: int, data: bytes, out: list[tuple[int, int]], depth: int = 0
+    ) -> None:
         """Byte spans covering [start, end) along ``node``'s children; each child owns the text
         before it; oversized children recurse into their own children. Below ``MAX_DEPTH`` levels a
         node is kept whole (and later split by lines), so deeply nested code cannot exhaust the stack."""
@@ -153,8 +168,10 @@ class CodeChunker:
             if self.count(text[s:e]) <= self.chunk_size:
                 chunks.append(Chunk(text[s:e], len(chunks), s, e))
             else:
-                chunks.extend(Chunk(c.text, len(chunks) + k, s + c.start_char, s + c.end_char)
-                              for k, c in enumerate(self._lines.split(text[s:e])))
+                chunks.extend(
+                    Chunk(c.text, len(chunks) + k, s + c.start_char, s + c.end_char)
+                    for k, c in enumerate(self._lines.split(text[s:e]))
+                )
         return chunks
 
 

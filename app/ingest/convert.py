@@ -30,24 +30,75 @@ from typing import Any
 
 # Extensions the code-aware chunker has a grammar for (app.ingest.code.SUPPORTED_LANGUAGES).
 CODE_LANGUAGES: dict[str, str] = {
-    ".py": "python", ".pyi": "python",
-    ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript", ".jsx": "javascript",
-    ".ts": "typescript", ".mts": "typescript", ".cts": "typescript",
+    ".py": "python",
+    ".pyi": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".mts": "typescript",
+    ".cts": "typescript",
     ".tsx": "tsx",
     ".go": "go",
     ".java": "java",
     ".rs": "rust",
-    ".c": "c", ".h": "c",
-    ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp", ".hxx": "cpp",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".hpp": "cpp",
+    ".hh": "cpp",
+    ".hxx": "cpp",
 }
 MARKDOWN_EXTENSIONS = frozenset({".md", ".markdown", ".mdx"})
 # Plain text indexed as it is (sentence chunking): prose formats, configs and code without a grammar.
-TEXT_EXTENSIONS = frozenset({
-    ".txt", ".text", ".rst", ".adoc", ".asciidoc", ".org", ".tex", ".csv", ".tsv", ".log",
-    ".json", ".jsonl", ".yaml", ".yml", ".toml", ".ini", ".cfg", ".conf", ".xml", ".sql",
-    ".sh", ".bash", ".zsh", ".ps1", ".rb", ".php", ".kt", ".kts", ".scala", ".swift", ".cs", ".lua",
-    ".r", ".pl", ".proto", ".graphql", ".css", ".scss", ".vue", ".svelte", ".dockerfile",
-})
+TEXT_EXTENSIONS = frozenset(
+    {
+        ".txt",
+        ".text",
+        ".rst",
+        ".adoc",
+        ".asciidoc",
+        ".org",
+        ".tex",
+        ".csv",
+        ".tsv",
+        ".log",
+        ".json",
+        ".jsonl",
+        ".yaml",
+        ".yml",
+        ".toml",
+        ".ini",
+        ".cfg",
+        ".conf",
+        ".xml",
+        ".sql",
+        ".sh",
+        ".bash",
+        ".zsh",
+        ".ps1",
+        ".rb",
+        ".php",
+        ".kt",
+        ".kts",
+        ".scala",
+        ".swift",
+        ".cs",
+        ".lua",
+        ".r",
+        ".pl",
+        ".proto",
+        ".graphql",
+        ".css",
+        ".scss",
+        ".vue",
+        ".svelte",
+        ".dockerfile",
+    }
+)
 TEXT_FILENAMES = frozenset({"readme", "license", "changelog", "makefile", "dockerfile", "notice", "authors"})
 HTML_EXTENSIONS = frozenset({".html", ".htm", ".xhtml"})
 BINARY_KINDS = {".pdf": "pdf", ".docx": "docx", ".pptx": "pptx"}
@@ -172,8 +223,7 @@ def _require(module: str, package: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ConversionError(f"converting this file type needs the {package!r} package: pip install {package}") \
-            from e
+        raise ConversionError(f"converting this file type needs the {package!r} package: pip install {package}") from e
 
 
 def _html_to_markdown(html: str) -> tuple[str, str | None]:
@@ -186,8 +236,9 @@ def _html_to_markdown(html: str) -> tuple[str, str | None]:
         title = soup.title.get_text(strip=True)
     elif soup.find("h1"):
         title = soup.find("h1").get_text(" ", strip=True) or None
-    for tag in soup(["script", "style", "noscript", "template", "svg", "canvas", "iframe", "head",
-                     "nav", "form", "button"]):
+    for tag in soup(
+        ["script", "style", "noscript", "template", "svg", "canvas", "iframe", "head", "nav", "form", "button"]
+    ):
         tag.decompose()
     body = soup.body or soup
     text = markdownify.MarkdownConverter(heading_style="ATX", bullets="-", strip=["img"]).convert_soup(body)
@@ -321,8 +372,12 @@ def file_documents(rel: str, mtime: float, converted: Converted, max_chars: int)
     relative path ``rel`` (``#p<page>`` for a PDF page, ``#part<n>`` for a part of a file larger than
     ``max_chars``); the metadata holds path, title, file type, mtime, page(s), part(s), and
     ``split_type: code`` with the ``language`` for code, so the server chunks it by syntax."""
-    base: dict[str, Any] = {"path": rel, "title": converted.title, "file_type": converted.file_type,
-                            "mtime": iso_mtime(mtime)}
+    base: dict[str, Any] = {
+        "path": rel,
+        "title": converted.title,
+        "file_type": converted.file_type,
+        "mtime": iso_mtime(mtime),
+    }
     if converted.language:
         base.update(split_type="code", language=converted.language)
     if converted.pages:

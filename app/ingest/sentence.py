@@ -15,11 +15,54 @@ from app.ingest.chunks import Chunk, TokenCount, number
 # Candidate ends: terminal punctuation (with closing quotes/brackets) before whitespace, or a newline.
 _BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s)|\n")
 _WORD = re.compile(r"\S+")
-_ABBREVIATIONS = frozenset({
-    "e.g", "i.e", "etc", "vs", "dr", "mr", "mrs", "ms", "prof", "sr", "jr", "st", "no", "fig", "inc", "ltd",
-    "co", "corp", "approx", "dept", "est", "al", "cf", "u.s", "u.k", "jan", "feb", "mar", "apr", "jun", "jul",
-    "aug", "sep", "sept", "oct", "nov", "dec", "mt", "p", "pp", "vol", "ch", "sec", "eq",
-})
+_ABBREVIATIONS = frozenset(
+    {
+        "e.g",
+        "i.e",
+        "etc",
+        "vs",
+        "dr",
+        "mr",
+        "mrs",
+        "ms",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "no",
+        "fig",
+        "inc",
+        "ltd",
+        "co",
+        "corp",
+        "approx",
+        "dept",
+        "est",
+        "al",
+        "cf",
+        "u.s",
+        "u.k",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+        "mt",
+        "p",
+        "pp",
+        "vol",
+        "ch",
+        "sec",
+        "eq",
+    }
+)
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
@@ -29,7 +72,7 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     for m in _BOUNDARY.finditer(text):
         end = m.end()
         if m.group() != "\n":
-            word = text[start:m.start()].split()[-1:] or [""]
+            word = text[start : m.start()].split()[-1:] or [""]
             stem = word[0].lower().rstrip(".")
             if m.group().startswith(".") and (stem in _ABBREVIATIONS or (len(stem) == 1 and stem.isalpha())):
                 continue
@@ -88,9 +131,9 @@ class SentenceChunker:
         pos = start
         while pos < end:
             step = min(end - pos, self.chunk_size * 2)
-            while step > 1 and self.count(text[pos:pos + step]) > self.chunk_size:
+            while step > 1 and self.count(text[pos : pos + step]) > self.chunk_size:
                 step = max(1, step * 3 // 4)
-            out.append((pos, pos + step, self.count(text[pos:pos + step])))
+            out.append((pos, pos + step, self.count(text[pos : pos + step])))
             pos += step
         return out
 
@@ -105,7 +148,7 @@ class SentenceChunker:
                 j += 1
             j = max(j, i + 1)
             # token counts are not perfectly additive across sentence joins: verify and shrink
-            while j > i + 1 and self.count(text[units[i][0]:units[j - 1][1]]) > self.chunk_size:
+            while j > i + 1 and self.count(text[units[i][0] : units[j - 1][1]]) > self.chunk_size:
                 j -= 1
             chunks.append((units[i][0], units[j - 1][1]))
             if j >= len(units):

@@ -46,8 +46,9 @@ def parse_citations(answer: str, sources: Sequence[NodeWithScore]) -> tuple[list
         for number in (int(n) for n in m.group(1).split(",")):
             if 1 <= number <= len(sources):
                 node = sources[number - 1]
-                valid.append(Citation(marker=number, node_id=node.node_id, doc_id=node.doc_id, start=start,
-                                      end=m.end()))
+                valid.append(
+                    Citation(marker=number, node_id=node.node_id, doc_id=node.doc_id, start=start, end=m.end())
+                )
             else:
                 invalid.append(InvalidCitation(marker=number, start=start, end=m.end()))
         floor = m.end()

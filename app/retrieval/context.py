@@ -19,8 +19,9 @@ def relevant(nodes: Sequence[NodeWithScore], threshold: float) -> list[NodeWithS
     return sorted((n for n in nodes if passes_threshold(n, threshold)), key=lambda n: n.score, reverse=True)
 
 
-def select_context(nodes: Sequence[NodeWithScore], *, threshold: float, budget_tokens: int,
-                   cost: Callable[[NodeWithScore], int]) -> tuple[list[NodeWithScore], list[NodeWithScore]]:
+def select_context(
+    nodes: Sequence[NodeWithScore], *, threshold: float, budget_tokens: int, cost: Callable[[NodeWithScore], int]
+) -> tuple[list[NodeWithScore], list[NodeWithScore]]:
     """(selected, skipped): highest score first; a node that does not fit what is left is skipped and
     the next one tried, so one long node does not starve the rest."""
     selected: list[NodeWithScore] = []

@@ -12,8 +12,9 @@ if TYPE_CHECKING:  # the store's record type only: importing the store would loa
     from app.store.types import SearchHit
 
 
-def reciprocal_rank_fusion(rankings: Sequence[Sequence[str]], k: int = 60,
-                           weights: Sequence[float] | None = None) -> list[tuple[str, float]]:
+def reciprocal_rank_fusion(
+    rankings: Sequence[Sequence[str]], k: int = 60, weights: Sequence[float] | None = None
+) -> list[tuple[str, float]]:
     """Each id scores sum(w / (k + rank)) over the rankings it appears in (rank from 1); best first,
     ties broken by first appearance."""
     if k < 0:
@@ -40,8 +41,13 @@ class FusionOptions:
     match_min_terms: int | None = 2
 
 
-def fuse_candidates(dense: Iterable[Sequence[SearchHit]], lexical: Iterable[Sequence[SearchHit]], top: int,
-                    options: FusionOptions, query_terms: int) -> list[NodeWithScore]:
+def fuse_candidates(
+    dense: Iterable[Sequence[SearchHit]],
+    lexical: Iterable[Sequence[SearchHit]],
+    top: int,
+    options: FusionOptions,
+    query_terms: int,
+) -> list[NodeWithScore]:
     """The top ``top`` nodes of every shard's candidates, fused.
 
     Each modality is first merged across shards by its own score (cosine scores compare across
@@ -55,10 +61,12 @@ def fuse_candidates(dense: Iterable[Sequence[SearchHit]], lexical: Iterable[Sequ
     rankings: list[list[str]] = []
     weights: list[float] = []
     names: list[Literal["dense", "lexical"]] = []
-    modalities: list[tuple[Literal["dense", "lexical"], Iterable[Sequence[SearchHit]],
-                           Callable[[SearchHit], float], float]] = [
+    modalities: list[
+        tuple[Literal["dense", "lexical"], Iterable[Sequence[SearchHit]], Callable[[SearchHit], float], float]
+    ] = [
         ("dense", dense, lambda h: h.score, options.dense_weight),
-        ("lexical", lexical, lambda h: h.lexical_score or 0.0, options.lexical_weight)]
+        ("lexical", lexical, lambda h: h.lexical_score or 0.0, options.lexical_weight),
+    ]
     for name, lists, key, weight in modalities:
         merged = sorted((h for part in lists for h in part), key=key, reverse=True)
         if not merged:
@@ -73,8 +81,16 @@ def fuse_candidates(dense: Iterable[Sequence[SearchHit]], lexical: Iterable[Sequ
     nodes = []
     for node_id, fused in reciprocal_rank_fusion(rankings, options.k, weights)[:top]:
         h = hits[node_id]
-        nodes.append(NodeWithScore(
-            doc_id=h.doc_id, node_id=h.node_id, text=h.text, score=float(h.score), metadata=dict(h.metadata),
-            fused_score=fused, sources=[n for n, ids in zip(names, found_by, strict=True) if node_id in ids],
-            keyword_match=bool(matches and h.all_terms)))
+        nodes.append(
+            NodeWithScore(
+                doc_id=h.doc_id,
+                node_id=h.node_id,
+                text=h.text,
+                score=float(h.score),
+                metadata=dict(h.metadata),
+                fused_score=fused,
+                sources=[n for n, ids in zip(names, found_by, strict=True) if node_id in ids],
+                keyword_match=bool(matches and h.all_terms),
+            )
+        )
     return nodes

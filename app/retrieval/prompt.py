@@ -57,8 +57,9 @@ def carries_sources(text: str) -> bool:
     return bool(_SOURCES_START.search(text))
 
 
-def build_rag_messages(system: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]], query: str,
-                       nodes: Sequence[NodeWithScore]) -> list[dict[str, Any]]:
+def build_rag_messages(
+    system: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]], query: str, nodes: Sequence[NodeWithScore]
+) -> list[dict[str, Any]]:
     """[system + context] + history + [the query as the last user message]."""
     messages: list[dict[str, Any]] = []
     head = context_system_message([message_text(m) for m in system], nodes)

@@ -36,8 +36,7 @@ class CrossEncoderReranker:
         if not texts:
             return []
         pairs = [(query, t) for t in texts]
-        scores = await asyncio.to_thread(self.model.predict, pairs, batch_size=self.batch_size,
-                                         show_progress_bar=False)
+        scores = await asyncio.to_thread(self.model.predict, pairs, batch_size=self.batch_size, show_progress_bar=False)
         return [float(s) for s in scores]
 
 

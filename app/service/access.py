@@ -44,11 +44,14 @@ class Principal:
     def require(self, role: Role, index: str | None = None) -> None:
         """Raise :class:`ForbiddenError` unless this key may act as ``role`` (on ``index``)."""
         if self.role < role:
-            raise ForbiddenError(f"this API key has the {self.role.name.lower()} role; the operation needs "
-                                 f"{role.name.lower()}", code="insufficient_role")
+            raise ForbiddenError(
+                f"this API key has the {self.role.name.lower()} role; the operation needs {role.name.lower()}",
+                code="insufficient_role",
+            )
         if index is not None and not self.sees(index):
-            raise ForbiddenError(f"this API key does not grant access to index '{index}'", param="index_name",
-                                 code="index_not_allowed")
+            raise ForbiddenError(
+                f"this API key does not grant access to index '{index}'", param="index_name", code="index_not_allowed"
+            )
 
 
 #: No authentication configured (a laptop), or a bare key: everything.
@@ -71,8 +74,13 @@ def check_exposure(host: str, has_keys: bool, allow_unauthenticated: bool) -> No
     if has_keys or is_loopback(host):
         return
     if allow_unauthenticated:
-        log.warning("serving WITHOUT authentication on %s: anyone who can reach it can read, change and drop "
-                    "every index (allow_unauthenticated is set)", host)
+        log.warning(
+            "serving WITHOUT authentication on %s: anyone who can reach it can read, change and drop "
+            "every index (allow_unauthenticated is set)",
+            host,
+        )
         return
-    raise ValueError(f"ragserve listens on {host}, beyond the loopback, but has no api_keys: set api_keys "
-                     "(RAGSERVE_API_KEYS) or, to serve openly on purpose, allow_unauthenticated: true")
+    raise ValueError(
+        f"ragserve listens on {host}, beyond the loopback, but has no api_keys: set api_keys "
+        "(RAGSERVE_API_KEYS) or, to serve openly on purpose, allow_unauthenticated: true"
+    )

@@ -57,8 +57,9 @@ class LanguageModel(Protocol):
 
     async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse: ...
 
-    def passthrough_stream(self, body: dict[str, Any],
-                           default_max_tokens: int) -> AsyncIterator[ChatCompletionChunk]: ...
+    def passthrough_stream(
+        self, body: dict[str, Any], default_max_tokens: int
+    ) -> AsyncIterator[ChatCompletionChunk]: ...
 
 
 @dataclass
@@ -98,8 +99,11 @@ class ChatService:
         # outcome that will not search (a bypass, a client error) asks the shards, and is decided
         # again knowing, so a missing index is a 404 in the same cases and order as before.
         decided = plan(request, lambda _name: True)
-        if (request.index_name and not isinstance(decided, RagPlan)
-                and not await self.documents.index_exists(request.index_name)):
+        if (
+            request.index_name
+            and not isinstance(decided, RagPlan)
+            and not await self.documents.index_exists(request.index_name)
+        ):
             decided = plan(request, lambda _name: False)
         if isinstance(decided, ServiceError):
             raise decided
@@ -110,39 +114,53 @@ class ChatService:
     async def query(self, req: QueryRequest) -> QueryResponse:
         """KAITO's ``/query``: retrieve, answer with the relevant nodes, return both."""
         threshold = self._threshold(req.similarity_threshold)
-        nodes, _ = await self.documents.retrieve(req.index_name, req.query, req.top_k, req.metadata_filter,
-                                                 req.retrieval_mode)
-        result = await self._fit(system=[], history=[], query=req.query, nodes=nodes,
-                                 requested=req.llm_params.max_tokens, threshold=threshold, ratio=None)
+        nodes, _ = await self.documents.retrieve(
+            req.index_name, req.query, req.top_k, req.metadata_filter, req.retrieval_mode
+        )
+        result = await self._fit(
+            system=[],
+            history=[],
+            query=req.query,
+            nodes=nodes,
+            requested=req.llm_params.max_tokens,
+            threshold=threshold,
+            ratio=None,
+        )
         answer = await self.llm.chat(result.messages, req.llm_params.to_sampling_params(result.max_tokens))
         used = result.nodes_used
-        return QueryResponse(response=answer.text, source_nodes=used,
-                             metadata={n.node_id: n.metadata for n in used})
+        return QueryResponse(response=answer.text, source_nodes=used, metadata={n.node_id: n.metadata for n in used})
 
     async def retrieve(self, req: RetrieveRequest) -> tuple[RetrieveResponse, dict[str, float]]:
         """KAITO's ``/retrieve``: the best nodes, without generation; with ``similarity_threshold``
         only those that reach it. Also returns the stage timings."""
-        nodes, timings = await self.documents.retrieve(req.index_name, req.query, req.max_node_count,
-                                                       req.metadata_filter, req.retrieval_mode)
+        nodes, timings = await self.documents.retrieve(
+            req.index_name, req.query, req.max_node_count, req.metadata_filter, req.retrieval_mode
+        )
         if req.similarity_threshold is not None:
             nodes = [n for n in nodes if passes_threshold(n, req.similarity_threshold)]
         return RetrieveResponse(query=req.query, results=nodes, count=len(nodes)), timings
 
     # --- passthrough --------------------------------------------------------------------------
-    async def _passthrough(self, body: dict[str, Any], reason: PassthroughReason, stream: bool,
-                           timings: dict[str, float] | None = None) -> ChatOutcome:
+    async def _passthrough(
+        self, body: dict[str, Any], reason: PassthroughReason, stream: bool, timings: dict[str, float] | None = None
+    ) -> ChatOutcome:
         body = dict(body)
         counter = await self.llm.token_counter()
         window = await self.llm.context_window()
         requested = body.get("max_completion_tokens") or body.get("max_tokens")
         prompt_tokens, max_tokens = fit_passthrough(
-            counter=counter, window=window, messages=body["messages"], requested_max_tokens=requested,
+            counter=counter,
+            window=window,
+            messages=body["messages"],
+            requested_max_tokens=requested,
             default_max_tokens=self.settings.default_max_tokens,
-            min_completion_tokens=self.settings.min_completion_tokens)
+            min_completion_tokens=self.settings.min_completion_tokens,
+        )
         if requested is not None and requested > max_tokens:  # forwarded as sent, unless it cannot fit
             body["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"] = max_tokens
-        outcome = ChatOutcome(mode="passthrough", reason=reason.value, timings=dict(timings or {}),
-                              stats={"prompt_tokens": prompt_tokens})
+        outcome = ChatOutcome(
+            mode="passthrough", reason=reason.value, timings=dict(timings or {}), stats={"prompt_tokens": prompt_tokens}
+        )
         if stream:
             outcome.stream = self._relay(self.llm.passthrough_stream(body, max_tokens), outcome)
         else:
@@ -152,8 +170,9 @@ class ChatService:
             _stamp(outcome.response, new_completion_id(), int(time.time()))
         return outcome
 
-    async def _relay(self, chunks: AsyncIterator[ChatCompletionChunk],
-                     outcome: ChatOutcome) -> AsyncGenerator[ChatCompletionChunk, None]:
+    async def _relay(
+        self, chunks: AsyncIterator[ChatCompletionChunk], outcome: ChatOutcome
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         t0 = time.perf_counter()
         cid, created = new_completion_id(), int(time.time())
         try:
@@ -168,18 +187,36 @@ class ChatService:
     def _threshold(self, requested: float | None) -> float:
         return self.settings.similarity_threshold if requested is None else requested
 
-    async def _fit(self, *, system: list[dict[str, Any]], history: list[dict[str, Any]], query: str,
-                   nodes: list[NodeWithScore], requested: int | None, threshold: float,
-                   ratio: float | None) -> FitResult:
+    async def _fit(
+        self,
+        *,
+        system: list[dict[str, Any]],
+        history: list[dict[str, Any]],
+        query: str,
+        nodes: list[NodeWithScore],
+        requested: int | None,
+        threshold: float,
+        ratio: float | None,
+    ) -> FitResult:
         counter = await self.llm.token_counter()
         window = await self.llm.context_window()
         s = self.settings
-        return fit(counter=counter, window=window, system=system, history=history, query=query, nodes=nodes,
-                   requested_max_tokens=requested, default_max_tokens=s.default_max_tokens,
-                   min_completion_tokens=s.min_completion_tokens,
-                   context_ratio=ratio if ratio is not None else s.context_token_ratio,
-                   similarity_threshold=threshold, safety_ratio=s.budget_safety_ratio,
-                   history_min_messages=s.history_min_messages, history_max_messages=s.history_max_messages)
+        return fit(
+            counter=counter,
+            window=window,
+            system=system,
+            history=history,
+            query=query,
+            nodes=nodes,
+            requested_max_tokens=requested,
+            default_max_tokens=s.default_max_tokens,
+            min_completion_tokens=s.min_completion_tokens,
+            context_ratio=ratio if ratio is not None else s.context_token_ratio,
+            similarity_threshold=threshold,
+            safety_ratio=s.budget_safety_ratio,
+            history_min_messages=s.history_min_messages,
+            history_max_messages=s.history_max_messages,
+        )
 
     async def _rag(self, p: RagPlan, request: ChatCompletionRequest) -> ChatOutcome:
         k = p.params.top_k or await self._chat_top_k(p, request)
@@ -191,28 +228,47 @@ class ChatService:
         except BadRequestError as e:
             raise BadRequestError(e.message, param="metadata_filter") from e
         if not relevant(nodes, threshold):
-            return self._with_rag(await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream,
-                                                          timings), rag)
+            return self._with_rag(
+                await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings), rag
+            )
         t_fit = time.perf_counter()
-        result = await self._fit(system=p.system, history=p.history, query=p.query, nodes=nodes,
-                                 requested=request.requested_max_tokens(), threshold=threshold,
-                                 ratio=p.params.context_token_ratio)
+        result = await self._fit(
+            system=p.system,
+            history=p.history,
+            query=p.query,
+            nodes=nodes,
+            requested=request.requested_max_tokens(),
+            threshold=threshold,
+            ratio=p.params.context_token_ratio,
+        )
         timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
         if not result.nodes_used:  # relevant nodes existed but none fitted the budget
-            return self._with_rag(await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream,
-                                                          timings), rag)
+            return self._with_rag(
+                await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings), rag
+            )
         sampling = request.to_sampling_params(result.max_tokens)
-        footer = self.settings.sources_in_content if p.params.sources_in_content is None \
-            else p.params.sources_in_content
+        footer = (
+            self.settings.sources_in_content if p.params.sources_in_content is None else p.params.sources_in_content
+        )
         outcome = ChatOutcome(
-            mode="rag", reason=None, source_nodes=result.nodes_used, timings=timings, rag=rag,
-            stats={"prompt_tokens": result.prompt_tokens, "context_tokens": result.context_tokens,
-                   "history_tokens": result.history_tokens, "history_dropped": result.history_dropped,
-                   "nodes_used": len(result.nodes_used)})
+            mode="rag",
+            reason=None,
+            source_nodes=result.nodes_used,
+            timings=timings,
+            rag=rag,
+            stats={
+                "prompt_tokens": result.prompt_tokens,
+                "context_tokens": result.context_tokens,
+                "history_tokens": result.history_tokens,
+                "history_dropped": result.history_dropped,
+                "nodes_used": len(result.nodes_used),
+            },
+        )
         if request.stream:
             include_usage = bool((request.stream_options or {}).get("include_usage"))
-            outcome.stream = self._rag_stream(result.messages, sampling, result.nodes_used, include_usage, outcome,
-                                              footer)
+            outcome.stream = self._rag_stream(
+                result.messages, sampling, result.nodes_used, include_usage, outcome, footer
+            )
             return outcome
         t0 = time.perf_counter()
         answer = await self.llm.chat(result.messages, sampling)
@@ -220,12 +276,21 @@ class ChatService:
         citations, invalid = parse_citations(answer.text, result.nodes_used)
         text = answer.text + (sources_footer(result.nodes_used, citations) if footer else "")
         outcome.response = ChatCompletionResponse(
-            id=new_completion_id(), object="chat.completion", created=int(time.time()),
+            id=new_completion_id(),
+            object="chat.completion",
+            created=int(time.time()),
             model=answer.model or self.llm.model_id,
-            choices=[ChatCompletionChoice(index=0, message=ResponseMessage(role="assistant", content=text),
-                                          finish_reason=answer.finish_reason)],
-            usage=answer.usage(), source_nodes=result.nodes_used, citations=citations, invalid_citations=invalid,
-            rag=rag)
+            choices=[
+                ChatCompletionChoice(
+                    index=0, message=ResponseMessage(role="assistant", content=text), finish_reason=answer.finish_reason
+                )
+            ],
+            usage=answer.usage(),
+            source_nodes=result.nodes_used,
+            citations=citations,
+            invalid_citations=invalid,
+            rag=rag,
+        )
         return outcome
 
     @staticmethod
@@ -245,8 +310,9 @@ class ChatService:
         budget = max(0, window - reserve) * ratio
         return min(s.max_top_k, max(5, int(budget // s.chunk_size)))
 
-    async def _retrieve_for_chat(self, p: RagPlan, k: int,
-                                 threshold: float) -> tuple[list[NodeWithScore], dict[str, float], RagInfo]:
+    async def _retrieve_for_chat(
+        self, p: RagPlan, k: int, threshold: float
+    ) -> tuple[list[NodeWithScore], dict[str, float], RagInfo]:
         """Retrieve for the newest user turn; when it finds nothing relevant and there are earlier user
         turns, retry with them joined to it (``app.chat.followup``). With ``query_rewrite: llm`` a
         standalone rewrite by the generator is tried first. Returns the nodes, the summed timings and
@@ -270,8 +336,7 @@ class ChatService:
                 attempts.append((joined, "joined"))
         first: tuple[list[NodeWithScore], RagInfo] | None = None
         for query, source in attempts:
-            nodes, spent = await self.documents.retrieve(p.params.index_name, query, k, p.params.metadata_filter,
-                                                         mode)
+            nodes, spent = await self.documents.retrieve(p.params.index_name, query, k, p.params.metadata_filter, mode)
             for stage, seconds in spent.items():
                 timings[stage] = timings.get(stage, 0.0) + seconds
             info = RagInfo(query=query, query_source=source, retrieval_mode=mode)
@@ -286,17 +351,24 @@ class ChatService:
         """A standalone version of the newest question, by the generator (greedy, short); None when
         the generator fails or answers nothing, so retrieval goes on deterministically."""
         try:
-            answer = await self.llm.chat(rewrite_messages(p.history, p.query),
-                                         SamplingParams(max_tokens=REWRITE_MAX_TOKENS, temperature=0.0))
+            answer = await self.llm.chat(
+                rewrite_messages(p.history, p.query), SamplingParams(max_tokens=REWRITE_MAX_TOKENS, temperature=0.0)
+            )
         except ServiceError as e:
             log.warning("query rewrite failed, retrieving without it: %s", e.message)
             return None
         text = answer.text.strip().strip('"').strip()
         return text.splitlines()[0].strip() if text else None
 
-    async def _rag_stream(self, messages: list[dict[str, Any]], sampling: SamplingParams,
-                          sources: list[NodeWithScore], include_usage: bool,
-                          outcome: ChatOutcome, footer: bool = False) -> AsyncGenerator[ChatCompletionChunk, None]:
+    async def _rag_stream(
+        self,
+        messages: list[dict[str, Any]],
+        sampling: SamplingParams,
+        sources: list[NodeWithScore],
+        include_usage: bool,
+        outcome: ChatOutcome,
+        footer: bool = False,
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
         """OpenAI chunks; the first carries the role, ``source_nodes`` and ``rag``; the final one (with
         the finish reason) the answer's ``citations``, preceded by the "Sources:" text when
         ``footer``. ``model`` names the model that generates the answer (the remote server's own
@@ -305,8 +377,13 @@ class ChatService:
         model = self.llm.model_id
 
         def chunk(delta: DeltaMessage, finish: str | None = None) -> ChatCompletionChunk:
-            return ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model,
-                                       choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)])
+            return ChatCompletionChunk(
+                id=cid,
+                object="chat.completion.chunk",
+                created=created,
+                model=model,
+                choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)],
+            )
 
         def closing(finish: str | None) -> list[ChatCompletionChunk]:
             citations, invalid = parse_citations("".join(text), sources)
@@ -346,8 +423,9 @@ class ChatService:
                 for c in closing(None):
                     yield c
             if include_usage and usage is not None:
-                yield ChatCompletionChunk(id=cid, object="chat.completion.chunk", created=created, model=model,
-                                          choices=[], usage=usage)
+                yield ChatCompletionChunk(
+                    id=cid, object="chat.completion.chunk", created=created, model=model, choices=[], usage=usage
+                )
         finally:
             outcome.timings["generate"] = time.perf_counter() - t0
             await _close(deltas)
@@ -360,8 +438,9 @@ async def _close(iterator: AsyncIterator[Any]) -> None:
         await close()
 
 
-async def _prepend(first: GenerationDelta | None,
-                   rest: AsyncIterator[GenerationDelta]) -> AsyncIterator[GenerationDelta]:
+async def _prepend(
+    first: GenerationDelta | None, rest: AsyncIterator[GenerationDelta]
+) -> AsyncIterator[GenerationDelta]:
     if first is not None:
         yield first
     async for item in rest:

@@ -78,11 +78,18 @@ class RetrievalOptions:
 
     @classmethod
     def from_settings(cls, s: Settings) -> RetrievalOptions:
-        return cls(mode=s.retrieval_mode, candidates=s.retrieval_candidates, min_match=s.lexical_min_match,
-                   max_postings=s.lexical_max_postings,
-                   fusion=FusionOptions(k=s.rrf_k, dense_weight=s.rrf_dense_weight,
-                                        lexical_weight=s.rrf_lexical_weight,
-                                        match_min_terms=s.lexical_match_min_terms))
+        return cls(
+            mode=s.retrieval_mode,
+            candidates=s.retrieval_candidates,
+            min_match=s.lexical_min_match,
+            max_postings=s.lexical_max_postings,
+            fusion=FusionOptions(
+                k=s.rrf_k,
+                dense_weight=s.rrf_dense_weight,
+                lexical_weight=s.rrf_lexical_weight,
+                match_min_terms=s.lexical_match_min_terms,
+            ),
+        )
 
 
 class TextEmbedder(Protocol):
@@ -105,21 +112,36 @@ class _Prepared:
 
 
 def _record(doc: StoredDocument | _Prepared, is_truncated: bool = False) -> DocumentRecord:
-    return DocumentRecord(doc_id=doc.doc_id, text=doc.text, hash_value=doc.hash_value,
-                          metadata=dict(doc.metadata), is_truncated=is_truncated)
+    return DocumentRecord(
+        doc_id=doc.doc_id,
+        text=doc.text,
+        hash_value=doc.hash_value,
+        metadata=dict(doc.metadata),
+        is_truncated=is_truncated,
+    )
 
 
 def hit_to_node(hit: SearchHit) -> NodeWithScore:
-    return NodeWithScore(doc_id=hit.doc_id, node_id=hit.node_id, text=hit.text, score=float(hit.score),
-                         metadata=dict(hit.metadata))
+    return NodeWithScore(
+        doc_id=hit.doc_id, node_id=hit.node_id, text=hit.text, score=float(hit.score), metadata=dict(hit.metadata)
+    )
 
 
 class DocumentService:
     """Index management over a pool of shards."""
 
-    def __init__(self, pool: ShardPool, embedder: TextEmbedder, chunker: DocumentChunker, *,
-                 storage_dir: str | Path, embedding_model: str = "", embed_batch: int = 128,
-                 retrieval: RetrievalOptions | None = None, reranker: Reranker | None = None):
+    def __init__(
+        self,
+        pool: ShardPool,
+        embedder: TextEmbedder,
+        chunker: DocumentChunker,
+        *,
+        storage_dir: str | Path,
+        embedding_model: str = "",
+        embed_batch: int = 128,
+        retrieval: RetrievalOptions | None = None,
+        reranker: Reranker | None = None,
+    ):
         self.retrieval = retrieval or RetrievalOptions()
         self.reranker = reranker
         self.pool = pool
@@ -177,19 +199,27 @@ class DocumentService:
             if doc_id in seen:
                 raise BadRequestError(
                     f"documents[{i}]: doc_id '{doc_id}' is repeated (also documents[{seen[doc_id]}]); "
-                    "give each document once per request", param="documents")
+                    "give each document once per request",
+                    param="documents",
+                )
             seen[doc_id] = i
 
     async def _embed_chunks(self, prepared: Sequence[_Prepared]) -> dict[str, list[ChunkWrite]]:
         """Embed every chunk of ``prepared`` in batches sent concurrently (replicas share the work)."""
         flat = [(p.doc_id, i, t) for p in prepared for i, t in enumerate(p.chunk_texts)]
-        batches = [flat[i:i + self.embed_batch] for i in range(0, len(flat), self.embed_batch)]
+        batches = [flat[i : i + self.embed_batch] for i in range(0, len(flat), self.embed_batch)]
         vectors = await asyncio.gather(*(self.embedder.embed_documents([t for _, _, t in b]) for b in batches))
         out: dict[str, list[ChunkWrite]] = {p.doc_id: [] for p in prepared}
         for batch, vecs in zip(batches, vectors, strict=True):
             for (doc_id, i, text), vec in zip(batch, vecs, strict=True):
-                out[doc_id].append(ChunkWrite(node_id=node_id_for(doc_id, i), chunk_index=i, text=text,
-                                              vector=np.asarray(vec, dtype=np.float32)))
+                out[doc_id].append(
+                    ChunkWrite(
+                        node_id=node_id_for(doc_id, i),
+                        chunk_index=i,
+                        text=text,
+                        vector=np.asarray(vec, dtype=np.float32),
+                    )
+                )
         return out
 
     @staticmethod
@@ -197,24 +227,36 @@ class DocumentService:
         """``p`` as a shard write, under ``doc_id`` when given (node ids follow the doc id)."""
         if doc_id is not None and doc_id != p.doc_id:
             chunks = [replace(c, node_id=node_id_for(doc_id, c.chunk_index)) for c in chunks]
-        return DocumentWrite(doc_id=doc_id or p.doc_id, text=p.text, metadata=p.metadata, hash_value=p.hash_value,
-                             chunks=chunks)
+        return DocumentWrite(
+            doc_id=doc_id or p.doc_id, text=p.text, metadata=p.metadata, hash_value=p.hash_value, chunks=chunks
+        )
 
-    async def _write(self, index: str, writes: Sequence[DocumentWrite], *, generation: int | None,
-                     only_existing: bool = False, if_absent: bool = False) -> set[str]:
+    async def _write(
+        self,
+        index: str,
+        writes: Sequence[DocumentWrite],
+        *,
+        generation: int | None,
+        only_existing: bool = False,
+        if_absent: bool = False,
+    ) -> set[str]:
         """Write to the owning shards; returns once every shard has committed (the acknowledgement
         point), with the doc ids written (with ``only_existing``, those deleted meanwhile are not;
         with ``if_absent``, those already stored are not)."""
         if not writes:
             return set()
         groups = group_by_shard(list(writes), lambda w: w.doc_id, self.pool.num_shards)
-        written = await asyncio.gather(*(
-            self.pool.call(s, "upsert_documents", index, ws, only_existing, generation, if_absent)
-            for s, ws in groups.items()))
+        written = await asyncio.gather(
+            *(
+                self.pool.call(s, "upsert_documents", index, ws, only_existing, generation, if_absent)
+                for s, ws in groups.items()
+            )
+        )
         return {doc_id for part in written for doc_id in part}
 
-    async def _insert_by_content(self, index: str, generation: int, pending: dict[int, _Prepared],
-                                 chunks: dict[str, list[ChunkWrite]]) -> dict[int, str]:
+    async def _insert_by_content(
+        self, index: str, generation: int, pending: dict[int, _Prepared], chunks: dict[str, list[ChunkWrite]]
+    ) -> dict[int, str]:
         """Store documents that came without a doc_id under ids derived from their content, each
         shard inserting only ids it does not hold (under its write lock): two identical requests at
         once derive the same id and store one document. An id already held by other content (a
@@ -222,8 +264,7 @@ class DocumentService:
         final: dict[int, str] = {}
         attempt = 0
         while pending:
-            ids = {i: p.doc_id if attempt == 0 else content_doc_id(p.hash_value, attempt)
-                   for i, p in pending.items()}
+            ids = {i: p.doc_id if attempt == 0 else content_doc_id(p.hash_value, attempt) for i, p in pending.items()}
             by_id: dict[str, int] = {}
             for i, doc_id in ids.items():
                 by_id.setdefault(doc_id, i)  # the same content twice in one request: written once
@@ -251,7 +292,8 @@ class DocumentService:
         self._reject_repeated_ids([d.doc_id for d in docs])
         hashes = [content_hash(d.text, d.metadata) for d in docs]
         chunk_texts = await asyncio.to_thread(
-            lambda: [self._chunk(d.text, d.metadata, f"documents[{i}]") for i, d in enumerate(docs)])
+            lambda: [self._chunk(d.text, d.metadata, f"documents[{i}]") for i, d in enumerate(docs)]
+        )
         existing_by_hash: dict[str, str] = {}
         for part in await self.pool.call_all("find_by_hash", index, sorted(set(hashes))):
             existing_by_hash.update(part)
@@ -283,10 +325,13 @@ class DocumentService:
             dim = int(np.asarray(next(c for cs in chunks.values() for c in cs).vector).shape[-1])
             generation = await self.pool.call(HOME_SHARD, "ensure_index", index, dim)
             writes = [self._as_write(p, chunks[p.doc_id]) for p in given]
-            _, final = await asyncio.gather(self._write(index, writes, generation=generation),
-                                            self._insert_by_content(index, generation, dict(by_content), chunks))
-            prepared = [p if key is None else replace(p, doc_id=final[key]) for p, key in zip(prepared, slot,
-                                                                                                strict=True)]
+            _, final = await asyncio.gather(
+                self._write(index, writes, generation=generation),
+                self._insert_by_content(index, generation, dict(by_content), chunks),
+            )
+            prepared = [
+                p if key is None else replace(p, doc_id=final[key]) for p, key in zip(prepared, slot, strict=True)
+            ]
         return [_record(p) for p in prepared]
 
     async def _get_documents(self, index: str, doc_ids: Sequence[str]) -> dict[str, StoredDocument]:
@@ -321,34 +366,49 @@ class DocumentService:
             texts = await asyncio.to_thread(self._chunk, d.text, metadata, f"documents[{i}]")
             updated.append(_Prepared(d.doc_id, d.text, metadata, h, texts))
         chunks = await self._embed_chunks(updated) if updated else {}
-        written = await self._write(index, [self._as_write(p, chunks[p.doc_id]) for p in updated],
-                                    generation=generation, only_existing=True)
+        written = await self._write(
+            index, [self._as_write(p, chunks[p.doc_id]) for p in updated], generation=generation, only_existing=True
+        )
         by_id = {d.doc_id: d for d in docs}
         not_found += [by_id[p.doc_id] for p in updated if p.doc_id not in written]  # deleted meanwhile
         updated = [p for p in updated if p.doc_id in written]
         echo = [d if d.metadata is not None else d.model_copy(update={"metadata": {}}) for d in not_found]
-        return UpdateDocumentsResponse(updated_documents=[_record(p) for p in updated],
-                                       unchanged_documents=unchanged, not_found_documents=echo)
+        return UpdateDocumentsResponse(
+            updated_documents=[_record(p) for p in updated], unchanged_documents=unchanged, not_found_documents=echo
+        )
 
     async def delete_documents(self, index: str, doc_ids: Sequence[str]) -> DeleteDocumentsResponse:
         await self.require_index(index)
         unique = list(dict.fromkeys(doc_ids))
         groups = group_by_shard(unique, lambda x: x, self.pool.num_shards)
         results = await asyncio.gather(
-            *(self.pool.call(s, "delete_documents", index, ids) for s, ids in groups.items()))
+            *(self.pool.call(s, "delete_documents", index, ids) for s, ids in groups.items())
+        )
         deleted = {d for r in results for d in r[0]}
-        return DeleteDocumentsResponse(deleted_doc_ids=[d for d in unique if d in deleted],
-                                       not_found_doc_ids=[d for d in unique if d not in deleted])
+        return DeleteDocumentsResponse(
+            deleted_doc_ids=[d for d in unique if d in deleted],
+            not_found_doc_ids=[d for d in unique if d not in deleted],
+        )
 
     # --- reads --------------------------------------------------------------------------------
-    async def list_documents(self, index: str, *, limit: int = 10, offset: int = 0,
-                             max_text_length: int | None = 1000,
-                             metadata_filter: dict[str, Any] | None = None) -> ListDocumentsResponse:
+    async def list_documents(
+        self,
+        index: str,
+        *,
+        limit: int = 10,
+        offset: int = 0,
+        max_text_length: int | None = 1000,
+        metadata_filter: dict[str, Any] | None = None,
+    ) -> ListDocumentsResponse:
         """A page of documents in a stable order: shard by shard, insertion order within a shard.
         Per-shard totals are asked first, so a page costs O(limit) rows whatever the offset."""
         await self.require_index(index)
-        totals = [t for _, t in await self.pool.call_all(
-            "list_documents", index, limit=1, offset=0, max_text_length=0, metadata_filter=metadata_filter)]
+        totals = [
+            t
+            for _, t in await self.pool.call_all(
+                "list_documents", index, limit=1, offset=0, max_text_length=0, metadata_filter=metadata_filter
+            )
+        ]
         total = sum(totals)
         wanted: list[tuple[int, int, int]] = []  # (shard, local offset, count)
         start, remaining = offset, limit
@@ -362,14 +422,26 @@ class DocumentService:
             wanted.append((shard, start, take))
             remaining -= take
             start = 0
-        pages = await asyncio.gather(*(
-            self.pool.call(s, "list_documents", index, limit=n, offset=o, max_text_length=max_text_length,
-                           metadata_filter=metadata_filter) for s, o, n in wanted))
+        pages = await asyncio.gather(
+            *(
+                self.pool.call(
+                    s,
+                    "list_documents",
+                    index,
+                    limit=n,
+                    offset=o,
+                    max_text_length=max_text_length,
+                    metadata_filter=metadata_filter,
+                )
+                for s, o, n in wanted
+            )
+        )
         docs = [_record(d, d.is_truncated) for page, _ in pages for d in page]
         return ListDocumentsResponse(documents=docs, count=len(docs), total_items=total)
 
-    async def search(self, index: str, vector: np.ndarray, k: int,
-                     metadata_filter: dict[str, Any] | None = None) -> list[NodeWithScore]:
+    async def search(
+        self, index: str, vector: np.ndarray, k: int, metadata_filter: dict[str, Any] | None = None
+    ) -> list[NodeWithScore]:
         """Scatter to every shard, gather, merge the top ``k`` by cosine score. A shard without the
         index answers None; when every shard does, the index does not exist."""
         parts = await self.pool.call_all("search", index, vector, k, metadata_filter)
@@ -378,8 +450,9 @@ class DocumentService:
         hits = sorted((h for p in parts if p for h in p), key=lambda h: h.score, reverse=True)[:k]
         return [hit_to_node(h) for h in hits]
 
-    async def retrieve(self, index: str, query: str, k: int, metadata_filter: dict[str, Any] | None = None,
-                       mode: str | None = None) -> tuple[list[NodeWithScore], dict[str, float]]:
+    async def retrieve(
+        self, index: str, query: str, k: int, metadata_filter: dict[str, Any] | None = None, mode: str | None = None
+    ) -> tuple[list[NodeWithScore], dict[str, float]]:
         """The top ``k`` nodes for ``query`` in ``mode`` (the server's ``retrieval_mode`` when None),
         and the time spent embedding and searching (seconds).
 
@@ -395,14 +468,27 @@ class DocumentService:
         # fusion and reranking choose among more than k; a single list, as is, needs only k
         wide = mode == "hybrid" or self.reranker is not None
         depth = max(k, self.retrieval.candidates) if wide else k
-        parts = await self.pool.call_all("search_candidates", index, vector, query, depth, mode, metadata_filter,
-                                         self.retrieval.min_match, self.retrieval.max_postings)
+        parts = await self.pool.call_all(
+            "search_candidates",
+            index,
+            vector,
+            query,
+            depth,
+            mode,
+            metadata_filter,
+            self.retrieval.min_match,
+            self.retrieval.max_postings,
+        )
         if all(p is None for p in parts):
             raise NotFoundError(f"No such index: '{index}' exists.")
         found = [p for p in parts if p is not None]
-        nodes = fuse_candidates([p.dense for p in found], [p.lexical for p in found],
-                                depth if self.reranker is not None else k, self.retrieval.fusion,
-                                lexical_query(query).tokens)
+        nodes = fuse_candidates(
+            [p.dense for p in found],
+            [p.lexical for p in found],
+            depth if self.reranker is not None else k,
+            self.retrieval.fusion,
+            lexical_query(query).tokens,
+        )
         t2 = time.perf_counter()
         timings = {"embed": t1 - t0, "search": t2 - t1}
         if self.reranker is not None and nodes:
@@ -435,19 +521,25 @@ class DocumentService:
         folders = [root / f for f in [*list(reversed(rel.parents))[1:], rel]]  # shallowest first, root left out
         for here in folders:
             if here.exists() and not here.is_dir():
-                raise BadRequestError(f"path names a file, not a directory: {self._shown(here)!r}; pass a "
-                                      "directory to persist into", param="path")
+                raise BadRequestError(
+                    f"path names a file, not a directory: {self._shown(here)!r}; pass a directory to persist into",
+                    param="path",
+                )
         for here in folders[:-1]:
             if (here / MANIFEST).is_file():
                 raise BadRequestError(
                     f"{self._shown(dest)!r} is inside the snapshot at {self._shown(here)!r}; persist to a path "
-                    "outside it", param="path")
+                    "outside it",
+                    param="path",
+                )
         if dest.is_dir():
             for manifest in dest.rglob(MANIFEST):
                 if manifest.parent != dest:
                     raise BadRequestError(
                         f"{self._shown(dest)!r} contains the snapshot at {self._shown(manifest.parent)!r}; "
-                        "persist to a path that holds no other snapshot", param="path")
+                        "persist to a path that holds no other snapshot",
+                        param="path",
+                    )
 
     async def persist(self, index: str, path: str | None = None) -> str:
         """Write a portable snapshot of ``index`` (one part per shard + a manifest), KAITO's layout:
@@ -478,9 +570,13 @@ class DocumentService:
             written = [p["file"] for p in parts if p["file"]]
             dims = {p["dim"] for p in parts if p["dim"]}
             manifest = {
-                "format": SNAPSHOT_FORMAT, "index_name": index, "embedding_model": self.embedding_model,
-                "dim": dims.pop() if len(dims) == 1 else None, "created_at": time.time(),
-                "parts": written, "documents": sum(p["documents"] for p in parts),
+                "format": SNAPSHOT_FORMAT,
+                "index_name": index,
+                "embedding_model": self.embedding_model,
+                "dim": dims.pop() if len(dims) == 1 else None,
+                "created_at": time.time(),
+                "parts": written,
+                "documents": sum(p["documents"] for p in parts),
             }
             with open(manifest_tmp, "w") as f:
                 json.dump(manifest, f, indent=2)
@@ -535,8 +631,10 @@ class DocumentService:
         src = self._confine(path, index)
         shown = self._shown(src)
         if src.exists() and not src.is_dir():
-            raise BadRequestError(f"path names a file, not a snapshot directory: {shown!r}; pass the "
-                                  "directory that holds manifest.json", param="path")
+            raise BadRequestError(
+                f"path names a file, not a snapshot directory: {shown!r}; pass the directory that holds manifest.json",
+                param="path",
+            )
         manifest_file = src / MANIFEST
         if not manifest_file.is_file():
             raise NotFoundError(f"No snapshot at {shown!r}: {MANIFEST} not found")
@@ -550,29 +648,41 @@ class DocumentService:
             if Path(name).name != name or not (src / name).is_file():
                 raise BadRequestError(f"snapshot part missing or invalid: {name!r}")
         parts = [str(src / name) for name in names]
-        if (self.embedding_model and manifest.get("embedding_model")
-                and manifest["embedding_model"] != self.embedding_model):
+        if (
+            self.embedding_model
+            and manifest.get("embedding_model")
+            and manifest["embedding_model"] != self.embedding_model
+        ):
             raise BadRequestError(
                 f"snapshot was embedded with {manifest['embedding_model']!r}, this server uses "
-                f"{self.embedding_model!r}; vectors would not be comparable")
+                f"{self.embedding_model!r}; vectors would not be comparable"
+            )
         if not overwrite and await self.index_exists(index):
             raise ConflictError(f"Index {index} already exists; pass overwrite=true to replace it.")
         staging = f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}~{index}"
         try:
             imported = await self.pool.call_all("import_parts", staging, parts)
             if expected >= 0 and sum(imported) != expected:
-                raise BadRequestError(f"snapshot at {shown!r} is incomplete: its manifest counts {expected} "
-                                      f"documents, its parts hold {sum(imported)}; nothing was loaded")
+                raise BadRequestError(
+                    f"snapshot at {shown!r} is incomplete: its manifest counts {expected} "
+                    f"documents, its parts hold {sum(imported)}; nothing was loaded"
+                )
             dim = manifest.get("dim") if isinstance(manifest.get("dim"), int) else None
-            generation = await self.pool.call(HOME_SHARD, "replace_index", staging, index, None, overwrite, dim,
-                                              imported[HOME_SHARD] > 0)
+            generation = await self.pool.call(
+                HOME_SHARD, "replace_index", staging, index, None, overwrite, dim, imported[HOME_SHARD] > 0
+            )
         except BaseException:
-            await asyncio.gather(*(self.pool.call(s, "drop_index", staging) for s in range(self.pool.num_shards)),
-                                 return_exceptions=True)
+            await asyncio.gather(
+                *(self.pool.call(s, "drop_index", staging) for s in range(self.pool.num_shards)), return_exceptions=True
+            )
             raise
-        await asyncio.gather(*(
-            self.pool.call(s, "replace_index", staging, index, generation, True, dim, imported[s] > 0)
-            for s in range(self.pool.num_shards) if s != HOME_SHARD))
+        await asyncio.gather(
+            *(
+                self.pool.call(s, "replace_index", staging, index, generation, True, dim, imported[s] > 0)
+                for s in range(self.pool.num_shards)
+                if s != HOME_SHARD
+            )
+        )
         return f"Successfully loaded index {index} from {shown}."
 
     # --- statistics ---------------------------------------------------------------------------
@@ -586,8 +696,14 @@ class DocumentService:
         dims = {p["dimension"] for p in parts}
         kinds = {p["index_kind"] for p in parts}
         dim = dims.pop() if len(dims) == 1 else None
-        return IndexStats(index_name=index, documents=sum(s.documents for s in shards),
-                          chunks=sum(s.chunks for s in shards), bytes=sum(s.bytes for s in shards),
-                          vectors=sum(s.vectors for s in shards),
-                          vector_bytes=sum(s.vectors * p["dimension"] * 4 for s, p in zip(shards, parts, strict=True)),
-                          dimension=dim, index_kind=kinds.pop() if len(kinds) == 1 else "mixed", shards=shards)
+        return IndexStats(
+            index_name=index,
+            documents=sum(s.documents for s in shards),
+            chunks=sum(s.chunks for s in shards),
+            bytes=sum(s.bytes for s in shards),
+            vectors=sum(s.vectors for s in shards),
+            vector_bytes=sum(s.vectors * p["dimension"] * 4 for s, p in zip(shards, parts, strict=True)),
+            dimension=dim,
+            index_kind=kinds.pop() if len(kinds) == 1 else "mixed",
+            shards=shards,
+        )

@@ -18,8 +18,12 @@ from app.errors import BadRequestError
 
 
 class EmbeddingService:
-    def __init__(self, embed_texts: Callable[[list[str]], Awaitable[np.ndarray]],
-                 count_tokens: Callable[[list[str]], Awaitable[int]], model: str):
+    def __init__(
+        self,
+        embed_texts: Callable[[list[str]], Awaitable[np.ndarray]],
+        count_tokens: Callable[[list[str]], Awaitable[int]],
+        model: str,
+    ):
         self._embed = embed_texts
         self._count = count_tokens
         self.model = model
@@ -30,8 +34,9 @@ class EmbeddingService:
         size = vectors.shape[1] if vectors.ndim == 2 else 0
         if request.dimensions is not None:
             if request.dimensions > size:
-                raise BadRequestError(f"dimensions must be at most {size} for {self.model}, got {request.dimensions}",
-                                      param="dimensions")
+                raise BadRequestError(
+                    f"dimensions must be at most {size} for {self.model}, got {request.dimensions}", param="dimensions"
+                )
             vectors = vectors[:, : request.dimensions]
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             vectors = (vectors / np.where(norms == 0, 1.0, norms)).astype(np.float32)

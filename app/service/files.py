@@ -22,10 +22,26 @@ UPLOAD_PREFIX = "uploads"
 
 # Settings the playground shows. An allow-list, so a new secret setting is never shown by default.
 PUBLIC_SETTINGS = (
-    "llm_engine", "llm_model", "context_window", "default_max_tokens", "min_completion_tokens", "embedding_model",
-    "num_shards", "faiss_device", "faiss_index_kind", "faiss_index_params", "similarity_threshold", "top_k",
-    "chunk_size", "chunk_overlap", "context_token_ratio", "history_min_messages", "history_max_messages",
-    "budget_safety_ratio", "embedding_cache_size", "llm_timeout_s",
+    "llm_engine",
+    "llm_model",
+    "context_window",
+    "default_max_tokens",
+    "min_completion_tokens",
+    "embedding_model",
+    "num_shards",
+    "faiss_device",
+    "faiss_index_kind",
+    "faiss_index_params",
+    "similarity_threshold",
+    "top_k",
+    "chunk_size",
+    "chunk_overlap",
+    "context_token_ratio",
+    "history_min_messages",
+    "history_max_messages",
+    "budget_safety_ratio",
+    "embedding_cache_size",
+    "llm_timeout_s",
 )
 
 
@@ -47,7 +63,6 @@ def _upload_path(filename: str, path: str | None) -> str:
     return pure.as_posix()
 
 
-
 def _safe_url(url: str | None) -> str | None:
     """A URL without its user:password part (credentials are sometimes written into one)."""
     if not url:
@@ -58,16 +73,24 @@ def _safe_url(url: str | None) -> str | None:
     return urlunsplit(parts)
 
 
-
-async def index_file(docs: DocumentService, limits: RequestLimits, index: str, filename: str, data: bytes,
-                     path: str | None, mtime: float | None) -> UploadResponse:
+async def index_file(
+    docs: DocumentService,
+    limits: RequestLimits,
+    index: str,
+    filename: str,
+    data: bytes,
+    path: str | None,
+    mtime: float | None,
+) -> UploadResponse:
     """Convert ``data`` by ``filename``'s extension and index it under ``path`` (default
     ``uploads/<filename>``), deleting what an earlier version of the same path left behind."""
     rel = _upload_path(filename, path)
     if not is_supported(filename):
         raise UnsupportedMediaTypeError(
             f"unsupported file type {PurePosixPath(filename).suffix or filename!r}: send markdown, text, code, "
-            "HTML, PDF, DOCX or PPTX", param="filename")
+            "HTML, PDF, DOCX or PPTX",
+            param="filename",
+        )
     if not data:
         raise BadRequestError("the request body is empty: send the file's bytes", param="body")
     try:
@@ -82,8 +105,9 @@ async def index_file(docs: DocumentService, limits: RequestLimits, index: str, f
     if await docs.index_exists(index):
         offset = 0
         while True:  # every document an earlier upload of this path made (PDF pages)
-            page = await docs.list_documents(index, limit=100, offset=offset, max_text_length=0,
-                                             metadata_filter={"path": rel})
+            page = await docs.list_documents(
+                index, limit=100, offset=offset, max_text_length=0, metadata_filter={"path": rel}
+            )
             old += [d.doc_id for d in page.documents]
             offset += page.count
             if not page.count or offset >= page.total_items:
@@ -93,5 +117,12 @@ async def index_file(docs: DocumentService, limits: RequestLimits, index: str, f
     stale = [i for i in old if i not in keep]
     if stale:
         await docs.delete_documents(index, stale)
-    return UploadResponse(index_name=index, path=rel, title=converted.title, file_type=converted.file_type,
-                          doc_ids=[r.doc_id for r in records], deleted_doc_ids=stale, warnings=converted.warnings)
+    return UploadResponse(
+        index_name=index,
+        path=rel,
+        title=converted.title,
+        file_type=converted.file_type,
+        doc_ids=[r.doc_id for r in records],
+        deleted_doc_ids=stale,
+        warnings=converted.warnings,
+    )

@@ -33,7 +33,9 @@ class RequestLimits:
         if n > self.max_documents_per_request:
             raise PayloadTooLargeError(
                 f"{field}: {n} items in one request; at most {self.max_documents_per_request} "
-                "are accepted, send them in several requests", param=field)
+                "are accepted, send them in several requests",
+                param=field,
+            )
 
     def documents(self, texts: list[str], field: str = "documents") -> None:
         self.document_count(len(texts), field)
@@ -41,12 +43,15 @@ class RequestLimits:
             if len(text) > self.max_document_chars:
                 raise PayloadTooLargeError(
                     f"{field}[{i}].text has {len(text)} characters; at most {self.max_document_chars} are "
-                    "accepted, split the document", param=f"{field}[{i}].text")
+                    "accepted, split the document",
+                    param=f"{field}[{i}].text",
+                )
 
     def messages(self, n: int) -> None:
         if n > self.max_chat_messages:
-            raise BadRequestError(f"messages: {n} messages; at most {self.max_chat_messages} are accepted",
-                                  param="messages")
+            raise BadRequestError(
+                f"messages: {n} messages; at most {self.max_chat_messages} are accepted", param="messages"
+            )
 
     def top_k(self, value: int | None, field: str = "top_k") -> None:
         if value is not None and value > self.max_top_k:

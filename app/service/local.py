@@ -23,8 +23,9 @@ class EngineClient:
 
     async def start(self) -> None:
         await self.engine.start()
-        self._window = resolve_context_window(configured=self._configured, engine=self.engine.context_window(),
-                                              model=self.engine.model_id)
+        self._window = resolve_context_window(
+            configured=self._configured, engine=self.engine.context_window(), model=self.engine.model_id
+        )
 
     @property
     def model_id(self) -> str:

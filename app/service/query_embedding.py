@@ -27,8 +27,9 @@ from app.config import QueryEmbeddingSetting
 MAX_INGRESS_EMBEDDING_PARAMS = 200_000_000
 
 
-def choose_query_embedding(setting: QueryEmbeddingSetting, *, remote: bool, device: str,
-                           params: int | None) -> Literal["ingress", "deployment"]:
+def choose_query_embedding(
+    setting: QueryEmbeddingSetting, *, remote: bool, device: str, params: int | None
+) -> Literal["ingress", "deployment"]:
     """Where queries are embedded. ``auto``: in the ingress when the Embedder deployment runs a
     local model on the CPU with at most ``MAX_INGRESS_EMBEDDING_PARAMS`` parameters; otherwise in
     the deployment (a remote /v1/embeddings server, a model on a GPU, a large model). An explicit
@@ -70,9 +71,16 @@ class InProcessQueryEmbedder:
     ``on_lookup(hit)`` is told each cache lookup's outcome (the ingress counts them as metrics).
     """
 
-    def __init__(self, model: Encoder, documents: DocumentEmbedder, *, cache_size: int = 10_000,
-                 cache_ttl_s: float = 24 * 3600.0, max_batch: int = 32,
-                 on_lookup: Callable[[bool], None] | None = None):
+    def __init__(
+        self,
+        model: Encoder,
+        documents: DocumentEmbedder,
+        *,
+        cache_size: int = 10_000,
+        cache_ttl_s: float = 24 * 3600.0,
+        max_batch: int = 32,
+        on_lookup: Callable[[bool], None] | None = None,
+    ):
         self.model = model
         self._documents = documents
         self._cache: TTLCache[np.ndarray] = TTLCache(cache_size, cache_ttl_s)
@@ -115,7 +123,7 @@ class InProcessQueryEmbedder:
     async def _drain_waiting(self) -> None:
         loop = asyncio.get_running_loop()
         while self._waiting:
-            batch, self._waiting = self._waiting[:self._max_batch], self._waiting[self._max_batch:]
+            batch, self._waiting = self._waiting[: self._max_batch], self._waiting[self._max_batch :]
             texts = [t for t, _ in batch]
             self.model_calls += 1
             try:

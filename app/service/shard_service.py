@@ -42,8 +42,10 @@ def is_staging(index: str) -> bool:
 
 
 def dropped_while_writing(index: str) -> ConflictError:
-    return ConflictError(f"Index '{index}' was deleted or replaced while these documents were being written; "
-                         "none of them were kept. Retry to write them into the index as it is now.")
+    return ConflictError(
+        f"Index '{index}' was deleted or replaced while these documents were being written; "
+        "none of them were kept. Retry to write them into the index as it is now."
+    )
 
 
 class LayoutMismatchError(RuntimeError):
@@ -65,15 +67,17 @@ def check_layout(storage_dir: str | Path, num_shards: int) -> None:
         if recorded != num_shards:
             raise LayoutMismatchError(
                 f"{root} holds {recorded} shards but num_shards={num_shards}; use the same value, "
-                f"or persist each index and load it into a fresh storage_dir")
+                f"or persist each index and load it into a fresh storage_dir"
+            )
         return
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"num_shards": num_shards, "version": 1}))
     tmp.replace(path)
 
 
-def vector_options(faiss_kind: str = "flat", faiss_device: str = "cpu",
-                   faiss_params: dict[str, Any] | None = None) -> dict[str, Any]:
+def vector_options(
+    faiss_kind: str = "flat", faiss_device: str = "cpu", faiss_params: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """How a shard opens its vectors, as ``ShardService``'s keyword arguments: what a running shard
     reports (``open_options``) and what settings ask for compare equal exactly when they agree."""
     return {"faiss_kind": faiss_kind, "faiss_device": faiss_device, "faiss_params": dict(faiss_params or {})}
@@ -82,13 +86,25 @@ def vector_options(faiss_kind: str = "flat", faiss_device: str = "cpu",
 class ShardService:
     """The shard numbered ``shard_index`` of ``num_shards`` under ``storage_dir``."""
 
-    def __init__(self, storage_dir: str | Path, shard_index: int, num_shards: int, *, faiss_kind: str = "flat",
-                 faiss_device: str = "cpu", faiss_params: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        storage_dir: str | Path,
+        shard_index: int,
+        num_shards: int,
+        *,
+        faiss_kind: str = "flat",
+        faiss_device: str = "cpu",
+        faiss_params: dict[str, Any] | None = None,
+    ):
         self.shard_index = shard_index
         self.num_shards = num_shards
         self._open_options = vector_options(faiss_kind, faiss_device, faiss_params)
-        self._shard = Shard(shard_directory(storage_dir, shard_index), faiss_kind=faiss_kind,
-                            faiss_device=faiss_device, faiss_params=faiss_params)
+        self._shard = Shard(
+            shard_directory(storage_dir, shard_index),
+            faiss_kind=faiss_kind,
+            faiss_device=faiss_device,
+            faiss_params=faiss_params,
+        )
         for name in self._shard.list_indexes():  # loads that never finished (their service died)
             created = self._shard.created_at(name)
             if is_staging(name) and created is not None and time.time() - created > STAGING_MAX_AGE_S:
@@ -121,19 +137,29 @@ class ShardService:
     def drop_index(self, index: str, generation: int | None = None) -> bool:
         return self._shard.drop_index(index, generation)
 
-    def replace_index(self, staging: str, index: str, generation: int | None = None, overwrite: bool = True,
-                      dim: int | None = None, expect_staged: bool = False) -> int | None:
+    def replace_index(
+        self,
+        staging: str,
+        index: str,
+        generation: int | None = None,
+        overwrite: bool = True,
+        dim: int | None = None,
+        expect_staged: bool = False,
+    ) -> int | None:
         """Swap a load's staging copy in as ``index`` (``Shard.replace_index``); 409 when it exists
         and ``overwrite`` is false (asked of the home shard first, before any other changes), or
         when the staging copy this shard imported is gone."""
         try:
-            return self._shard.replace_index(staging, index, generation=generation, overwrite=overwrite, dim=dim,
-                                             expect_staged=expect_staged)
+            return self._shard.replace_index(
+                staging, index, generation=generation, overwrite=overwrite, dim=dim, expect_staged=expect_staged
+            )
         except IndexExistsError as e:
             raise ConflictError(f"Index {index} already exists; pass overwrite=true to replace it.") from e
         except IndexNotFoundError as e:
-            raise ConflictError(f"The load of index {index} was interrupted (shard {self.shard_index} lost its "
-                                "imported copy); retry the load") from e
+            raise ConflictError(
+                f"The load of index {index} was interrupted (shard {self.shard_index} lost its "
+                "imported copy); retry the load"
+            ) from e
 
     def verify(self) -> list[str]:
         """The shard's self-check (``Shard.verify``): empty when healthy."""
@@ -169,12 +195,19 @@ class ShardService:
         except IndexNotFoundError:
             return {}
 
-    def upsert_documents(self, index: str, docs: list[DocumentWrite], only_existing: bool = False,
-                         generation: int | None = None, if_absent: bool = False) -> list[str]:
+    def upsert_documents(
+        self,
+        index: str,
+        docs: list[DocumentWrite],
+        only_existing: bool = False,
+        generation: int | None = None,
+        if_absent: bool = False,
+    ) -> list[str]:
         """``Shard.upsert_documents``; a write for a dropped or replaced generation is a 409."""
         try:
-            return self._shard.upsert_documents(index, docs, only_existing=only_existing, if_absent=if_absent,
-                                                generation=generation)
+            return self._shard.upsert_documents(
+                index, docs, only_existing=only_existing, if_absent=if_absent, generation=generation
+            )
         except IndexDroppedError as e:
             raise dropped_while_writing(index) from e
 
@@ -184,30 +217,55 @@ class ShardService:
         except IndexNotFoundError:
             return [], list(dict.fromkeys(doc_ids))
 
-    def list_documents(self, index: str, *, limit: int, offset: int, max_text_length: int | None,
-                       metadata_filter: dict[str, Any] | None) -> tuple[list[StoredDocument], int]:
+    def list_documents(
+        self,
+        index: str,
+        *,
+        limit: int,
+        offset: int,
+        max_text_length: int | None,
+        metadata_filter: dict[str, Any] | None,
+    ) -> tuple[list[StoredDocument], int]:
         try:
-            return self._shard.list_documents(index, limit=limit, offset=offset, max_text_length=max_text_length,
-                                              metadata_filter=metadata_filter)
+            return self._shard.list_documents(
+                index, limit=limit, offset=offset, max_text_length=max_text_length, metadata_filter=metadata_filter
+            )
         except IndexNotFoundError:
             return [], 0
 
-    def search(self, index: str, vector: np.ndarray, k: int,
-               metadata_filter: dict[str, Any] | None = None) -> list[SearchHit] | None:
+    def search(
+        self, index: str, vector: np.ndarray, k: int, metadata_filter: dict[str, Any] | None = None
+    ) -> list[SearchHit] | None:
         """Hits, or None when this shard has no such index (so a search needs no existence check)."""
         try:
             return self._shard.search(index, vector, k, metadata_filter=metadata_filter)
         except IndexNotFoundError:
             return None
 
-    def search_candidates(self, index: str, vector: np.ndarray, text: str, k: int, mode: str = "hybrid",
-                          metadata_filter: dict[str, Any] | None = None,
-                          min_match: float = 0.0, max_postings: int | None = None) -> SearchCandidates | None:
+    def search_candidates(
+        self,
+        index: str,
+        vector: np.ndarray,
+        text: str,
+        k: int,
+        mode: str = "hybrid",
+        metadata_filter: dict[str, Any] | None = None,
+        min_match: float = 0.0,
+        max_postings: int | None = None,
+    ) -> SearchCandidates | None:
         """A retrieval's dense and lexical candidates in one call (``Shard.search_candidates``), or
         None when this shard has no such index."""
         try:
-            return self._shard.search_candidates(index, vector, text, k, mode=mode, metadata_filter=metadata_filter,
-                                                 min_match=min_match, max_postings=max_postings)
+            return self._shard.search_candidates(
+                index,
+                vector,
+                text,
+                k,
+                mode=mode,
+                metadata_filter=metadata_filter,
+                min_match=min_match,
+                max_postings=max_postings,
+            )
         except IndexNotFoundError:
             return None
 
@@ -222,8 +280,7 @@ class ShardService:
             dim = self._shard.dim(index)
             docs = self._shard.export_index(index, dest)
         except IndexNotFoundError as e:
-            raise ConflictError(f"Index '{index}' was deleted while it was being persisted; nothing was "
-                                "written") from e
+            raise ConflictError(f"Index '{index}' was deleted while it was being persisted; nothing was written") from e
         return {"file": dest.name if docs or dest.exists() else None, "documents": docs, "dim": dim}
 
     def import_parts(self, index: str, part_files: list[str]) -> int:
@@ -248,8 +305,11 @@ class ShardService:
                     self._shard.upsert_documents(index, batch)
                     imported += len(batch)
             except (sqlite3.DatabaseError, ValueError, KeyError, TypeError) as e:
-                raise BadRequestError(f"snapshot part {Path(f).name!r} is unreadable ({e}); the snapshot is "
-                                      "damaged or incomplete, nothing was loaded", param="path") from e
+                raise BadRequestError(
+                    f"snapshot part {Path(f).name!r} is unreadable ({e}); the snapshot is "
+                    "damaged or incomplete, nothing was loaded",
+                    param="path",
+                ) from e
         return imported
 
     def snapshot(self) -> None:

@@ -55,24 +55,46 @@ class Services:
         return out
 
 
-def build_services(settings: Settings, *, pool: ShardPool, embedder: TokenCountingEmbedder, llm: LanguageModel,
-                   embedding_model: str, embedding_tokenizer: Any | None = None, telemetry: Telemetry | None = None,
-                   health: Callable[[], Awaitable[dict[str, Any]]] | None = None,
-                   metrics_text: Callable[[], Awaitable[str]] | None = None) -> Services:
+def build_services(
+    settings: Settings,
+    *,
+    pool: ShardPool,
+    embedder: TokenCountingEmbedder,
+    llm: LanguageModel,
+    embedding_model: str,
+    embedding_tokenizer: Any | None = None,
+    telemetry: Telemetry | None = None,
+    health: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    metrics_text: Callable[[], Awaitable[str]] | None = None,
+) -> Services:
     """Assemble the services over the given edges.
 
     ``embedding_tokenizer`` is the embedding model's Hugging Face tokenizer: chunk sizes are counted
     in its tokens, the ones that matter for the embedder's window. Without one (a remote embedder)
     they are estimated."""
-    count = (hf_token_counter(embedding_tokenizer) if embedding_tokenizer is not None
-             else ApproxTokenCounter("no tokenizer for the remote embedding model").count_text)
+    count = (
+        hf_token_counter(embedding_tokenizer)
+        if embedding_tokenizer is not None
+        else ApproxTokenCounter("no tokenizer for the remote embedding model").count_text
+    )
     chunker = DocumentChunker(count, settings.chunk_size, settings.chunk_overlap)
     reranker = CrossEncoderReranker(settings.reranker_model) if settings.reranker_model else None
-    documents = DocumentService(pool, embedder, chunker, storage_dir=settings.storage_dir,
-                                embedding_model=embedding_model, retrieval=RetrievalOptions.from_settings(settings),
-                                reranker=reranker)
+    documents = DocumentService(
+        pool,
+        embedder,
+        chunker,
+        storage_dir=settings.storage_dir,
+        embedding_model=embedding_model,
+        retrieval=RetrievalOptions.from_settings(settings),
+        reranker=reranker,
+    )
     return Services(
-        settings=settings, documents=documents, chat=ChatService(settings, documents, llm),
+        settings=settings,
+        documents=documents,
+        chat=ChatService(settings, documents, llm),
         embeddings=EmbeddingService(embedder.embed_documents, embedder.count_tokens, embedding_model),
-        limits=RequestLimits.from_settings(settings), telemetry=telemetry or NullTelemetry(), health=health,
-        metrics_text=metrics_text)
+        limits=RequestLimits.from_settings(settings),
+        telemetry=telemetry or NullTelemetry(),
+        health=health,
+        metrics_text=metrics_text,
+    )

@@ -41,14 +41,21 @@ def export_index(db_path: Path, index: str, dim: int, dest: Path) -> int:
         conn.execute("PRAGMA exp.journal_mode=DELETE")
         conn.executescript(_EXPORT_DDL)
         conn.execute("BEGIN")
-        conn.executemany("INSERT INTO exp.info (key, value) VALUES (?, ?)",
-                         [("format", str(EXPORT_FORMAT)), ("dim", str(dim)), ("index_name", index)])
-        conn.execute("INSERT INTO exp.documents (seq, doc_id, text, metadata, hash_value) "
-                     "SELECT seq, doc_id, text, metadata, hash_value FROM main.documents WHERE index_name = ?",
-                     (index,))
-        conn.execute("INSERT INTO exp.chunks (doc_id, node_id, chunk_index, text, vector) "
-                     "SELECT doc_id, node_id, chunk_index, text, vector FROM main.chunks WHERE index_name = ? "
-                     "ORDER BY id", (index,))
+        conn.executemany(
+            "INSERT INTO exp.info (key, value) VALUES (?, ?)",
+            [("format", str(EXPORT_FORMAT)), ("dim", str(dim)), ("index_name", index)],
+        )
+        conn.execute(
+            "INSERT INTO exp.documents (seq, doc_id, text, metadata, hash_value) "
+            "SELECT seq, doc_id, text, metadata, hash_value FROM main.documents WHERE index_name = ?",
+            (index,),
+        )
+        conn.execute(
+            "INSERT INTO exp.chunks (doc_id, node_id, chunk_index, text, vector) "
+            "SELECT doc_id, node_id, chunk_index, text, vector FROM main.chunks WHERE index_name = ? "
+            "ORDER BY id",
+            (index,),
+        )
         count = conn.execute("SELECT COUNT(*) FROM exp.documents").fetchone()[0]
         conn.execute("COMMIT")
         conn.execute("CREATE INDEX exp.chunks_by_doc ON chunks (doc_id, chunk_index)")
@@ -66,8 +73,9 @@ def read_export(src_file: str | Path) -> tuple[int, Iterator[DocumentWrite]]:
     that writes, so any number of shards can read the same part at once. Opening it like a shard
     database (WAL, ``journal_mode`` set on open) made concurrent readers fail with "database is
     locked"."""
-    conn = sqlite3.connect(f"{Path(src_file).resolve().as_uri()}?mode=ro&immutable=1", uri=True,
-                           check_same_thread=False)
+    conn = sqlite3.connect(
+        f"{Path(src_file).resolve().as_uri()}?mode=ro&immutable=1", uri=True, check_same_thread=False
+    )
     info = dict(conn.execute("SELECT key, value FROM info").fetchall())
     if int(info.get("format", 0)) != EXPORT_FORMAT:
         conn.close()
@@ -78,11 +86,13 @@ def read_export(src_file: str | Path) -> tuple[int, Iterator[DocumentWrite]]:
         try:
             docs = conn.execute("SELECT doc_id, text, metadata, hash_value FROM documents ORDER BY seq").fetchall()
             for doc_id, text, meta, h in docs:
-                chunks = [ChunkWrite(node_id=n, chunk_index=i, text=t,
-                                     vector=np.frombuffer(v, dtype=np.float32).copy())
-                          for n, i, t, v in conn.execute(
-                              "SELECT node_id, chunk_index, text, vector FROM chunks WHERE doc_id = ? "
-                              "ORDER BY chunk_index", (doc_id,))]
+                chunks = [
+                    ChunkWrite(node_id=n, chunk_index=i, text=t, vector=np.frombuffer(v, dtype=np.float32).copy())
+                    for n, i, t, v in conn.execute(
+                        "SELECT node_id, chunk_index, text, vector FROM chunks WHERE doc_id = ? ORDER BY chunk_index",
+                        (doc_id,),
+                    )
+                ]
                 yield DocumentWrite(doc_id=doc_id, text=text, metadata=json.loads(meta), hash_value=h, chunks=chunks)
         finally:
             conn.close()

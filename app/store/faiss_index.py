@@ -33,8 +33,15 @@ class VectorIndex:
     at search time until a rebuild drops them).
     """
 
-    def __init__(self, dim: int, spec: IndexSpec, index: Any | None = None, *, trained_size: int = 0,
-                 deleted: set[int] | None = None):
+    def __init__(
+        self,
+        dim: int,
+        spec: IndexSpec,
+        index: Any | None = None,
+        *,
+        trained_size: int = 0,
+        deleted: set[int] | None = None,
+    ):
         self.dim = dim
         self.spec = spec
         self.index = index if index is not None else self._empty()
@@ -71,9 +78,14 @@ class VectorIndex:
         else:  # a trained IVF index keeps its ids in the inverted lists
             ivf = faiss.extract_index_ivf(index)
             lists = ivf.invlists
-            found = np.concatenate([np.zeros(0, dtype=np.int64)] + [
-                faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).astype(np.int64).copy()
-                for i in range(ivf.nlist) if lists.list_size(i)])
+            found = np.concatenate(
+                [np.zeros(0, dtype=np.int64)]
+                + [
+                    faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).astype(np.int64).copy()
+                    for i in range(ivf.nlist)
+                    if lists.list_size(i)
+                ]
+            )
         if self.deleted:
             found = found[~np.isin(found, np.fromiter(self.deleted, dtype=np.int64))]
         return found
@@ -166,8 +178,10 @@ def save_snapshot(directory: Path, index: str, vectors: VectorIndex, seq: int) -
     tmp.replace(data_path)
     meta_tmp = meta_path.with_suffix(".json.tmp")
     with open(meta_tmp, "w") as f:
-        json.dump({"index": index, "seq": seq, "ntotal": int(faiss_index.ntotal), "file": data_path.name,
-                   **vectors.state()}, f)
+        json.dump(
+            {"index": index, "seq": seq, "ntotal": int(faiss_index.ntotal), "file": data_path.name, **vectors.state()},
+            f,
+        )
         f.flush()
         os.fsync(f.fileno())
     meta_tmp.replace(meta_path)
@@ -186,8 +200,9 @@ def load_snapshot(directory: Path, index: str, dim: int, spec: IndexSpec) -> tup
         return None
     if loaded.d != dim or loaded.ntotal != meta.get("ntotal"):
         return None
-    vectors = VectorIndex(dim, spec, loaded, trained_size=int(meta.get("trained_size", 0)),
-                          deleted=set(meta.get("deleted", [])))
+    vectors = VectorIndex(
+        dim, spec, loaded, trained_size=int(meta.get("trained_size", 0)), deleted=set(meta.get("deleted", []))
+    )
     return vectors, int(meta["seq"])
 
 

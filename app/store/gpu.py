@@ -28,8 +28,10 @@ def resolve_faiss_device(setting: str) -> str:
         return "gpu" if gpu_count() > 0 else "cpu"
     if setting == "gpu":
         if gpu_count() == 0:
-            raise RuntimeError("faiss_device 'gpu' needs faiss-gpu and a visible CUDA device; "
-                               "install the gpu extra or set faiss_device to 'cpu' or 'auto'")
+            raise RuntimeError(
+                "faiss_device 'gpu' needs faiss-gpu and a visible CUDA device; "
+                "install the gpu extra or set faiss_device to 'cpu' or 'auto'"
+            )
         return "gpu"
     raise ValueError(f"faiss_device must be cpu, gpu or auto, not {setting!r}")
 

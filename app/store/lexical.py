@@ -103,8 +103,10 @@ def create_lexical_index(conn: sqlite3.Connection) -> bool:
     """Create the FTS5 table and its triggers when absent; a table created over existing chunk rows
     is filled from them (the migration of a shard written before the lexical index existed).
     True when it was created now."""
-    exists = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                          (FTS_TABLE,)).fetchone() is not None
+    exists = (
+        conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (FTS_TABLE,)).fetchone()
+        is not None
+    )
     conn.executescript(FTS_DDL)
     if not exists:
         conn.execute(f"INSERT INTO {FTS_TABLE} ({FTS_TABLE}) VALUES ('rebuild')")

@@ -71,12 +71,19 @@ log = logging.getLogger("ragserve.store")
 
 def _chunks(seq: list[Any], size: int = _SQL_VARS) -> Iterator[list[Any]]:
     for i in range(0, len(seq), size):
-        yield seq[i:i + size]
+        yield seq[i : i + size]
 
 
 class Shard:
-    def __init__(self, directory: str | Path, *, faiss_kind: str = "flat", snapshot_every: int = 1000,
-                 faiss_device: str = "cpu", faiss_params: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        faiss_kind: str = "flat",
+        snapshot_every: int = 1000,
+        faiss_device: str = "cpu",
+        faiss_params: dict[str, Any] | None = None,
+    ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.db_path = self.directory / DB_FILE
@@ -105,8 +112,11 @@ class Shard:
             fidx = self._open_faiss(name, dim)
             problems = self._vector_problems(name, fidx)
             if problems:
-                log.warning("the FAISS index of %r disagrees with SQLite (%s): rebuilding it from SQLite",
-                            name, "; ".join(problems[:3]))
+                log.warning(
+                    "the FAISS index of %r disagrees with SQLite (%s): rebuilding it from SQLite",
+                    name,
+                    "; ".join(problems[:3]),
+                )
                 remove_snapshot(self.snapshot_dir, name)  # not to be loaded again
                 fidx = self._rebuild(name, dim)
             self._faiss[name] = fidx
@@ -155,7 +165,8 @@ class Shard:
         adds: dict[int, None] = {}  # ordered set
         dels: list[int] = []
         rows = self._write.execute(
-            "SELECT op, chunk_id FROM changes WHERE index_name = ? AND seq > ? ORDER BY seq", (index, seq))
+            "SELECT op, chunk_id FROM changes WHERE index_name = ? AND seq > ? ORDER BY seq", (index, seq)
+        )
         for op, chunk_id in rows:
             if op == "add":
                 adds[chunk_id] = None
@@ -184,13 +195,15 @@ class Shard:
         if fidx.wants_training(n):
             size = min(n, max(fidx.spec.training_threshold(), 64 * fidx.spec.lists_for(n)))
             sample = self._write.execute(
-                "SELECT vector FROM chunks WHERE index_name = ? ORDER BY RANDOM() LIMIT ?", (index, size)).fetchall()
+                "SELECT vector FROM chunks WHERE index_name = ? ORDER BY RANDOM() LIMIT ?", (index, size)
+            ).fetchall()
             fidx.train(vectors_from_blobs([r[0] for r in sample], dim), n)
         last = 0
         while True:
             rows = self._write.execute(
                 "SELECT id, vector FROM chunks WHERE index_name = ? AND id > ? ORDER BY id LIMIT ?",
-                (index, last, _REBUILD_BATCH)).fetchall()
+                (index, last, _REBUILD_BATCH),
+            ).fetchall()
             if not rows:
                 break
             ids = np.asarray([r[0] for r in rows], dtype=np.int64)
@@ -217,8 +230,9 @@ class Shard:
 
     def _vector_problems(self, index: str, fidx: VectorIndex | None) -> list[str]:
         """What is wrong between the chunk rows of ``index`` and its FAISS vectors (empty: nothing)."""
-        rows = np.asarray([r[0] for r in self._write.execute(
-            "SELECT id FROM chunks WHERE index_name = ?", (index,))], dtype=np.int64)
+        rows = np.asarray(
+            [r[0] for r in self._write.execute("SELECT id FROM chunks WHERE index_name = ?", (index,))], dtype=np.int64
+        )
         if fidx is None:
             return [f"{index!r}: no FAISS index for {len(rows)} chunk rows"]
         ids = fidx.ids()
@@ -246,12 +260,14 @@ class Shard:
             problems: list[str] = []
             for table in ("chunks", "documents"):
                 for name, n in self._write.execute(
-                        f"SELECT index_name, COUNT(*) FROM {table} WHERE index_name NOT IN "
-                        "(SELECT name FROM indexes) GROUP BY index_name"):
+                    f"SELECT index_name, COUNT(*) FROM {table} WHERE index_name NOT IN "
+                    "(SELECT name FROM indexes) GROUP BY index_name"
+                ):
                     problems.append(f"{n} {table} rows of {name!r}, which is not an index")
             n = self._write.execute(
                 "SELECT COUNT(*) FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM documents d WHERE "
-                "d.index_name = c.index_name AND d.doc_id = c.doc_id)").fetchone()[0]
+                "d.index_name = c.index_name AND d.doc_id = c.doc_id)"
+            ).fetchone()[0]
             if n:
                 problems.append(f"{n} chunk rows without their document")
             for index in sorted(self._dims):
@@ -285,8 +301,9 @@ class Shard:
             fidx = self._faiss.get(index)
             if fidx is None:
                 return
-            seq = self._write.execute("SELECT COALESCE(MAX(seq), 0) FROM changes WHERE index_name = ?",
-                                      (index,)).fetchone()[0]
+            seq = self._write.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM changes WHERE index_name = ?", (index,)
+            ).fetchone()[0]
             save_snapshot(self.snapshot_dir, index, fidx, seq)
             self._write.execute("DELETE FROM changes WHERE index_name = ? AND seq <= ?", (index, seq))
             self._pending[index] = 0
@@ -302,8 +319,11 @@ class Shard:
 
     @staticmethod
     def _tombstone(db: sqlite3.Connection, index: str, generation: int) -> None:
-        db.execute("INSERT INTO dropped_indexes (name, generation) VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
-                   "SET generation = MAX(generation, excluded.generation)", (index, generation))
+        db.execute(
+            "INSERT INTO dropped_indexes (name, generation) VALUES (?, ?) ON CONFLICT (name) DO UPDATE "
+            "SET generation = MAX(generation, excluded.generation)",
+            (index, generation),
+        )
 
     @staticmethod
     def _delete_rows(db: sqlite3.Connection, index: str) -> None:
@@ -364,8 +384,10 @@ class Shard:
                 return self._gens[index]
             gen = self._next_generation(index)
             with self._transaction() as db:
-                db.execute("INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
-                           (index, dim, time.time(), gen))
+                db.execute(
+                    "INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
+                    (index, dim, time.time(), gen),
+                )
             self._install(index, dim, gen)
             return gen
 
@@ -391,8 +413,16 @@ class Shard:
                 self._forget(index)
             return dropped
 
-    def replace_index(self, staging: str, index: str, *, generation: int | None = None, overwrite: bool = True,
-                      dim: int | None = None, expect_staged: bool = False) -> int | None:
+    def replace_index(
+        self,
+        staging: str,
+        index: str,
+        *,
+        generation: int | None = None,
+        overwrite: bool = True,
+        dim: int | None = None,
+        expect_staged: bool = False,
+    ) -> int | None:
         """Swap the fully imported index ``staging`` in as ``index``, in one transaction (a load).
 
         Without ``generation`` (the home shard) a new generation is allocated here, and an existing
@@ -429,18 +459,26 @@ class Shard:
                     self._tombstone(db, index, held)
                 if sdim is not None:
                     if merge:  # writers of this generation got here first: their documents win
-                        db.execute("DELETE FROM chunks WHERE index_name = ? AND doc_id IN "
-                                   "(SELECT doc_id FROM documents WHERE index_name = ?)", (staging, index))
-                        db.execute("DELETE FROM documents WHERE index_name = ? AND doc_id IN "
-                                   "(SELECT doc_id FROM documents WHERE index_name = ?)", (staging, index))
+                        db.execute(
+                            "DELETE FROM chunks WHERE index_name = ? AND doc_id IN "
+                            "(SELECT doc_id FROM documents WHERE index_name = ?)",
+                            (staging, index),
+                        )
+                        db.execute(
+                            "DELETE FROM documents WHERE index_name = ? AND doc_id IN "
+                            "(SELECT doc_id FROM documents WHERE index_name = ?)",
+                            (staging, index),
+                        )
                         db.execute("DELETE FROM indexes WHERE name = ?", (staging,))
                     else:
                         db.execute("UPDATE indexes SET name = ?, generation = ? WHERE name = ?", (index, gen, staging))
                     for table in ("chunks", "documents", "changes"):
                         db.execute(f"UPDATE {table} SET index_name = ? WHERE index_name = ?", (index, staging))
                 elif not merge:
-                    db.execute("INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
-                               (index, new_dim, time.time(), gen))
+                    db.execute(
+                        "INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
+                        (index, new_dim, time.time(), gen),
+                    )
                 db.execute("UPDATE indexes SET origin = ? WHERE name = ?", (staging, index))
             staged = self._faiss.get(staging)
             if sdim is not None:
@@ -481,8 +519,15 @@ class Shard:
         return self._reader().execute("SELECT COUNT(*) FROM chunks WHERE index_name = ?", (index,)).fetchone()[0]
 
     # --- writes -------------------------------------------------------------------------------
-    def upsert_documents(self, index: str, docs: list[DocumentWrite], *, only_existing: bool = False,
-                         if_absent: bool = False, generation: int | None = None) -> list[str]:
+    def upsert_documents(
+        self,
+        index: str,
+        docs: list[DocumentWrite],
+        *,
+        only_existing: bool = False,
+        if_absent: bool = False,
+        generation: int | None = None,
+    ) -> list[str]:
         """Insert or replace documents with their chunks, in one transaction; returns the doc ids
         written. ``only_existing`` (updates) skips documents that are no longer there when the
         transaction runs, so an update racing a delete cannot bring the document back.
@@ -526,34 +571,48 @@ class Shard:
                     self._delete_rows(db, index)
                     self._tombstone(db, index, held)
                 if create:
-                    db.execute("INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
-                               (index, dim, now, gen))
+                    db.execute(
+                        "INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
+                        (index, dim, now, gen),
+                    )
                 elif held == 0 and generation:  # an index from before generations: adopt the writer's
                     db.execute("UPDATE indexes SET generation = ? WHERE name = ?", (generation, index))
                 if (only_existing or if_absent) and not create:
                     present: dict[str, str] = {}
                     for part in _chunks([d.doc_id for d in docs]):
                         marks = ",".join("?" * len(part))
-                        present.update(db.execute(
-                            f"SELECT doc_id, hash_value FROM documents WHERE index_name = ? AND doc_id IN ({marks})",
-                            (index, *part)).fetchall())
+                        present.update(
+                            db.execute(
+                                "SELECT doc_id, hash_value FROM documents "
+                                f"WHERE index_name = ? AND doc_id IN ({marks})",
+                                (index, *part),
+                            ).fetchall()
+                        )
                     docs = [d for d in docs if (d.doc_id in present) == only_existing]
                 doc_ids = [d.doc_id for d in docs]
                 old_ids: list[int] = []
                 for part in _chunks(doc_ids):
                     marks = ",".join("?" * len(part))
-                    old_ids += [r[0] for r in db.execute(
-                        f"SELECT id FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))]
+                    old_ids += [
+                        r[0]
+                        for r in db.execute(
+                            f"SELECT id FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part)
+                        )
+                    ]
                     db.execute(f"DELETE FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))
-                db.executemany("INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'del', ?)",
-                               [(index, i) for i in old_ids])
+                db.executemany(
+                    "INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'del', ?)", [(index, i) for i in old_ids]
+                )
                 db.executemany(
                     "INSERT INTO documents (index_name, doc_id, text, metadata, hash_value, updated_at) "
                     "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (index_name, doc_id) DO UPDATE SET "
                     "text = excluded.text, metadata = excluded.metadata, hash_value = excluded.hash_value, "
                     "updated_at = excluded.updated_at",
-                    [(index, d.doc_id, d.text, json.dumps(d.metadata, ensure_ascii=False), d.hash_value, now)
-                     for d in docs])
+                    [
+                        (index, d.doc_id, d.text, json.dumps(d.metadata, ensure_ascii=False), d.hash_value, now)
+                        for d in docs
+                    ],
+                )
                 new_ids: list[int] = []
                 vectors: list[np.ndarray] = []
                 for d in docs:
@@ -561,13 +620,15 @@ class Shard:
                         vec = np.ascontiguousarray(c.vector, dtype=np.float32).reshape(dim)
                         cur = db.execute(
                             "INSERT INTO chunks (index_name, doc_id, node_id, chunk_index, text, vector) "
-                            "VALUES (?, ?, ?, ?, ?, ?)", (index, d.doc_id, c.node_id, c.chunk_index, c.text,
-                                                          vec.tobytes()))
+                            "VALUES (?, ?, ?, ?, ?, ?)",
+                            (index, d.doc_id, c.node_id, c.chunk_index, c.text, vec.tobytes()),
+                        )
                         assert cur.lastrowid is not None  # an INSERT into a rowid table always sets it
                         new_ids.append(cur.lastrowid)
                         vectors.append(vec)
-                db.executemany("INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'add', ?)",
-                               [(index, i) for i in new_ids])
+                db.executemany(
+                    "INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'add', ?)", [(index, i) for i in new_ids]
+                )
             # committed; still under the write lock, so FAISS follows in commit order
             if stale:
                 self._forget(index)
@@ -588,14 +649,23 @@ class Shard:
                 removed: list[int] = []
                 for part in _chunks(unique):
                     marks = ",".join("?" * len(part))
-                    present |= {r[0] for r in db.execute(
-                        f"SELECT doc_id FROM documents WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))}
-                    removed += [r[0] for r in db.execute(
-                        f"SELECT id FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))]
+                    present |= {
+                        r[0]
+                        for r in db.execute(
+                            f"SELECT doc_id FROM documents WHERE index_name = ? AND doc_id IN ({marks})", (index, *part)
+                        )
+                    }
+                    removed += [
+                        r[0]
+                        for r in db.execute(
+                            f"SELECT id FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part)
+                        )
+                    ]
                     db.execute(f"DELETE FROM chunks WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))
                     db.execute(f"DELETE FROM documents WHERE index_name = ? AND doc_id IN ({marks})", (index, *part))
-                db.executemany("INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'del', ?)",
-                               [(index, i) for i in removed])
+                db.executemany(
+                    "INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'del', ?)", [(index, i) for i in removed]
+                )
             if removed:
                 self._apply_faiss(index, removed, [], [])
                 self._after_write_locked(index, len(removed))
@@ -608,8 +678,10 @@ class Shard:
         for part in _chunks(list(dict.fromkeys(hashes))):
             marks = ",".join("?" * len(part))
             for h, doc_id in self._reader().execute(
-                    f"SELECT hash_value, doc_id FROM documents WHERE index_name = ? AND hash_value IN ({marks}) "
-                    "ORDER BY seq", (index, *part)):
+                f"SELECT hash_value, doc_id FROM documents WHERE index_name = ? AND hash_value IN ({marks}) "
+                "ORDER BY seq",
+                (index, *part),
+            ):
                 found.setdefault(h, doc_id)
         return found
 
@@ -619,13 +691,22 @@ class Shard:
         for part in _chunks(list(dict.fromkeys(doc_ids))):
             marks = ",".join("?" * len(part))
             for doc_id, text, meta, h in self._reader().execute(
-                    f"SELECT doc_id, text, metadata, hash_value FROM documents WHERE index_name = ? "
-                    f"AND doc_id IN ({marks})", (index, *part)):
+                f"SELECT doc_id, text, metadata, hash_value FROM documents WHERE index_name = ? "
+                f"AND doc_id IN ({marks})",
+                (index, *part),
+            ):
                 out[doc_id] = StoredDocument(doc_id, text, json.loads(meta), h)
         return out
 
-    def list_documents(self, index: str, *, limit: int = 10, offset: int = 0, max_text_length: int | None = 1000,
-                       metadata_filter: dict[str, Any] | None = None) -> tuple[list[StoredDocument], int]:
+    def list_documents(
+        self,
+        index: str,
+        *,
+        limit: int = 10,
+        offset: int = 0,
+        max_text_length: int | None = 1000,
+        metadata_filter: dict[str, Any] | None = None,
+    ) -> tuple[list[StoredDocument], int]:
         """A page in insertion order and the total number of matching documents."""
         self._require(index)
         if not 1 <= limit <= MAX_LIST_PAGE:
@@ -638,18 +719,24 @@ class Shard:
         db = self._reader()
         db.execute("BEGIN")  # one snapshot for the count and the page
         try:
-            total = db.execute(f"SELECT COUNT(*) FROM documents WHERE index_name = ? AND {cond}",
-                               (index, *params)).fetchone()[0]
+            total = db.execute(
+                f"SELECT COUNT(*) FROM documents WHERE index_name = ? AND {cond}", (index, *params)
+            ).fetchone()[0]
             rows = db.execute(
                 f"SELECT doc_id, text, metadata, hash_value FROM documents WHERE index_name = ? AND {cond} "
-                "ORDER BY seq LIMIT ? OFFSET ?", (index, *params, limit, offset)).fetchall()
+                "ORDER BY seq LIMIT ? OFFSET ?",
+                (index, *params, limit, offset),
+            ).fetchall()
         finally:
             db.execute("COMMIT")
         docs = []
         for doc_id, text, meta, h in rows:
             truncated = max_text_length is not None and len(text) > max_text_length
-            docs.append(StoredDocument(doc_id, text[:max_text_length] if truncated else text, json.loads(meta), h,
-                                       is_truncated=truncated))
+            docs.append(
+                StoredDocument(
+                    doc_id, text[:max_text_length] if truncated else text, json.loads(meta), h, is_truncated=truncated
+                )
+            )
         return docs, total
 
     def _query_vector(self, index: str, vector: np.ndarray, k: int) -> np.ndarray:
@@ -661,16 +748,22 @@ class Shard:
             raise DimensionMismatchError(f"index {index!r} holds {dim}-d vectors, query is {query.shape[1]}-d")
         return query
 
-    def _dense(self, index: str, query: np.ndarray, k: int,
-               metadata_filter: dict[str, Any] | None) -> list[tuple[int, float]] | None:
+    def _dense(
+        self, index: str, query: np.ndarray, k: int, metadata_filter: dict[str, Any] | None
+    ) -> list[tuple[int, float]] | None:
         """(chunk id, cosine) of the top ``k`` by FAISS; None when the filter matches nothing. A
         filter selects ids in SQLite first and FAISS scores only those, so it never starves the result."""
         allowed = None
         if metadata_filter:
             cond, args = filter_sql(metadata_filter, "d.metadata")
-            ids = [r[0] for r in self._reader().execute(
-                "SELECT c.id FROM chunks c JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
-                f"WHERE c.index_name = ? AND {cond}", (index, *args))]
+            ids = [
+                r[0]
+                for r in self._reader().execute(
+                    "SELECT c.id FROM chunks c JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
+                    f"WHERE c.index_name = ? AND {cond}",
+                    (index, *args),
+                )
+            ]
             if not ids:
                 return None
             allowed = ids
@@ -681,8 +774,9 @@ class Shard:
             if fidx.ntotal == 0:
                 return []
             if self._gpu is not None and allowed is None and fidx.gpu_mirrorable:
-                scores, ids_found = self._gpu.search(index, fidx.index, self._versions.get(index, 0), query,
-                                                     min(k, fidx.ntotal))
+                scores, ids_found = self._gpu.search(
+                    index, fidx.index, self._versions.get(index, 0), query, min(k, fidx.ntotal)
+                )
             else:
                 scores, ids_found = fidx.search(query, k, allowed)
         return [(int(i), float(s)) for i, s in zip(ids_found[0], scores[0], strict=True) if i >= 0]
@@ -694,25 +788,35 @@ class Shard:
         extra = ", c.vector" if vectors else ""
         for part in _chunks(ids):
             marks = ",".join("?" * len(part))
-            rows.update((r[0], r) for r in self._reader().execute(
-                f"SELECT c.id, c.doc_id, c.node_id, c.chunk_index, c.text, d.metadata{extra} FROM chunks c "
-                "JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
-                f"WHERE c.id IN ({marks})", part))
+            rows.update(
+                (r[0], r)
+                for r in self._reader().execute(
+                    f"SELECT c.id, c.doc_id, c.node_id, c.chunk_index, c.text, d.metadata{extra} FROM chunks c "
+                    "JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
+                    f"WHERE c.id IN ({marks})",
+                    part,
+                )
+            )
         return rows
 
-    def search(self, index: str, vector: np.ndarray, k: int,
-               metadata_filter: dict[str, Any] | None = None) -> list[SearchHit]:
+    def search(
+        self, index: str, vector: np.ndarray, k: int, metadata_filter: dict[str, Any] | None = None
+    ) -> list[SearchHit]:
         """Top ``k`` chunks by cosine score (dense only)."""
         query = self._query_vector(index, vector, k)
         pairs = self._dense(index, query, k, metadata_filter)
         if not pairs:
             return []
         rows = self._rows([i for i, _ in pairs])
-        return [SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]))
-                for i, score in pairs if (r := rows.get(i)) is not None]
+        return [
+            SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]))
+            for i, score in pairs
+            if (r := rows.get(i)) is not None
+        ]
 
-    def _lexical(self, index: str, match: str, k: int,
-                 metadata_filter: dict[str, Any] | None) -> list[tuple[int, float]]:
+    def _lexical(
+        self, index: str, match: str, k: int, metadata_filter: dict[str, Any] | None
+    ) -> list[tuple[int, float]]:
         """(chunk id, BM25 score, higher better) of the top ``k`` lexical matches in ``index``.
 
         The lexical index spans the shard's indexes (its statistics too), so the fast path asks it
@@ -723,8 +827,9 @@ class Shard:
         db = self._reader()
         if not metadata_filter:
             wanted = 2 * k + 10
-            found = db.execute(f"SELECT rowid, rank FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? ORDER BY rank "
-                               "LIMIT ?", (match, wanted)).fetchall()
+            found = db.execute(
+                f"SELECT rowid, rank FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? ORDER BY rank LIMIT ?", (match, wanted)
+            ).fetchall()
             if not found:
                 return []
             ids = [r[0] for r in found]
@@ -732,17 +837,25 @@ class Shard:
             for part in _chunks(ids):
                 marks = ",".join("?" * len(part))
                 # "+index_name": look the ids up by rowid, not by scanning the index's rows
-                mine.update(r[0] for r in db.execute(
-                    f"SELECT id FROM chunks WHERE id IN ({marks}) AND +index_name = ?", (*part, index)))
+                mine.update(
+                    r[0]
+                    for r in db.execute(
+                        f"SELECT id FROM chunks WHERE id IN ({marks}) AND +index_name = ?", (*part, index)
+                    )
+                )
             kept = [(int(i), -float(r)) for i, r in found if i in mine]
             if len(kept) >= k or len(found) < wanted:
                 return kept[:k]
         cond, args = filter_sql(metadata_filter, "d.metadata")
-        return [(int(i), -float(r)) for i, r in db.execute(
-            f"SELECT c.id, {FTS_TABLE}.rank FROM {FTS_TABLE} JOIN chunks c ON c.id = {FTS_TABLE}.rowid "
-            "JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
-            f"WHERE {FTS_TABLE} MATCH ? AND c.index_name = ? AND {cond} ORDER BY {FTS_TABLE}.rank LIMIT ?",
-            (match, index, *args, k))]
+        return [
+            (int(i), -float(r))
+            for i, r in db.execute(
+                f"SELECT c.id, {FTS_TABLE}.rank FROM {FTS_TABLE} JOIN chunks c ON c.id = {FTS_TABLE}.rowid "
+                "JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
+                f"WHERE {FTS_TABLE} MATCH ? AND c.index_name = ? AND {cond} ORDER BY {FTS_TABLE}.rank LIMIT ?",
+                (match, index, *args, k),
+            )
+        ]
 
     def _terms_matched(self, query: LexicalQuery, ids: list[int]) -> dict[int, int]:
         """How many of ``query``'s terms each of ``ids`` contains (one indexed lookup per term,
@@ -752,8 +865,8 @@ class Shard:
             for part in _chunks(ids):
                 marks = ",".join("?" * len(part))
                 for (i,) in self._reader().execute(
-                        f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid IN ({marks})",
-                        (term, *part)):
+                    f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid IN ({marks})", (term, *part)
+                ):
                     counts[i] += 1
         return counts
 
@@ -765,8 +878,10 @@ class Shard:
         counts: list[tuple[int, int]] = []
         absent = 0
         for pos, term in enumerate(query.terms[:MAX_COUNTED_TERMS]):
-            n = db.execute(f"SELECT count(*) FROM (SELECT 1 FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? LIMIT ?)",
-                           (term, max_postings + 1)).fetchone()[0]
+            n = db.execute(
+                f"SELECT count(*) FROM (SELECT 1 FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? LIMIT ?)",
+                (term, max_postings + 1),
+            ).fetchone()[0]
             if n:
                 counts.append((n, pos))
             else:
@@ -780,9 +895,18 @@ class Shard:
             spent += n
         return LexicalQuery(tuple(t for pos, t in enumerate(query.terms) if pos in kept)), absent
 
-    def search_candidates(self, index: str, vector: np.ndarray, text: str, k: int, *, mode: str = "hybrid",
-                          metadata_filter: dict[str, Any] | None = None,
-                          min_match: float = 0.0, max_postings: int | None = None) -> SearchCandidates:
+    def search_candidates(
+        self,
+        index: str,
+        vector: np.ndarray,
+        text: str,
+        k: int,
+        *,
+        mode: str = "hybrid",
+        metadata_filter: dict[str, Any] | None = None,
+        min_match: float = 0.0,
+        max_postings: int | None = None,
+    ) -> SearchCandidates:
         """A retrieval's candidates from this shard, in one call: the top ``k`` by cosine (unless
         ``mode`` is ``lexical``) and the top ``k`` by BM25 over ``text`` (unless it is ``dense``).
         Every hit carries its cosine score (lexical-only ones from their stored vector), so a
@@ -822,15 +946,25 @@ class Shard:
 
         def hit(i: int, score: float) -> SearchHit:
             r = rows[i]
-            return SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]), lexical_scores.get(i),
-                             bool(lex) and not absent and matched.get(i, 0) == len(lex.terms))
+            return SearchHit(
+                r[1],
+                r[2],
+                r[3],
+                r[4],
+                score,
+                json.loads(r[5]),
+                lexical_scores.get(i),
+                bool(lex) and not absent and matched.get(i, 0) == len(lex.terms),
+            )
 
         cosines = dict(dense)
         for i in lexical_only:
             if i in rows:
                 cosines[i] = float(np.frombuffer(rows[i][6], dtype=np.float32) @ query[0])
-        return SearchCandidates(dense=[hit(i, s) for i, s in dense if i in rows],
-                                lexical=[hit(i, cosines[i]) for i in lexical_scores if i in rows])
+        return SearchCandidates(
+            dense=[hit(i, s) for i, s in dense if i in rows],
+            lexical=[hit(i, cosines[i]) for i in lexical_scores if i in rows],
+        )
 
     # --- durability ---------------------------------------------------------------------------
     def snapshot(self) -> None:
@@ -867,12 +1001,19 @@ class Shard:
         try:
             documents, text_bytes = db.execute(
                 "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(text AS BLOB))), 0) FROM documents WHERE index_name = ?",
-                (index,)).fetchone()
+                (index,),
+            ).fetchone()
             chunks = db.execute("SELECT COUNT(*) FROM chunks WHERE index_name = ?", (index,)).fetchone()[0]
         finally:
             db.execute("COMMIT")
         with self._faiss_lock:
             fidx = self._faiss.get(index)
             vectors = int(fidx.ntotal) if fidx is not None else 0
-        return {"documents": int(documents), "chunks": int(chunks), "bytes": int(text_bytes), "vectors": vectors,
-                "dimension": dim, "index_kind": self.spec.kind}
+        return {
+            "documents": int(documents),
+            "chunks": int(chunks),
+            "bytes": int(text_bytes),
+            "vectors": vectors,
+            "dimension": dim,
+            "index_kind": self.spec.kind,
+        }

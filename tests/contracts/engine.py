@@ -19,8 +19,10 @@ from app.engines.base import GenerationEngine
 from app.engines.sampling import SamplingParams
 from app.errors import BadRequestError, ServiceError
 
-MESSAGES = [{"role": "system", "content": "Answer in one short sentence."},
-            {"role": "user", "content": "What does a vector database store?"}]
+MESSAGES = [
+    {"role": "system", "content": "Answer in one short sentence."},
+    {"role": "user", "content": "What does a vector database store?"},
+]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
 
 
@@ -57,7 +59,8 @@ class EngineContract:
             [c async for c in engine.passthrough_stream({**body, "stream": True}, 16)]
 
     async def test_closing_a_stream_early_stops_generation(
-            self, engine: GenerationEngine, generation_stopped: Callable[[], Awaitable[bool]]) -> None:
+        self, engine: GenerationEngine, generation_stopped: Callable[[], Awaitable[bool]]
+    ) -> None:
         stream = engine.chat_stream(MESSAGES, SamplingParams(max_tokens=200))
         first = await anext(stream)
         assert first.finish_reason is None

@@ -18,8 +18,13 @@ from app.store import ChunkWrite, DimensionMismatchError, DocumentWrite, SearchC
 def write(doc_id: str, text: str, dim: int = 4, seed: int = 0) -> DocumentWrite:
     vec = np.random.default_rng(seed).normal(size=dim).astype(np.float32)
     vec /= np.linalg.norm(vec)
-    return DocumentWrite(doc_id=doc_id, text=text, metadata={"n": seed}, hash_value=f"h-{doc_id}",
-                         chunks=[ChunkWrite(node_id=f"{doc_id}-0", chunk_index=0, text=text, vector=vec)])
+    return DocumentWrite(
+        doc_id=doc_id,
+        text=text,
+        metadata={"n": seed},
+        hash_value=f"h-{doc_id}",
+        chunks=[ChunkWrite(node_id=f"{doc_id}-0", chunk_index=0, text=text, vector=vec)],
+    )
 
 
 class ShardPoolContract:
@@ -43,8 +48,9 @@ class ShardPoolContract:
     async def test_search_candidates_cross_the_pool_in_one_call(self, pool: ShardPool) -> None:
         doc = write("d1", "the XR-7720 bracket", seed=3)
         await pool.call(0, "upsert_documents", "kb", [doc])
-        found = await pool.call(0, "search_candidates", "kb", doc.chunks[0].vector, "XR-7720", 5, "hybrid", None,
-                                0.3, 2000)
+        found = await pool.call(
+            0, "search_candidates", "kb", doc.chunks[0].vector, "XR-7720", 5, "hybrid", None, 0.3, 2000
+        )
         assert isinstance(found, SearchCandidates)
         assert [h.doc_id for h in found.dense] == ["d1"] and [h.doc_id for h in found.lexical] == ["d1"]
         assert found.lexical[0].all_terms and found.lexical[0].lexical_score > 0

@@ -96,8 +96,14 @@ class FakeOpenAI:
     requests without ``Authorization: Bearer <api_key>`` get a 401.
     """
 
-    def __init__(self, answer: Answer = "This is the fake answer.", model: str = "fake-model",
-                 max_model_len: int | None = 4096, api_key: str | None = None, chunk_delay_s: float = 0.0):
+    def __init__(
+        self,
+        answer: Answer = "This is the fake answer.",
+        model: str = "fake-model",
+        max_model_len: int | None = 4096,
+        api_key: str | None = None,
+        chunk_delay_s: float = 0.0,
+    ):
         self.answer: Answer = answer
         self.model = model
         self.max_model_len = max_model_len
@@ -170,11 +176,18 @@ class FakeOpenAI:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(self._app(), log_config=None, log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            self._app(),
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
-                                        name=f"fake-openai-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, name=f"fake-openai-{self.port}", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -201,10 +214,12 @@ class FakeOpenAI:
     # --- the app ------------------------------------------------------------------------------
 
     def _app(self) -> Starlette:
-        return Starlette(routes=[
-            Route("/v1/models", self._models, methods=["GET"]),
-            Route("/v1/chat/completions", self._chat, methods=["POST"]),
-        ])
+        return Starlette(
+            routes=[
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            ]
+        )
 
     def _unauthorized(self, request: Request) -> Response | None:
         if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
@@ -213,8 +228,9 @@ class FakeOpenAI:
 
     @staticmethod
     def _error(status: int, message: str, type_: str = "server_error") -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": type_, "param": None, "code": status}},
-                            status_code=status)
+        return JSONResponse(
+            {"error": {"message": message, "type": type_, "param": None, "code": status}}, status_code=status
+        )
 
     async def _models(self, request: Request) -> Response:
         if (denied := self._unauthorized(request)) is not None:
@@ -253,28 +269,60 @@ class FakeOpenAI:
             pieces, finish = pieces[:limit], "length"
         prompt_tokens = sum(len(_message_text(msg).split()) + 4 for msg in body["messages"])
         if self.max_model_len is not None and prompt_tokens >= self.max_model_len:  # as vLLM answers it
-            return self._error(400, f"This model's maximum context length is {self.max_model_len} tokens. However, "
-                                    f"your messages resulted in {prompt_tokens} tokens.", "invalid_request_error")
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces),
-                 "total_tokens": prompt_tokens + len(pieces)}
+            return self._error(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"your messages resulted in {prompt_tokens} tokens.",
+                "invalid_request_error",
+            )
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(pieces),
+            "total_tokens": prompt_tokens + len(pieces),
+        }
         model = body.get("model") or self.model
         cid = f"chatcmpl-fake-{uuid.uuid4().hex[:12]}"
         if not body.get("stream"):
-            return JSONResponse({
-                "id": cid, "object": "chat.completion", "created": int(time.time()), "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(pieces)},
-                             "finish_reason": finish}],
-                "usage": usage,
-            })
+            return JSONResponse(
+                {
+                    "id": cid,
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": model,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "".join(pieces)},
+                            "finish_reason": finish,
+                        }
+                    ],
+                    "usage": usage,
+                }
+            )
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return StreamingResponse(self._sse(cid, model, pieces, finish, usage, include_usage, m),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            self._sse(cid, model, pieces, finish, usage, include_usage, m), media_type="text/event-stream"
+        )
 
-    async def _sse(self, cid: str, model: str, pieces: list[str], finish: str, usage: dict[str, int],
-                   include_usage: bool, m: _Misbehaviour | None) -> AsyncIterator[bytes]:
+    async def _sse(
+        self,
+        cid: str,
+        model: str,
+        pieces: list[str],
+        finish: str,
+        usage: dict[str, int],
+        include_usage: bool,
+        m: _Misbehaviour | None,
+    ) -> AsyncIterator[bytes]:
         def event(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            chunk = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-                     "choices": choices, **extra}
+            chunk = {
+                "id": cid,
+                "object": "chat.completion.chunk",
+                "created": int(time.time()),
+                "model": model,
+                "choices": choices,
+                **extra,
+            }
             return f"data: {json.dumps(chunk)}\n\n".encode()
 
         finished = False
@@ -287,8 +335,15 @@ class FakeOpenAI:
                 with self._lock:
                     self.abandoned_streams += 1
 
-    async def _sse_events(self, event: Any, pieces: list[str], finish: str, usage: dict[str, int],
-                          include_usage: bool, m: _Misbehaviour | None) -> AsyncIterator[bytes]:
+    async def _sse_events(
+        self,
+        event: Any,
+        pieces: list[str],
+        finish: str,
+        usage: dict[str, int],
+        include_usage: bool,
+        m: _Misbehaviour | None,
+    ) -> AsyncIterator[bytes]:
         yield event([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
         for i, piece in enumerate(pieces):
             if m is not None and i == m.after_chunks:

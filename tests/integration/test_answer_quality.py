@@ -29,10 +29,15 @@ MIN_CORRECT = 6  # of 8
 
 #: The README's "Try it" documents.
 README_DOCS = [
-    {"text": "Retrieval Augmented Generation (RAG) augments a large language model with an information retrieval "
-             "system that provides grounding data.", "metadata": {"author": "Microsoft"}},
-    {"text": "KAITO is a Kubernetes operator that automates AI and ML model inference and tuning workloads.",
-     "metadata": {"author": "KAITO"}},
+    {
+        "text": "Retrieval Augmented Generation (RAG) augments a large language model with an information retrieval "
+        "system that provides grounding data.",
+        "metadata": {"author": "Microsoft"},
+    },
+    {
+        "text": "KAITO is a Kubernetes operator that automates AI and ML model inference and tuning workloads.",
+        "metadata": {"author": "KAITO"},
+    },
 ]
 
 
@@ -41,8 +46,15 @@ def client(tmp_path_factory: pytest.TempPathFactory, embedding_model) -> Iterato
     engine = TransformersEngine(None, MODEL_CACHE)
     asyncio.run(engine.start())
     try:
-        with inprocess_app(tmp_path_factory.mktemp("quality"), InProcessEmbedder(embedding_model),
-                           "http://unused.invalid", engine=engine) as (app, _), TestClient(app) as c:
+        with (
+            inprocess_app(
+                tmp_path_factory.mktemp("quality"),
+                InProcessEmbedder(embedding_model),
+                "http://unused.invalid",
+                engine=engine,
+            ) as (app, _),
+            TestClient(app) as c,
+        ):
             index_facts(c)
             c.post("/index", json={"index_name": "rag_index", "documents": README_DOCS}).raise_for_status()
             yield c
@@ -79,8 +91,12 @@ def test_a_plain_question_without_an_index_is_answered_not_echoed(client: TestCl
 def test_a_streamed_rag_answer_carries_its_sources_and_no_label(client: TestClient) -> None:
     fact = FACTS[1]
     whole, _, _ = ask(client, fact.question)
-    request = {"index_name": "quality_check", "max_tokens": 64, "stream": True,
-               "messages": [{"role": "user", "content": fact.question}]}
+    request = {
+        "index_name": "quality_check",
+        "max_tokens": 64,
+        "stream": True,
+        "messages": [{"role": "user", "content": fact.question}],
+    }
     with client.stream("POST", "/v1/chat/completions", json=request) as r:
         assert r.status_code == 200
         chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]

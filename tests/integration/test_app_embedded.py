@@ -16,22 +16,35 @@ from tests.integration.conftest import MODEL_CACHE, deploy
 pytestmark = pytest.mark.slow
 
 DOCS = [
-    {"text": "KAITO is a Kubernetes operator that automates AI model inference and fine-tuning on GPU nodes.",
-     "metadata": {"topic": "kaito", "team": "infra"}},
-    {"text": "Retrieval Augmented Generation grounds a language model's answers in documents found by search.",
-     "metadata": {"topic": "rag", "team": "ml"}},
-    {"text": "FAISS is a library for efficient similarity search and clustering of dense vectors.",
-     "metadata": {"topic": "faiss", "team": "ml"}},
-    {"text": "To bake sourdough bread, feed the starter, mix flour and water, and let the dough rise overnight.",
-     "metadata": {"topic": "bread", "team": "kitchen"}},
+    {
+        "text": "KAITO is a Kubernetes operator that automates AI model inference and fine-tuning on GPU nodes.",
+        "metadata": {"topic": "kaito", "team": "infra"},
+    },
+    {
+        "text": "Retrieval Augmented Generation grounds a language model's answers in documents found by search.",
+        "metadata": {"topic": "rag", "team": "ml"},
+    },
+    {
+        "text": "FAISS is a library for efficient similarity search and clustering of dense vectors.",
+        "metadata": {"topic": "faiss", "team": "ml"},
+    },
+    {
+        "text": "To bake sourdough bread, feed the starter, mix flour and water, and let the dough rise overnight.",
+        "metadata": {"topic": "bread", "team": "kitchen"},
+    },
 ]
 
 
 @pytest.fixture(scope="module")
 def app_url(ray_cluster: int, tmp_path_factory: pytest.TempPathFactory) -> str:
     storage = tmp_path_factory.mktemp("embedded-storage")
-    args = {"storage_dir": str(storage), "num_shards": 2, "model_cache_dir": str(MODEL_CACHE),
-            "default_max_tokens": 12, "shard_num_cpus": 0.1}
+    args = {
+        "storage_dir": str(storage),
+        "num_shards": 2,
+        "model_cache_dir": str(MODEL_CACHE),
+        "default_max_tokens": 12,
+        "shard_num_cpus": 0.1,
+    }
     yield deploy(args, "embedded", ray_cluster)
     from ray import serve
 
@@ -65,10 +78,16 @@ def test_index_list_filter(client: httpx.Client, indexed: dict[str, str]) -> Non
 def test_update_and_delete(client: httpx.Client, indexed: dict[str, str]) -> None:
     extra = client.post("/index", json={"index_name": "kb", "documents": [{"text": "A temporary note about tea."}]})
     tmp_id = extra.json()[0]["doc_id"]
-    r = client.post("/indexes/kb/documents", json={"documents": [
-        {"doc_id": tmp_id, "text": "A temporary note about green tea."},
-        {"doc_id": indexed["kaito"], "text": DOCS[0]["text"], "metadata": DOCS[0]["metadata"]},
-        {"doc_id": "ghost", "text": "x"}]}).json()
+    r = client.post(
+        "/indexes/kb/documents",
+        json={
+            "documents": [
+                {"doc_id": tmp_id, "text": "A temporary note about green tea."},
+                {"doc_id": indexed["kaito"], "text": DOCS[0]["text"], "metadata": DOCS[0]["metadata"]},
+                {"doc_id": "ghost", "text": "x"},
+            ]
+        },
+    ).json()
     assert [d["doc_id"] for d in r["updated_documents"]] == [tmp_id]
     assert [d["doc_id"] for d in r["unchanged_documents"]] == [indexed["kaito"]]
     assert [d["doc_id"] for d in r["not_found_documents"]] == ["ghost"]
@@ -78,8 +97,9 @@ def test_update_and_delete(client: httpx.Client, indexed: dict[str, str]) -> Non
 
 
 def test_retrieve_and_embeddings(client: httpx.Client, indexed: dict[str, str]) -> None:
-    r = client.post("/retrieve", json={"index_name": "kb", "query": "Which Kubernetes operator runs AI inference?",
-                                       "top_k": 2}).json()
+    r = client.post(
+        "/retrieve", json={"index_name": "kb", "query": "Which Kubernetes operator runs AI inference?", "top_k": 2}
+    ).json()
     assert r["count"] == 2 and r["results"][0]["doc_id"] == indexed["kaito"]
     assert r["results"][0]["score"] >= r["results"][1]["score"]
     e = client.post("/v1/embeddings", json={"input": ["hello", "world"]}).json()
@@ -88,10 +108,17 @@ def test_retrieve_and_embeddings(client: httpx.Client, indexed: dict[str, str]) 
 
 
 def test_rag_chat_completion(client: httpx.Client, indexed: dict[str, str]) -> None:
-    r = client.post("/v1/chat/completions", json={
-        "index_name": "kb", "max_tokens": 8,
-        "messages": [{"role": "system", "content": "Answer briefly."},
-                     {"role": "user", "content": "What does the KAITO Kubernetes operator automate?"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "index_name": "kb",
+            "max_tokens": 8,
+            "messages": [
+                {"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "What does the KAITO Kubernetes operator automate?"},
+            ],
+        },
+    )
     assert r.status_code == 200, r.text
     assert r.headers["x-rag-mode"] == "rag"
     body = r.json()
@@ -107,8 +134,12 @@ def test_rag_streaming_with_openai_client(app_url: str, indexed: dict[str, str])
 
     client = OpenAI(base_url=f"{app_url}/v1", api_key="unused", timeout=300)
     stream = client.chat.completions.create(
-        model="gemma", messages=[{"role": "user", "content": "Explain what FAISS does with dense vectors."}],
-        max_tokens=10, stream=True, extra_body={"index_name": "kb"})
+        model="gemma",
+        messages=[{"role": "user", "content": "Explain what FAISS does with dense vectors."}],
+        max_tokens=10,
+        stream=True,
+        extra_body={"index_name": "kb"},
+    )
     chunks, arrivals = [], []
     for chunk in stream:
         chunks.append(chunk)
@@ -125,17 +156,29 @@ def test_passthrough_without_index_on_embedded_engine(client: httpx.Client) -> N
     r = client.post("/v1/chat/completions", json={"max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]})
     assert r.status_code == 200 and r.headers["x-rag-mode"] == "passthrough"
     assert r.headers["x-rag-reason"] == "no_index"
-    tools = client.post("/v1/chat/completions", json={
-        "index_name": "kb", "messages": [{"role": "user", "content": "weather?"}],
-        "tools": [{"type": "function", "function": {"name": "get_weather"}}]})
+    tools = client.post(
+        "/v1/chat/completions",
+        json={
+            "index_name": "kb",
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [{"type": "function", "function": {"name": "get_weather"}}],
+        },
+    )
     assert tools.status_code == 400 and "not supported" in tools.json()["error"]["message"]
 
 
 def test_models_and_query(client: httpx.Client, indexed: dict[str, str]) -> None:
     models = client.get("/v1/models").json()
     assert models["data"][0]["max_model_len"] >= 8192
-    q = client.post("/query", json={"index_name": "kb", "query": "How do I bake sourdough bread?", "top_k": 2,
-                                    "llm_params": {"max_tokens": 6, "temperature": 0}}).json()
+    q = client.post(
+        "/query",
+        json={
+            "index_name": "kb",
+            "query": "How do I bake sourdough bread?",
+            "top_k": 2,
+            "llm_params": {"max_tokens": 6, "temperature": 0},
+        },
+    ).json()
     assert q["source_nodes"][0]["doc_id"] == indexed["bread"]
     assert q["metadata"][q["source_nodes"][0]["node_id"]]["topic"] == "bread"
 
@@ -153,17 +196,16 @@ def test_persist_delete_load(client: httpx.Client, indexed: dict[str, str]) -> N
     assert r["results"][0]["doc_id"] == indexed["bread"]
 
 
-def test_killed_shard_restarts_with_every_acknowledged_document(client: httpx.Client,
-                                                               indexed: dict[str, str]) -> None:
+def test_killed_shard_restarts_with_every_acknowledged_document(client: httpx.Client, indexed: dict[str, str]) -> None:
     import ray
 
     from deployments.vector_index import SHARD_NAMESPACE
 
-    more = [{"text": f"Maintenance log entry {i}: replaced filter on pump {i}.", "doc_id": f"log-{i}"}
-            for i in range(40)]
+    more = [
+        {"text": f"Maintenance log entry {i}: replaced filter on pump {i}.", "doc_id": f"log-{i}"} for i in range(40)
+    ]
     assert client.post("/index", json={"index_name": "logs", "documents": more}).status_code == 200
-    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["namespace"] == SHARD_NAMESPACE]
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == SHARD_NAMESPACE]
     victim = ray.get_actor(sorted(names)[0], namespace=SHARD_NAMESPACE)
     ray.kill(victim, no_restart=False)
     deadline = time.monotonic() + 60
@@ -177,8 +219,14 @@ def test_killed_shard_restarts_with_every_acknowledged_document(client: httpx.Cl
         time.sleep(0.5)
     assert total == 40
     for i in (0, 17, 39):
-        hit = client.post("/retrieve", json={"index_name": "logs", "query": f"Maintenance log entry {i}: "
-                                             f"replaced filter on pump {i}.", "top_k": 1}).json()
+        hit = client.post(
+            "/retrieve",
+            json={
+                "index_name": "logs",
+                "query": f"Maintenance log entry {i}: replaced filter on pump {i}.",
+                "top_k": 1,
+            },
+        ).json()
         assert hit["results"][0]["doc_id"] == f"log-{i}"
 
 
@@ -193,8 +241,9 @@ def test_prometheus_metrics_are_exported(client: httpx.Client) -> None:
     misses = ("ray_ragserve_ingress_query_cache_misses", "ray_ragserve_embedding_cache_misses")
 
     def ready(samples: list[str]) -> bool:
-        return any(s.startswith("ray_ragserve_requests") and "chat/completions" in s and 'mode="rag"' in s
-                   for s in samples) and any(s.startswith(misses) for s in samples)
+        return any(
+            s.startswith("ray_ragserve_requests") and "chat/completions" in s and 'mode="rag"' in s for s in samples
+        ) and any(s.startswith(misses) for s in samples)
 
     deadline = time.monotonic() + 90
     samples: list[str] = []

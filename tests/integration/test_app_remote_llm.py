@@ -24,14 +24,34 @@ def upstream():
 @pytest.fixture(scope="module")
 def client(ray_cluster: int, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory):
     storage = tmp_path_factory.mktemp("remote-storage")
-    base = deploy({"storage_dir": str(storage), "num_shards": 2, "llm_engine": "openai", "llm_url": upstream.url,
-                   "shard_num_cpus": 0.1}, "remote", ray_cluster)
+    base = deploy(
+        {
+            "storage_dir": str(storage),
+            "num_shards": 2,
+            "llm_engine": "openai",
+            "llm_url": upstream.url,
+            "shard_num_cpus": 0.1,
+        },
+        "remote",
+        ray_cluster,
+    )
     with httpx.Client(base_url=base, timeout=60) as c:
-        r = c.post("/index", json={"index_name": "kb", "documents": [
-            {"text": "The warranty covers parts and labour for two years from the date of purchase.",
-             "metadata": {"kind": "policy"}},
-            {"text": "Returns are accepted within thirty days with the original receipt.",
-             "metadata": {"kind": "policy"}}]})
+        r = c.post(
+            "/index",
+            json={
+                "index_name": "kb",
+                "documents": [
+                    {
+                        "text": "The warranty covers parts and labour for two years from the date of purchase.",
+                        "metadata": {"kind": "policy"},
+                    },
+                    {
+                        "text": "Returns are accepted within thirty days with the original receipt.",
+                        "metadata": {"kind": "policy"},
+                    },
+                ],
+            },
+        )
         assert r.status_code == 200, r.text
         yield c
     from ray import serve
@@ -44,22 +64,53 @@ def test_models_come_from_upstream(client: httpx.Client) -> None:
     assert card["id"] == "upstream-model" and card["max_model_len"] == WINDOW
 
 
-@pytest.mark.parametrize(("extra", "reason"), [
-    ({}, "no_index"),
-    ({"index_name": "kb", "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]},
-     "tools"),
-    ({"index_name": "kb", "messages": [{"role": "function", "name": "f", "content": "{}"},
-                                       {"role": "user", "content": "ok"}]}, "unsupported_role"),
-    ({"index_name": "kb", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "http://h/i.png"}}]}]},
-     "non_text_content"),
-    ({"index_name": "kb", "messages": [{"role": "user", "content": "Who won the 1998 football world cup?"}]},
-     "no_context"),
-])
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({}, "no_index"),
+        (
+            {"index_name": "kb", "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]},
+            "tools",
+        ),
+        (
+            {
+                "index_name": "kb",
+                "messages": [{"role": "function", "name": "f", "content": "{}"}, {"role": "user", "content": "ok"}],
+            },
+            "unsupported_role",
+        ),
+        (
+            {
+                "index_name": "kb",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "see"},
+                            {"type": "image_url", "image_url": {"url": "http://h/i.png"}},
+                        ],
+                    }
+                ],
+            },
+            "non_text_content",
+        ),
+        (
+            {"index_name": "kb", "messages": [{"role": "user", "content": "Who won the 1998 football world cup?"}]},
+            "no_context",
+        ),
+    ],
+)
 def test_passthrough_cases(client: httpx.Client, upstream: FakeOpenAI, extra: dict, reason: str) -> None:
-    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 50_000, "top_k": 4,
-            "context_token_ratio": 0.3, "similarity_threshold": 0.5, "metadata_filter": {"kind": "policy"},
-            "user": "u-1", **extra}
+    body = {
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": 50_000,
+        "top_k": 4,
+        "context_token_ratio": 0.3,
+        "similarity_threshold": 0.5,
+        "metadata_filter": {"kind": "policy"},
+        "user": "u-1",
+        **extra,
+    }
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     assert (r.headers["x-rag-mode"], r.headers["x-rag-reason"]) == ("passthrough", reason)
@@ -71,9 +122,14 @@ def test_passthrough_cases(client: httpx.Client, upstream: FakeOpenAI, extra: di
 
 
 def test_rag_request_reaches_upstream_with_context(client: httpx.Client, upstream: FakeOpenAI) -> None:
-    r = client.post("/v1/chat/completions", json={
-        "index_name": "kb", "max_tokens": 100,
-        "messages": [{"role": "user", "content": "How long does the warranty last?"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "index_name": "kb",
+            "max_tokens": 100,
+            "messages": [{"role": "user", "content": "How long does the warranty last?"}],
+        },
+    )
     assert r.status_code == 200 and r.headers["x-rag-mode"] == "rag"
     assert "two years" in r.json()["source_nodes"][0]["text"]
     sent = upstream.requests[-1]
@@ -81,12 +137,16 @@ def test_rag_request_reaches_upstream_with_context(client: httpx.Client, upstrea
 
 
 def test_streaming_passthrough_over_serve(client: httpx.Client) -> None:
-    with client.stream("POST", "/v1/chat/completions", json={
-            "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as r:
+    with client.stream(
+        "POST", "/v1/chat/completions", json={"stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    ) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
-    text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
-                   for line in lines[:-1] if json.loads(line[6:]).get("choices"))
+    text = "".join(
+        json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+        for line in lines[:-1]
+        if json.loads(line[6:]).get("choices")
+    )
     assert text == "Grounded answer [1]."
 
 

@@ -28,8 +28,12 @@ TOPICS = ["pump", "valve", "turbine", "boiler", "compressor", "conveyor", "gener
 
 def doc(i: int) -> dict:
     topic = TOPICS[i % len(TOPICS)]
-    return {"doc_id": f"d-{i}", "text": f"Maintenance record {i}: the {topic} on line {i % 13} was inspected, "
-            f"its seals replaced and its pressure logged at {100 + i % 50} kPa.", "metadata": {"topic": topic}}
+    return {
+        "doc_id": f"d-{i}",
+        "text": f"Maintenance record {i}: the {topic} on line {i % 13} was inspected, "
+        f"its seals replaced and its pressure logged at {100 + i % 50} kPa.",
+        "metadata": {"topic": topic},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +48,13 @@ def storage(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def settings(storage: Path, upstream: FakeOpenAI) -> dict:
-    return {"storage_dir": str(storage), "num_shards": 2, "llm_engine": "openai", "llm_url": upstream.url,
-            "shard_num_cpus": 0.1}
+    return {
+        "storage_dir": str(storage),
+        "num_shards": 2,
+        "llm_engine": "openai",
+        "llm_url": upstream.url,
+        "shard_num_cpus": 0.1,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +72,9 @@ def all_doc_ids(client: httpx.Client, index: str) -> set[str]:
     ids: set[str] = set()
     offset = 0
     while True:
-        page = client.get(f"/indexes/{index}/documents", params={"limit": 100, "offset": offset,
-                                                                  "max_text_length": 1}).json()
+        page = client.get(
+            f"/indexes/{index}/documents", params={"limit": 100, "offset": offset, "max_text_length": 1}
+        ).json()
         ids |= {d["doc_id"] for d in page["documents"]}
         offset += 100
         if offset >= page["total_items"]:
@@ -76,8 +86,9 @@ def shard_actors() -> list:
 
     from deployments.vector_index import SHARD_NAMESPACE
 
-    names = sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                   if a["namespace"] == SHARD_NAMESPACE)
+    names = sorted(
+        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == SHARD_NAMESPACE
+    )
     return [ray.get_actor(n, namespace=SHARD_NAMESPACE) for n in names]
 
 
@@ -124,8 +135,10 @@ def test_shard_killed_during_ingestion_loses_no_acknowledged_document(app_url: s
 
     with httpx.Client(base_url=app_url, timeout=60) as c:
         present = all_doc_ids(c, "kb")
-        print(f"\ndurability: {len(acknowledged)} acknowledged, {len(present)} present, "
-              f"{len(failures)} failed attempts (retried), shards killed at {killed_at} acknowledged")
+        print(
+            f"\ndurability: {len(acknowledged)} acknowledged, {len(present)} present, "
+            f"{len(failures)} failed attempts (retried), shards killed at {killed_at} acknowledged"
+        )
         assert len(acknowledged) == N_DOCS
         assert present == acknowledged
         assert total(c, "kb") == N_DOCS
@@ -148,8 +161,10 @@ def test_parallel_writers_readers_updaters_and_deleters(app_url: str) -> None:
     def writer(w: int) -> None:
         with httpx.Client(base_url=app_url, timeout=120) as c:
             for b in range(10):
-                docs = [{"doc_id": f"w{w}-{b}-{j}", "text": f"Writer {w} batch {b} item {j}: {TOPICS[j % 8]} log."}
-                        for j in range(10)]
+                docs = [
+                    {"doc_id": f"w{w}-{b}-{j}", "text": f"Writer {w} batch {b} item {j}: {TOPICS[j % 8]} log."}
+                    for j in range(10)
+                ]
                 check(c.post("/index", json={"index_name": "shared", "documents": docs}), "write")
 
     def updater() -> None:
@@ -161,14 +176,17 @@ def test_parallel_writers_readers_updaters_and_deleters(app_url: str) -> None:
     def deleter() -> None:
         with httpx.Client(base_url=app_url, timeout=120) as c:
             for i in range(50, 100, 10):
-                check(c.post("/indexes/shared/documents/delete",
-                             json={"doc_ids": [f"s-{j}" for j in range(i, i + 10)]}), "delete")
+                check(
+                    c.post("/indexes/shared/documents/delete", json={"doc_ids": [f"s-{j}" for j in range(i, i + 10)]}),
+                    "delete",
+                )
 
     def reader() -> None:
         with httpx.Client(base_url=app_url, timeout=120) as c:
             while not stop.is_set():
-                check(c.post("/retrieve", json={"index_name": "shared", "query": "pump schedule", "top_k": 5}),
-                      "retrieve")
+                check(
+                    c.post("/retrieve", json={"index_name": "shared", "query": "pump schedule", "top_k": 5}), "retrieve"
+                )
                 check(c.get("/indexes/shared/documents", params={"limit": 50, "offset": 20}), "list")
 
     readers = [threading.Thread(target=reader) for _ in range(2)]
@@ -191,8 +209,7 @@ def test_parallel_writers_readers_updaters_and_deleters(app_url: str) -> None:
         assert all(texts[k].startswith("Updated") for k in texts if k.startswith("s-"))
 
 
-def test_full_restart_brings_every_index_back_without_load(app_url: str, storage: Path,
-                                                          upstream: FakeOpenAI) -> None:
+def test_full_restart_brings_every_index_back_without_load(app_url: str, storage: Path, upstream: FakeOpenAI) -> None:
     import ray
     from ray import serve
 

@@ -49,8 +49,10 @@ def test_shards_spread_and_survive_node_loss(cluster, tmp_path: Path, embedder) 
     pool = RayShardPool(actors)
     chunker = DocumentChunker(hf_token_counter(embedder.model.tokenizer), 128, 16)
     service = DocumentService(pool, embedder, chunker, storage_dir=tmp_path)
-    docs = [Document(text=f"Incident report {i}: pump {i} lost pressure at station {i % 7}.", doc_id=f"r{i}")
-            for i in range(60)]
+    docs = [
+        Document(text=f"Incident report {i}: pump {i} lost pressure at station {i % 7}.", doc_id=f"r{i}")
+        for i in range(60)
+    ]
 
     async def ingest() -> None:
         await service.add_documents("incidents", docs)

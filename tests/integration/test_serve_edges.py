@@ -22,16 +22,28 @@ KEY = "edge-test-key"
 
 @pytest.fixture(scope="module")
 def upstream():
-    with FakeOpenAI(answer=" ".join(f"word{i}" for i in range(60)), model="upstream-model", max_model_len=4096,
-                    chunk_delay_s=0.05) as fake:
+    with FakeOpenAI(
+        answer=" ".join(f"word{i}" for i in range(60)), model="upstream-model", max_model_len=4096, chunk_delay_s=0.05
+    ) as fake:
         yield fake
 
 
 @pytest.fixture(scope="module")
 def base(ray_cluster: int, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory):
     storage = tmp_path_factory.mktemp("edges-storage")
-    url = deploy({"storage_dir": str(storage), "num_shards": 1, "llm_engine": "openai", "llm_url": upstream.url,
-                  "shard_num_cpus": 0.1, "api_keys": [KEY], "max_request_bytes": 4096}, "edges", ray_cluster)
+    url = deploy(
+        {
+            "storage_dir": str(storage),
+            "num_shards": 1,
+            "llm_engine": "openai",
+            "llm_url": upstream.url,
+            "shard_num_cpus": 0.1,
+            "api_keys": [KEY],
+            "max_request_bytes": 4096,
+        },
+        "edges",
+        ray_cluster,
+    )
     yield url
     from ray import serve
 
@@ -66,18 +78,33 @@ def test_request_size_limit_is_a_413(base: str) -> None:
     big = {"index_name": "kb", "documents": [{"text": "x " * 5000}]}
     r = httpx.post(f"{base}/index", json=big, headers=auth(), timeout=30)
     assert r.status_code == 413 and "4096 bytes" in r.json()["detail"], r.text
-    chunked = httpx.post(f"{base}/index", content=iter([b'{"index_name": "kb", "documents": [', b" " * 8000]),
-                         headers={**auth(), "content-type": "application/json"}, timeout=30)
+    chunked = httpx.post(
+        f"{base}/index",
+        content=iter([b'{"index_name": "kb", "documents": [', b" " * 8000]),
+        headers={**auth(), "content-type": "application/json"},
+        timeout=30,
+    )
     assert chunked.status_code == 413, chunked.text
-    chat = httpx.post(f"{base}/v1/chat/completions", headers=auth(), timeout=30,
-                      json={"messages": [{"role": "user", "content": "y " * 5000}]})
+    chat = httpx.post(
+        f"{base}/v1/chat/completions",
+        headers=auth(),
+        timeout=30,
+        json={"messages": [{"role": "user", "content": "y " * 5000}]},
+    )
     assert chat.status_code == 413 and chat.json()["error"]["code"] == "request_too_large", chat.text
 
 
 def test_a_client_that_leaves_mid_stream_stops_the_upstream(base: str, upstream: FakeOpenAI) -> None:
     before = upstream.abandoned_streams
-    with httpx.Client(timeout=30) as c, c.stream("POST", f"{base}/v1/chat/completions", headers=auth(), json={
-            "stream": True, "messages": [{"role": "user", "content": "talk"}]}) as r:
+    with (
+        httpx.Client(timeout=30) as c,
+        c.stream(
+            "POST",
+            f"{base}/v1/chat/completions",
+            headers=auth(),
+            json={"stream": True, "messages": [{"role": "user", "content": "talk"}]},
+        ) as r,
+    ):
         assert r.status_code == 200
         for line in r.iter_lines():
             if '"content": "word' in line or '"content":"word' in line:
@@ -89,8 +116,15 @@ def test_a_client_that_leaves_mid_stream_stops_the_upstream(base: str, upstream:
 
 
 def test_streamed_answer_arrives_whole_and_metrics_count_it(base: str) -> None:
-    with httpx.Client(timeout=60) as c, c.stream("POST", f"{base}/v1/chat/completions", headers=auth(), json={
-            "stream": True, "messages": [{"role": "user", "content": "talk"}]}) as r:
+    with (
+        httpx.Client(timeout=60) as c,
+        c.stream(
+            "POST",
+            f"{base}/v1/chat/completions",
+            headers=auth(),
+            json={"stream": True, "messages": [{"role": "user", "content": "talk"}]},
+        ) as r,
+    ):
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]" and len(lines) > 60
     deadline = time.monotonic() + 30  # Serve's metrics are pushed every few seconds

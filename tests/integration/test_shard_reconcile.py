@@ -25,15 +25,19 @@ def test_redeploy_with_another_index_kind_replaces_the_shards(ray_cluster, tmp_p
     flat = Settings(storage_dir=str(tmp_path), num_shards=2, shard_num_cpus=0.1)
     hnsw = flat.model_copy(update={"faiss_index_kind": "hnsw"})
     chunker = DocumentChunker(hf_token_counter(embedder.model.tokenizer), 128, 16)
-    docs = [Document(text=f"Maintenance note {i}: valve {i} on line {i % 5} was replaced.", doc_id=f"n{i}")
-            for i in range(40)]
+    docs = [
+        Document(text=f"Maintenance note {i}: valve {i} on line {i % 5} was replaced.", doc_id=f"n{i}")
+        for i in range(40)
+    ]
 
     async def scenario() -> None:
         first = await reconcile_shards(flat, get_or_create_shards(flat))
         service = DocumentService(RayShardPool(first), embedder, chunker, storage_dir=tmp_path)
         await service.add_documents("notes", docs)
-        assert [o["faiss_kind"] for o in await asyncio.gather(*(a.open_options.remote() for a in first))] == \
-            ["flat", "flat"]
+        assert [o["faiss_kind"] for o in await asyncio.gather(*(a.open_options.remote() for a in first))] == [
+            "flat",
+            "flat",
+        ]
 
         again = await reconcile_shards(flat, get_or_create_shards(flat))
         assert [a._actor_id for a in again] == [a._actor_id for a in first]  # same settings: kept

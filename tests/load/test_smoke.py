@@ -33,9 +33,10 @@ def server(tmp_path_factory, embedding_model) -> Iterator[str]:
     from tests.conftest import InProcessEmbedder
 
     embedder = InProcessEmbedder(embedding_model)
-    with FakeOpenAI(answer="Line 3's pump was serviced in week 22 [1].", model="fake-model",
-                    max_model_len=4096) as fake, \
-            inprocess_app(tmp_path_factory.mktemp("locust"), embedder, fake.url, similarity_threshold=0.0) as (app, _):
+    with (
+        FakeOpenAI(answer="Line 3's pump was serviced in week 22 [1].", model="fake-model", max_model_len=4096) as fake,
+        inprocess_app(tmp_path_factory.mktemp("locust"), embedder, fake.url, similarity_threshold=0.0) as (app, _),
+    ):
         port = free_port()
         srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         thread = threading.Thread(target=srv.run, daemon=True)
@@ -54,14 +55,32 @@ def server(tmp_path_factory, embedding_model) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("shape", ["none", "step"])
-def test_locustfile_runs_headless_with_every_user_and_writes_reports(server: str, tmp_path: Path,
-                                                                     shape: str) -> None:
+def test_locustfile_runs_headless_with_every_user_and_writes_reports(server: str, tmp_path: Path, shape: str) -> None:
     prefix = tmp_path / "run"
-    cmd = [sys.executable, "-m", "locust", "-f", str(REPO / "load_tests" / "locustfile.py"), "--host", server,
-           "--headless", "--csv", str(prefix), "--html", str(tmp_path / "report.html"), "--only-summary",
-           "--max-tokens", "16", "--exit-code-on-error", "1"]
-    cmd += ["-u", "5", "-r", "5", "-t", "8s"] if shape == "none" else ["--peak-users", "10", "--step-users", "5",
-                                                                        "--step-s", "3"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(REPO / "load_tests" / "locustfile.py"),
+        "--host",
+        server,
+        "--headless",
+        "--csv",
+        str(prefix),
+        "--html",
+        str(tmp_path / "report.html"),
+        "--only-summary",
+        "--max-tokens",
+        "16",
+        "--exit-code-on-error",
+        "1",
+    ]
+    cmd += (
+        ["-u", "5", "-r", "5", "-t", "8s"]
+        if shape == "none"
+        else ["--peak-users", "10", "--step-users", "5", "--step-s", "3"]
+    )
     env = {**os.environ, "RAGSERVE_SHAPE": shape}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -74,13 +93,29 @@ def test_locustfile_runs_headless_with_every_user_and_writes_reports(server: str
     assert (tmp_path / "report.html").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("script", ["bench_index_types", "bench_ingest", "bench_retrieval", "bench_passthrough",
-                                    "bench_shards", "bench_memory"])
+@pytest.mark.parametrize(
+    "script",
+    ["bench_index_types", "bench_ingest", "bench_retrieval", "bench_passthrough", "bench_shards", "bench_memory"],
+)
 def test_benchmark_smoke_prints_its_table(script: str, tmp_path: Path) -> None:
     env = {**os.environ, "RAGSERVE_BENCH_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-m", f"benchmarks.{script}", "--smoke",
-                           "--json", str(tmp_path / "out.json"), "--out", str(tmp_path / "plot.png")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            f"benchmarks.{script}",
+            "--smoke",
+            "--json",
+            str(tmp_path / "out.json"),
+            "--out",
+            str(tmp_path / "plot.png"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = [line for line in done.stdout.splitlines() if line.startswith("|")]
     assert len(table) >= 3 and table[1].startswith("|---"), done.stdout[-2000:]
@@ -89,10 +124,26 @@ def test_benchmark_smoke_prints_its_table(script: str, tmp_path: Path) -> None:
 
 def test_peer_benchmark_smoke_against_the_in_process_server(server: str, tmp_path: Path) -> None:
     """bench_peer starts nothing: it measures whatever speaks KAITO's API, here the in-process ragserve."""
-    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_peer", "--smoke", "--base-url", server,
-                           "--label", "ragserve", "--json", str(tmp_path / "out.json"),
-                           "--out", str(tmp_path / "plot.png")],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_peer",
+            "--smoke",
+            "--base-url",
+            server,
+            "--label",
+            "ragserve",
+            "--json",
+            str(tmp_path / "out.json"),
+            "--out",
+            str(tmp_path / "plot.png"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = [line for line in done.stdout.splitlines() if line.startswith("|")]
     assert len(table) == 3 and table[2].startswith("| ragserve |") and "n/a" not in table[2], done.stdout[-2000:]

@@ -24,15 +24,18 @@ ANSWER = "Line 3's pump is serviced every week by the night shift [1]."
 
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
-    reason="needs Debian's chromium and chromium-driver: run scripts/ensure-chromium.sh (make install does)")
+    reason="needs Debian's chromium and chromium-driver: run scripts/ensure-chromium.sh (make install does)",
+)
 
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory, embedding_model) -> Iterator[str]:
     from tests.conftest import InProcessEmbedder
 
-    with live_app(tmp_path_factory.mktemp("ui"), InProcessEmbedder(embedding_model), answer=ANSWER,
-                  api_keys=[KEY]) as (url, _):
+    with live_app(tmp_path_factory.mktemp("ui"), InProcessEmbedder(embedding_model), answer=ANSWER, api_keys=[KEY]) as (
+        url,
+        _,
+    ):
         yield url
 
 
@@ -43,8 +46,15 @@ def browser() -> Iterator[object]:
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--window-size=1280,860", "--no-first-run", "--disable-extensions"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,860",
+        "--no-first-run",
+        "--disable-extensions",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)  # no driver download: Debian's
     driver.set_page_load_timeout(30)
@@ -81,8 +91,10 @@ def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path
     # upload a markdown file and a two-page PDF into a new index
     files = tmp_path / "files"
     files.mkdir()
-    (files / "pumps.md").write_text("# Pump servicing\n\nLine 3's pump is serviced every week by the night shift.\n"
-                                    "The seals are replaced every quarter.\n")
+    (files / "pumps.md").write_text(
+        "# Pump servicing\n\nLine 3's pump is serviced every week by the night shift.\n"
+        "The seals are replaced every quarter.\n"
+    )
     (files / "safety.pdf").write_bytes(make_pdf(["Wear gloves near the pumps.", "Lock out the valves first."]))
     d.find_element(By.CSS_SELECTOR, '[data-tab="upload"]').click()
     field = d.find_element(By.ID, "upload-index")

@@ -88,7 +88,7 @@ class CharTokenizer:
     def _ids(self, text: str) -> list[int]:
         ids: list[int] = []
         if text.startswith(self.bos_token):
-            ids, text = [self.bos_token_id], text[len(self.bos_token):]
+            ids, text = [self.bos_token_id], text[len(self.bos_token) :]
         return ids + [ord(c) + OFFSET for c in text]
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -121,8 +121,9 @@ class ScriptedModel:
         self.generation_config = SimpleNamespace(eos_token_id=2, pad_token_id=0)
         self.lock = threading.Lock()
 
-    def generate(self, input_ids: Any, streamer: Any, stopping_criteria: Any, max_new_tokens: int,
-                 **kwargs: Any) -> None:
+    def generate(
+        self, input_ids: Any, streamer: Any, stopping_criteria: Any, max_new_tokens: int, **kwargs: Any
+    ) -> None:
         import torch
 
         ids = input_ids[0].tolist()

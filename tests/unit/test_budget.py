@@ -38,19 +38,28 @@ C = WordCounter()
 
 
 def node(i: int, score: float, words: int = 5) -> NodeWithScore:
-    return NodeWithScore(doc_id=f"d{i}", node_id=f"n{i}", text=" ".join(f"w{i}" for _ in range(words)),
-                         score=score, metadata={})
+    return NodeWithScore(
+        doc_id=f"d{i}", node_id=f"n{i}", text=" ".join(f"w{i}" for _ in range(words)), score=score, metadata={}
+    )
 
 
 def turns(n: int, words: int = 4) -> list[dict[str, str]]:
-    return [{"role": "user" if i % 2 == 0 else "assistant", "content": " ".join([f"h{i}"] * words)}
-            for i in range(n)]
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": " ".join([f"h{i}"] * words)} for i in range(n)]
 
 
 def base_kwargs(**kw: Any) -> dict[str, Any]:
-    out = {"counter": C, "window": 1000, "system": [{"role": "system", "content": "be brief"}], "history": [],
-           "query": "what is it", "nodes": [], "requested_max_tokens": None, "default_max_tokens": 100,
-           "min_completion_tokens": 10, "similarity_threshold": 0.5}
+    out = {
+        "counter": C,
+        "window": 1000,
+        "system": [{"role": "system", "content": "be brief"}],
+        "history": [],
+        "query": "what is it",
+        "nodes": [],
+        "requested_max_tokens": None,
+        "default_max_tokens": 100,
+        "min_completion_tokens": 10,
+        "similarity_threshold": 0.5,
+    }
     out.update(kw)
     return out
 
@@ -90,10 +99,9 @@ def test_history_trimmed_oldest_first_system_kept() -> None:
 def test_history_min_and_max_messages() -> None:
     history = turns(10)
     required = C.count_messages(build_rag_messages([{"role": "system", "content": "be brief"}], [], "what is it", []))
-    tight = fit(**base_kwargs(window=required + 100, requested_max_tokens=90, history=history,
-                              history_min_messages=3))
-    assert tight.history_kept == 3                      # kept past the budget ...
-    assert tight.max_tokens == 100 - 18                 # ... by shrinking the completion
+    tight = fit(**base_kwargs(window=required + 100, requested_max_tokens=90, history=history, history_min_messages=3))
+    assert tight.history_kept == 3  # kept past the budget ...
+    assert tight.max_tokens == 100 - 18  # ... by shrinking the completion
     capped = fit(**base_kwargs(history=history, history_max_messages=2))
     assert capped.history_kept == 2 and capped.messages[1:-1] == history[-2:]
 
@@ -102,7 +110,7 @@ def test_context_selection_skips_oversized_node_and_uses_next() -> None:
     nodes = [node(1, 0.9, words=400), node(2, 0.8, words=5), node(3, 0.7, words=5), node(4, 0.3, words=1)]
     r = fit(**base_kwargs(window=600, requested_max_tokens=100, nodes=nodes))
     assert [n.doc_id for n in r.nodes_used] == ["d2", "d3"]
-    assert [n.doc_id for n in r.nodes_skipped] == ["d1"]          # d4 is below the threshold: never a candidate
+    assert [n.doc_id for n in r.nodes_skipped] == ["d1"]  # d4 is below the threshold: never a candidate
     system = r.messages[0]["content"]
     assert system.startswith("be brief") and "[1] (d2)" in system and "[2] (d3)" in system
     assert r.prompt_tokens == C.count_messages(r.messages) and r.context_tokens > 0
@@ -111,9 +119,12 @@ def test_context_selection_skips_oversized_node_and_uses_next() -> None:
 def test_unused_context_budget_goes_to_history() -> None:
     history = turns(30)
     without = fit(**base_kwargs(window=300, requested_max_tokens=50, history=history, context_ratio=0.8))
-    assert without.history_kept > 20   # no nodes: the whole free budget went to history
-    with_nodes = fit(**base_kwargs(window=300, requested_max_tokens=50, history=history, context_ratio=0.8,
-                                   nodes=[node(1, 0.9, words=60)]))
+    assert without.history_kept > 20  # no nodes: the whole free budget went to history
+    with_nodes = fit(
+        **base_kwargs(
+            window=300, requested_max_tokens=50, history=history, context_ratio=0.8, nodes=[node(1, 0.9, words=60)]
+        )
+    )
     assert with_nodes.nodes_used and with_nodes.history_kept < without.history_kept
 
 
@@ -127,8 +138,7 @@ def test_context_ratio_limits_context() -> None:
 def test_approximate_counter_keeps_a_safety_margin() -> None:
     history = turns(100)
     exact = fit(**base_kwargs(window=500, requested_max_tokens=50, history=history))
-    approx = fit(**base_kwargs(counter=WordCounter(exact=False), window=500, requested_max_tokens=50,
-                               history=history))
+    approx = fit(**base_kwargs(counter=WordCounter(exact=False), window=500, requested_max_tokens=50, history=history))
     assert approx.history_tokens <= 0.8 * exact.history_tokens + 6
     assert approx.exact is False and exact.exact is True
 
@@ -154,19 +164,32 @@ def test_small_explicit_max_tokens_is_honoured() -> None:
 
 def test_fit_passthrough() -> None:
     messages = [{"role": "user", "content": "a b c"}]
-    assert fit_passthrough(counter=C, window=100, messages=messages, requested_max_tokens=None,
-                           default_max_tokens=20) == (6, 20)
+    assert fit_passthrough(
+        counter=C, window=100, messages=messages, requested_max_tokens=None, default_max_tokens=20
+    ) == (6, 20)
     assert fit_passthrough(counter=C, window=100, messages=messages, requested_max_tokens=1000) == (6, 94)
     with pytest.raises(PromptTooLongError):
         fit_passthrough(counter=C, window=10, messages=messages, requested_max_tokens=None)
 
 
-@pytest.mark.parametrize(("model", "window"), [
-    ("gpt-4", 8192), ("gpt-4o", 128000), ("gpt-4o-2024-08-06", 128000), ("GPT-4-Turbo", 128000),
-    ("claude-3-opus-20240229", 200000), ("meta-llama/Llama-3.1-8B-Instruct", 131072), ("llama3.1:70b", 131072),
-    ("mistral:7b", 32768), ("mistralai/Mistral-7B-Instruct-v0.3", 32768), ("deepseek-chat", 64000),
-    ("gemma-3-270m-q4_k_m", 32768), ("google/gemma-3-4b-it", 131072), ("Qwen/Qwen2.5-7B-Instruct", 32768),
-])
+@pytest.mark.parametrize(
+    ("model", "window"),
+    [
+        ("gpt-4", 8192),
+        ("gpt-4o", 128000),
+        ("gpt-4o-2024-08-06", 128000),
+        ("GPT-4-Turbo", 128000),
+        ("claude-3-opus-20240229", 200000),
+        ("meta-llama/Llama-3.1-8B-Instruct", 131072),
+        ("llama3.1:70b", 131072),
+        ("mistral:7b", 32768),
+        ("mistralai/Mistral-7B-Instruct-v0.3", 32768),
+        ("deepseek-chat", 64000),
+        ("gemma-3-270m-q4_k_m", 32768),
+        ("google/gemma-3-4b-it", 131072),
+        ("Qwen/Qwen2.5-7B-Instruct", 32768),
+    ],
+)
 def test_known_windows(model: str, window: int) -> None:
     assert lookup_context_window(model) == window
 

@@ -37,13 +37,20 @@ class CountingPool(LocalShardPool):
 @pytest.fixture
 def services(tmp_path: Path, embedder) -> Iterator[tuple[Services, CountingPool]]:
     with FakeOpenAI(answer="ok [1]", model="fake-model", max_model_len=4096) as fake:
-        s = Settings(storage_dir=str(tmp_path), llm_engine="openai", llm_url=fake.url, num_shards=2,
-                     similarity_threshold=0.0)
+        s = Settings(
+            storage_dir=str(tmp_path), llm_engine="openai", llm_url=fake.url, num_shards=2, similarity_threshold=0.0
+        )
         check_layout(s.storage_dir, s.num_shards)
         pool = CountingPool([ShardService(s.storage_dir, i, s.num_shards) for i in range(s.num_shards)])
         llm = EngineClient(OpenAIEngine(fake.url, "fake-model", None, 10.0))
-        svc = build_services(s, pool=pool, embedder=embedder, llm=llm, embedding_model="all-MiniLM-L6-v2",
-                             embedding_tokenizer=embedder.model.tokenizer)
+        svc = build_services(
+            s,
+            pool=pool,
+            embedder=embedder,
+            llm=llm,
+            embedding_model="all-MiniLM-L6-v2",
+            embedding_tokenizer=embedder.model.tokenizer,
+        )
         asyncio.run(svc.documents.add_documents("kb", [Document(text="The pump on line 3 was serviced in May.")]))
         yield svc, pool
         pool.close()
@@ -51,7 +58,8 @@ def services(tmp_path: Path, embedder) -> Iterator[tuple[Services, CountingPool]
 
 def _request(**body: Any) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate(
-        {"messages": [{"role": "user", "content": "When was the pump serviced?"}], "max_tokens": 8, **body})
+        {"messages": [{"role": "user", "content": "When was the pump serviced?"}], "max_tokens": 8, **body}
+    )
 
 
 def test_rag_request_calls_the_shards_once_each_to_search(services) -> None:
@@ -73,4 +81,7 @@ def test_missing_index_is_the_plans_404_whether_or_not_a_search_follows(services
     with pytest.raises(NotFoundError) as e:
         asyncio.run(svc.chat.complete(_request(index_name="missing", **extra)))
     assert (e.value.message, e.value.param, e.value.code) == (
-        "No such index: 'missing' exists.", "index_name", "index_not_found")
+        "No such index: 'missing' exists.",
+        "index_name",
+        "index_not_found",
+    )

@@ -23,8 +23,12 @@ from tests.live_server import live_app
 def server(tmp_path_factory, embedding_model) -> Iterator[str]:
     from tests.conftest import InProcessEmbedder
 
-    with live_app(tmp_path_factory.mktemp("cli"), InProcessEmbedder(embedding_model),
-                  answer="Pumps are serviced weekly [1].", max_document_chars=3000) as (url, _):
+    with live_app(
+        tmp_path_factory.mktemp("cli"),
+        InProcessEmbedder(embedding_model),
+        answer="Pumps are serviced weekly [1].",
+        max_document_chars=3000,
+    ) as (url, _):
         yield url
 
 
@@ -39,8 +43,9 @@ def tree(root: Path) -> Path:
     (root / "src").mkdir()
     (root / ".gitignore").write_text("secret.md\nbuild/\n")
     (root / ".git").mkdir()
-    (root / "docs" / "pumps.md").write_text("# Pump servicing\n\nLine 3's pump is serviced every week by the "
-                                           "maintenance crew.\n")
+    (root / "docs" / "pumps.md").write_text(
+        "# Pump servicing\n\nLine 3's pump is serviced every week by the maintenance crew.\n"
+    )
     (root / "docs" / "valves.html").write_text("<title>Valves</title><p>Valves are inspected monthly.</p>")
     (root / "docs" / "manual.pdf").write_bytes(make_pdf(["Page one covers safety.", "Page two covers cleaning."]))
     (root / "docs" / "secret.md").write_text("# Secret\n\nnot for the index")
@@ -67,12 +72,23 @@ def test_ingest_then_sync_updates_skips_and_deletes(server: str, tmp_path: Path,
     assert "4 added, 0 updated, 0 unchanged, 0 deleted, 0 failed" in out
     assert "skipped src/__init__.py: empty file" in out
     docs = docs_of(server, "proj")
-    assert set(docs) == {"docs/pumps.md", "docs/manual.pdf#p1", "docs/manual.pdf#p2", "src/calc.py",
-                         *(f"docs/big.txt#part{i}" for i in range(1, 1 + sum(k.startswith("docs/big") for k in docs)))}
+    assert set(docs) == {
+        "docs/pumps.md",
+        "docs/manual.pdf#p1",
+        "docs/manual.pdf#p2",
+        "src/calc.py",
+        *(f"docs/big.txt#part{i}" for i in range(1, 1 + sum(k.startswith("docs/big") for k in docs))),
+    }
     assert sum(k.startswith("docs/big.txt#part") for k in docs) >= 2  # larger than max_document_chars: split
     assert all(len(d["text"]) <= 3000 for d in docs.values())
     assert docs["docs/manual.pdf#p2"]["metadata"] | {"mtime": None} == {
-        "path": "docs/manual.pdf", "title": "manual", "file_type": "pdf", "page": 2, "pages": 2, "mtime": None}
+        "path": "docs/manual.pdf",
+        "title": "manual",
+        "file_type": "pdf",
+        "page": 2,
+        "pages": 2,
+        "mtime": None,
+    }
     assert docs["src/calc.py"]["metadata"]["split_type"] == "code"
     assert docs["src/calc.py"]["metadata"]["language"] == "python"
     assert docs["docs/pumps.md"]["metadata"]["title"] == "Pump servicing"
@@ -99,8 +115,9 @@ def test_ingest_then_sync_updates_skips_and_deletes(server: str, tmp_path: Path,
     pumps.write_text("# Pump servicing\n\nPumps are now serviced every third week.\n")
     os.utime(pumps, ns=(before.st_atime_ns, before.st_mtime_ns))
     assert json.loads(run(capsys, "ingest", str(pumps), "--index", "proj", "--json")[1])["unchanged"] == 1
-    assert json.loads(run(capsys, "ingest", str(pumps), "--index", "proj", "--json", "--checksum")[1])["updated"] \
-        == ["docs/pumps.md"]
+    assert json.loads(run(capsys, "ingest", str(pumps), "--index", "proj", "--json", "--checksum")[1])["updated"] == [
+        "docs/pumps.md"
+    ]
     (root / "docs" / "valves.html").unlink()
     code, out, _ = run(capsys, "ingest", "docs", "--index", "proj", "--json")
     assert json.loads(out)["stale"] == ["docs/valves.html"] and "docs/valves.html" in docs_of(server, "proj")

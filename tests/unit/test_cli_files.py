@@ -16,8 +16,18 @@ def names(root: Path, base: Path, **kw) -> list[str]:
 def test_gitignore_at_every_level_and_globs(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
     (tmp_path / ".gitignore").write_text("*.log.md\ndist/\n")
-    for rel in ("README.md", "a/keep.md", "a/drop.log.md", "a/b/notes.txt", "a/b/secret.md", "a/b/ok.md",
-                "dist/out.md", "node_modules/x/readme.md", "a/image.png", "a/b/main.py"):
+    for rel in (
+        "README.md",
+        "a/keep.md",
+        "a/drop.log.md",
+        "a/b/notes.txt",
+        "a/b/secret.md",
+        "a/b/ok.md",
+        "dist/out.md",
+        "node_modules/x/readme.md",
+        "a/image.png",
+        "a/b/main.py",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x")
     (tmp_path / "a" / "b" / ".gitignore").write_text("*.md\n!ok.md\n")

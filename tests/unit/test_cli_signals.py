@@ -50,9 +50,27 @@ def test_ctrl_c_finishes_the_batch_in_flight_and_leaves_no_file_half_indexed(ser
     for i in range(20):
         (tmp_path / f"r{i:02d}.pdf").write_bytes(make_pdf([f"Report {i} first page.", f"Report {i} second page."]))
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAGSERVE_URL": server}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli.main", "ingest", str(tmp_path), "--index", "sig",
-                             "--base", str(tmp_path), "--batch-size", "2", "--json"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "app.cli.main",
+            "ingest",
+            str(tmp_path),
+            "--index",
+            "sig",
+            "--base",
+            str(tmp_path),
+            "--batch-size",
+            "2",
+            "--json",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # wait for the first documents, then press Ctrl-C
         r = httpx.get(f"{server}/indexes/sig/stats")

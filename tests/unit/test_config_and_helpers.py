@@ -32,15 +32,18 @@ def test_environment_wins_over_config_args(monkeypatch: pytest.MonkeyPatch) -> N
     assert s.similarity_threshold == 0.3
 
 
-@pytest.mark.parametrize("args", [
-    {"llm_engine": "openai"},                 # needs llm_url
-    {"llm_engine": "llama.cpp"},
-    {"context_token_ratio": 0.9},
-    {"chunk_size": 64, "chunk_overlap": 64},
-    {"num_shards": 0},
-    {"api_keys": [""]},
-    {"unknown_field": 1},
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"llm_engine": "openai"},  # needs llm_url
+        {"llm_engine": "llama.cpp"},
+        {"context_token_ratio": 0.9},
+        {"chunk_size": 64, "chunk_overlap": 64},
+        {"num_shards": 0},
+        {"api_keys": [""]},
+        {"unknown_field": 1},
+    ],
+)
 def test_invalid_settings_are_rejected(args: dict) -> None:
     with pytest.raises(ValidationError):
         Settings(**args)
@@ -80,11 +83,11 @@ def test_ttl_cache_lru_and_expiry() -> None:
     cache: TTLCache[int] = TTLCache(max_entries=2, ttl_s=10, clock=lambda: now[0])
     cache.put("a", 1)
     cache.put("b", 2)
-    assert cache.get("a") == 1          # a is now most recently used
-    cache.put("c", 3)                   # evicts b
+    assert cache.get("a") == 1  # a is now most recently used
+    cache.put("c", 3)  # evicts b
     assert cache.get("b") is None and cache.get("c") == 3
     now[0] = 11
-    assert cache.get("a") is None       # expired
+    assert cache.get("a") is None  # expired
     assert (cache.hits, cache.misses) == (2, 2)
     assert normalise_query("  What IS   RAG?\n") == "what is rag?"
     empty: TTLCache[int] = TTLCache(max_entries=0, ttl_s=1)
@@ -117,8 +120,11 @@ def test_errors_survive_pickling_across_processes() -> None:
     n = pickle.loads(pickle.dumps(NotFoundError("gone", param="index_name")))
     assert (n.status, n.message, n.param, str(n)) == (404, "gone", "index_name", "gone")
     p = pickle.loads(pickle.dumps(PromptTooLongError(900, 16, 512)))
-    assert isinstance(p, PromptTooLongError) and (p.status, p.code, p.prompt_tokens) == (400, "context_length_exceeded",
-                                                                                         900)
+    assert isinstance(p, PromptTooLongError) and (p.status, p.code, p.prompt_tokens) == (
+        400,
+        "context_length_exceeded",
+        900,
+    )
 
 
 def test_a_remote_llm_runs_in_the_ingress_by_default_and_only_a_remote_one() -> None:

@@ -20,9 +20,11 @@ def test_markdown_and_code_are_kept_as_they_are() -> None:
 
 
 def test_html_becomes_markdown_without_scripts_or_chrome() -> None:
-    html = (b"<html><head><title>Pump manual</title><script>var x = 1;</script></head><body><nav>menu</nav>"
-            b"<h2>Servicing</h2><p>Replace the <b>seal</b> every week.</p><ul><li>one</li><li>two</li></ul>"
-            b"</body></html>")
+    html = (
+        b"<html><head><title>Pump manual</title><script>var x = 1;</script></head><body><nav>menu</nav>"
+        b"<h2>Servicing</h2><p>Replace the <b>seal</b> every week.</p><ul><li>one</li><li>two</li></ul>"
+        b"</body></html>"
+    )
     out = convert(html, "manual.html")
     text = out.sections[0].text
     assert out.title == "Pump manual" and out.file_type == "html"
@@ -68,8 +70,14 @@ def test_split_text_and_documents_ids() -> None:
     out = convert(make_pdf(["alpha", "beta"]), "r.pdf")
     docs = file_documents("docs/r.pdf", 0.0, out, 1_000_000)
     assert [d["doc_id"] for d in docs] == ["docs/r.pdf#p1", "docs/r.pdf#p2"]
-    assert docs[1]["metadata"] == {"path": "docs/r.pdf", "title": "r", "file_type": "pdf", "pages": 2, "page": 2,
-                                   "mtime": "1970-01-01T00:00:00Z"}
+    assert docs[1]["metadata"] == {
+        "path": "docs/r.pdf",
+        "title": "r",
+        "file_type": "pdf",
+        "pages": 2,
+        "page": 2,
+        "mtime": "1970-01-01T00:00:00Z",
+    }
     big = convert(text.encode(), "big.txt")
     ids = [d["doc_id"] for d in file_documents("big.txt", 0.0, big, 500)]
     assert ids[0] == "big.txt#part1" and len(ids) == len(parts)

@@ -25,9 +25,14 @@ def ragserve_metrics() -> dict[str, str]:
     found: dict[str, str] = {}
     for path in (REPO / "deployments").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in KINDS
-                    and node.args and isinstance(node.args[0], ast.Constant)
-                    and str(node.args[0].value).startswith("ragserve_")):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in KINDS
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).startswith("ragserve_")
+            ):
                 found[node.args[0].value] = KINDS[node.func.attr]
     return found
 
@@ -63,7 +68,7 @@ def test_every_query_names_an_exported_metric() -> None:
         names = re.findall(r"\b(ray_[a-z0-9_]+)", expr)
         assert names, expr
         for name in names:
-            bare = name[len("ray_"):]
+            bare = name[len("ray_") :]
             if bare.startswith("serve_"):
                 assert re.sub(r"_(bucket|sum|count|total)$", "", bare) in serve, f"not a Ray Serve metric: {name}"
                 continue
@@ -71,8 +76,14 @@ def test_every_query_names_an_exported_metric() -> None:
             assert matches, f"{name} in {expr!r} is not exported (as Prometheus names it) by deployments/"
             used.add(matches[0][0])
     # the dashboard covers what the issue asks for
-    assert {"ragserve_requests", "ragserve_stage_latency_ms", "ragserve_embedding_cache_hits",
-            "ragserve_documents_indexed", "ragserve_shard_documents", "ragserve_upstream_errors"} <= used
+    assert {
+        "ragserve_requests",
+        "ragserve_stage_latency_ms",
+        "ragserve_embedding_cache_hits",
+        "ragserve_documents_indexed",
+        "ragserve_shard_documents",
+        "ragserve_upstream_errors",
+    } <= used
 
 
 def test_dashboard_is_importable() -> None:
@@ -96,9 +107,12 @@ class FakeGauge:
 
 def test_shard_size_gauges_follow_the_shard_and_zero_a_dropped_index() -> None:
     docs, chunks = FakeGauge(), FakeGauge()
-    seen = publish_sizes({"shard": 1, "indexes": {"a": {"documents": 3, "chunks": 9}, "b": {"documents": 1,
-                                                                                           "chunks": 2}}},
-                         docs, chunks, set())
+    seen = publish_sizes(
+        {"shard": 1, "indexes": {"a": {"documents": 3, "chunks": 9}, "b": {"documents": 1, "chunks": 2}}},
+        docs,
+        chunks,
+        set(),
+    )
     assert seen == {"a", "b"} and docs.values == {("1", "a"): 3, ("1", "b"): 1} and chunks.values[("1", "a")] == 9
     publish_sizes({"shard": 1, "indexes": {"a": {"documents": 4, "chunks": 10}}}, docs, chunks, seen)
     assert docs.values == {("1", "a"): 4, ("1", "b"): 0} and chunks.values[("1", "b")] == 0

@@ -73,4 +73,7 @@ async def test_repeated_query_is_served_from_the_cache(embedder) -> None:  # typ
     assert embedder.info()["cache_hits"] == 1
     # what the ingress decides query embedding from (app.service.query_embedding)
     assert {k: embedder.info()[k] for k in ("remote", "device", "params")} == {
-        "remote": False, "device": "cpu", "params": 4}
+        "remote": False,
+        "device": "cpu",
+        "params": 4,
+    }

@@ -11,8 +11,14 @@ import pytest
 
 from app.embeddings import LocalEmbeddingModel, packaged_embedding_path, plain_pooling
 
-TEXTS = ["What does the pump on line 3 report?", "", "a", "Shards restart on another node. " * 80,
-         "Ünïcödé text, emojis 🙂 and numbers 12345.", "The warranty covers parts and labour for two years."]
+TEXTS = [
+    "What does the pump on line 3 report?",
+    "",
+    "a",
+    "Shards restart on another node. " * 80,
+    "Ünïcödé text, emojis 🙂 and numbers 12345.",
+    "The warranty covers parts and labour for two years.",
+]
 
 
 def test_the_packaged_model_is_run_without_sentence_transformers(embedding_model) -> None:
@@ -40,13 +46,16 @@ def test_layouts_other_than_transformer_pooling_normalise_are_left_to_sentence_t
         root = tmp_path / f"v{len(list(tmp_path.iterdir()))}"
         (root / "1_Pooling").mkdir(parents=True)
         (root / "modules.json").write_text(json.dumps(modules or json.loads((src / "modules.json").read_text())))
-        (root / "1_Pooling" / "config.json").write_text(json.dumps(
-            pooling or json.loads((src / "1_Pooling" / "config.json").read_text())))
+        (root / "1_Pooling" / "config.json").write_text(
+            json.dumps(pooling or json.loads((src / "1_Pooling" / "config.json").read_text()))
+        )
         (root / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 256, "do_lower_case": lower}))
         return root
 
-    dense = [*json.loads((src / "modules.json").read_text()),
-             {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"}]
+    dense = [
+        *json.loads((src / "modules.json").read_text()),
+        {"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"},
+    ]
     assert plain_pooling(variant()) == "mean"
     assert plain_pooling(variant(modules=dense)) is None
     assert plain_pooling(variant(pooling={"pooling_mode_cls_token": True})) == "cls"

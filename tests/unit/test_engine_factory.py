@@ -39,8 +39,17 @@ def test_transformers_rejects_unknown_engine_args(tmp_path: Path) -> None:
 
 
 def test_openai_engine_from_settings(tmp_path: Path) -> None:
-    engine = make_engine(Settings(storage_dir=str(tmp_path), llm_engine="openai", llm_url="http://llm:8000",
-                                  llm_model="phi-4", llm_api_key="k", llm_timeout_s=9, context_window=2048))
+    engine = make_engine(
+        Settings(
+            storage_dir=str(tmp_path),
+            llm_engine="openai",
+            llm_url="http://llm:8000",
+            llm_model="phi-4",
+            llm_api_key="k",
+            llm_timeout_s=9,
+            context_window=2048,
+        )
+    )
     assert isinstance(engine, OpenAIEngine)
     assert (engine.base_url, engine.model_id, engine.context_window()) == ("http://llm:8000/v1", "phi-4", 2048)
 
@@ -48,8 +57,11 @@ def test_openai_engine_from_settings(tmp_path: Path) -> None:
 def test_vllm_engine_needs_a_model(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="llm_model"):
         make_engine(Settings(storage_dir=str(tmp_path), llm_engine="vllm"))
-    engine = make_engine(Settings(storage_dir=str(tmp_path), llm_engine="vllm", llm_model="org/m",
-                                  llm_engine_args={"tensor_parallel_size": 2}))
+    engine = make_engine(
+        Settings(
+            storage_dir=str(tmp_path), llm_engine="vllm", llm_model="org/m", llm_engine_args={"tensor_parallel_size": 2}
+        )
+    )
     assert isinstance(engine, VLLMEngine) and engine.model_id == "org/m"
 
 
@@ -61,12 +73,24 @@ def test_stop_helpers() -> None:
     assert safe_length("caf\ufffd", []) == 3  # an incomplete UTF-8 character waits for its last byte
 
 
-@pytest.mark.parametrize(("body", "what"), [
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    ({"functions": [{"name": "f"}]}, "functions"),
-    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "see"},
-                                                {"type": "image_url", "image_url": {"url": "u"}}]}]}, "image_url"),
-])
+@pytest.mark.parametrize(
+    ("body", "what"),
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "u"}}],
+                    }
+                ]
+            },
+            "image_url",
+        ),
+    ],
+)
 def test_local_engines_reject_what_they_cannot_serve(body: dict, what: str, tmp_path) -> None:
     with pytest.raises(BadRequestError) as err:
         TransformersEngine(None, tmp_path).check_passthrough({"messages": [{"role": "user", "content": "hi"}], **body})
@@ -76,4 +100,5 @@ def test_local_engines_reject_what_they_cannot_serve(body: dict, what: str, tmp_
 
 def test_text_only_bodies_pass(tmp_path) -> None:
     TransformersEngine(None, tmp_path).check_passthrough(
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "tools": [], "functions": None})
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "tools": [], "functions": None}
+    )

@@ -55,8 +55,10 @@ async def collect(stream: AsyncIterator[Any]) -> list[Any]:
     return [item async for item in stream]
 
 
-@pytest.mark.parametrize("url", ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/",
-                                 "http://h:8000/v1/chat/completions"])
+@pytest.mark.parametrize(
+    "url",
+    ["http://h:8000", "http://h:8000/", "http://h:8000/v1", "http://h:8000/v1/", "http://h:8000/v1/chat/completions"],
+)
 def test_base_url_is_normalised(url: str) -> None:
     assert normalise_base_url(url) == "http://h:8000/v1"
 
@@ -94,12 +96,21 @@ async def test_token_counter_for_a_non_openai_model_is_not_exact(engine: OpenAIE
 
 
 async def test_chat_sends_sampling_parameters_and_returns_usage(engine: OpenAIEngine, fake: FakeOpenAI) -> None:
-    result = await engine.chat(MESSAGES, SamplingParams(max_tokens=32, temperature=0.2, top_p=0.9,
-                                                        stop=["\n\n"], seed=7))
+    result = await engine.chat(
+        MESSAGES, SamplingParams(max_tokens=32, temperature=0.2, top_p=0.9, stop=["\n\n"], seed=7)
+    )
     assert result.text == ANSWER and result.finish_reason == "stop"
     assert result.completion_tokens == len(split_answer(ANSWER)) and result.prompt_tokens > 0
-    assert fake.requests[-1] == {"model": "fake-model", "messages": MESSAGES, "max_tokens": 32, "stream": False,
-                                 "temperature": 0.2, "top_p": 0.9, "stop": ["\n\n"], "seed": 7}
+    assert fake.requests[-1] == {
+        "model": "fake-model",
+        "messages": MESSAGES,
+        "max_tokens": 32,
+        "stream": False,
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "stop": ["\n\n"],
+        "seed": 7,
+    }
 
 
 async def test_chat_length_finish_and_unset_parameters_are_not_sent(engine: OpenAIEngine, fake: FakeOpenAI) -> None:
@@ -108,8 +119,7 @@ async def test_chat_length_finish_and_unset_parameters_are_not_sent(engine: Open
     assert set(fake.requests[-1]) == {"model", "messages", "max_tokens", "stream"}
 
 
-async def test_chat_stream_yields_deltas_in_order_then_finish_and_usage(engine: OpenAIEngine,
-                                                                        fake: FakeOpenAI) -> None:
+async def test_chat_stream_yields_deltas_in_order_then_finish_and_usage(engine: OpenAIEngine, fake: FakeOpenAI) -> None:
     deltas: list[GenerationDelta] = await collect(engine.chat_stream(MESSAGES, SamplingParams(max_tokens=64)))
     assert [d.text for d in deltas[:-1]] == split_answer(ANSWER)
     last = deltas[-1]
@@ -127,10 +137,16 @@ async def test_chat_stream_relays_chunks_as_they_arrive(engine: OpenAIEngine, fa
     assert arrivals[0] < arrivals[-1] - 0.15  # the first piece came long before the last one
 
 
-async def test_passthrough_forwards_the_body_unchanged_but_for_the_model(engine: OpenAIEngine,
-                                                                          fake: FakeOpenAI) -> None:
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "logit_bias": {"1": 2},
-            "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "user": "u-1"}
+async def test_passthrough_forwards_the_body_unchanged_but_for_the_model(
+    engine: OpenAIEngine, fake: FakeOpenAI
+) -> None:
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 16,
+        "logit_bias": {"1": 2},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "user": "u-1",
+    }
     response = await engine.passthrough(dict(body), 16)
     assert fake.requests[-1] == {**body, "model": "fake-model"}
     assert response.choices[0].message.content == ANSWER
@@ -140,8 +156,12 @@ async def test_passthrough_forwards_the_body_unchanged_but_for_the_model(engine:
 
 
 async def test_passthrough_stream_relays_upstream_chunks(engine: OpenAIEngine, fake: FakeOpenAI) -> None:
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 16,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     chunks = [c.model_dump(exclude_unset=True) for c in await collect(engine.passthrough_stream(body, 16))]
     assert fake.requests[-1] == {**body, "model": "fake-model"}
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -262,7 +282,6 @@ async def test_small_requests_are_not_delayed_by_nagle(engine: OpenAIEngine) -> 
         await engine.chat(MESSAGES, SamplingParams(max_tokens=4))
         latencies.append(time.perf_counter() - t0)
     assert statistics.median(latencies) < 0.03
-
 
 
 class TestOpenAIEngineContract(EngineContract):

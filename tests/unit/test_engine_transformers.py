@@ -24,8 +24,10 @@ from tests.contracts.engine import EngineContract
 pytestmark = pytest.mark.slow
 
 MODEL_CACHE = Path(__file__).resolve().parents[2] / "data" / "test-cache" / "models"
-MESSAGES = [{"role": "system", "content": "Answer in one short sentence."},
-            {"role": "user", "content": "What does a vector database store?"}]
+MESSAGES = [
+    {"role": "system", "content": "Answer in one short sentence."},
+    {"role": "user", "content": "What does a vector database store?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,10 @@ async def test_stream_is_the_same_greedy_answer_in_pieces(engine: TransformersEn
     assert "".join(d.text for d in deltas) == whole.text
     last = deltas[-1]
     assert (last.finish_reason, last.prompt_tokens, last.completion_tokens) == (
-        whole.finish_reason, whole.prompt_tokens, whole.completion_tokens)
+        whole.finish_reason,
+        whole.prompt_tokens,
+        whole.completion_tokens,
+    )
 
 
 async def test_seeded_sampling_is_reproducible(engine: TransformersEngine) -> None:
@@ -147,7 +152,8 @@ def test_the_packaged_base_model_is_prompted_as_plain_text(engine: TransformersE
     prompt = engine.token_counter().render(MESSAGES)
     assert prompt == "<bos>Answer in one short sentence.\n\nUser: What does a vector database store?\nAssistant:"
     assert engine.token_counter().count_messages(MESSAGES) == len(
-        engine._tokenizer(prompt, add_special_tokens=False).input_ids)
+        engine._tokenizer(prompt, add_special_tokens=False).input_ids
+    )
 
 
 async def test_chat_format_can_be_forced_and_renders_gemma_turns() -> None:

@@ -41,8 +41,9 @@ class FakeTokenizer:
         ids = [len(t) for t in re.findall(r"\S+|\s+", text)]
         return ([1] if add_special_tokens else []) + ids
 
-    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = False,
-                            add_generation_prompt: bool = False) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], tokenize: bool = False, add_generation_prompt: bool = False
+    ) -> str:
         text = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
         return text + ("<assistant>" if add_generation_prompt else "")
 
@@ -118,9 +119,12 @@ class FakeEngine:
             await asyncio.sleep(self.step_delay)
             done = i == n - 1
             reason = ("length" if n < len(PIECES) else "stop") if done else None
-            yield FakeRequestOutput(request_id, prompt["prompt_token_ids"],
-                                    [FakeCompletionOutput(0, "".join(PIECES[: i + 1]), list(range(i + 1)), reason)],
-                                    finished=done)
+            yield FakeRequestOutput(
+                request_id,
+                prompt["prompt_token_ids"],
+                [FakeCompletionOutput(0, "".join(PIECES[: i + 1]), list(range(i + 1)), reason)],
+                finished=done,
+            )
         self.finished_requests.append(request_id)
 
     async def abort(self, request_id: str) -> None:
@@ -148,9 +152,13 @@ class OldFakeEngine(FakeEngine):
         return self._config
 
 
-def install_fake_vllm(monkeypatch: pytest.MonkeyPatch, engine_cls: type[FakeEngine] = FakeEngine,
-                      tokenizer: FakeTokenizer | None = None, max_model_len: int = 8192,
-                      model_type: str = "llama") -> types.ModuleType:
+def install_fake_vllm(
+    monkeypatch: pytest.MonkeyPatch,
+    engine_cls: type[FakeEngine] = FakeEngine,
+    tokenizer: FakeTokenizer | None = None,
+    max_model_len: int = 8192,
+    model_type: str = "llama",
+) -> types.ModuleType:
     module = types.ModuleType("vllm")
 
     class AsyncLLMEngine:
@@ -178,8 +186,7 @@ def _reset() -> Iterator[None]:
 async def started(monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tuple[VLLMEngine, FakeEngine]:
     window = kwargs.pop("context_window", None)
     install_fake_vllm(monkeypatch, **kwargs)
-    engine = VLLMEngine("org/model-7b", {"gpu_memory_utilization": 0.8, "max_model_len": 8192},
-                        context_window=window)
+    engine = VLLMEngine("org/model-7b", {"gpu_memory_utilization": 0.8, "max_model_len": 8192}, context_window=window)
     await engine.start()
     assert FakeEngine.last is not None
     return engine, FakeEngine.last
@@ -195,16 +202,19 @@ async def test_module_imports_without_vllm_and_start_needs_it(monkeypatch: pytes
 
 
 @pytest.mark.parametrize("engine_cls", [FakeEngine, OldFakeEngine], ids=["current-api", "older-api"])
-async def test_start_builds_the_engine_and_reads_tokenizer_and_window(monkeypatch: pytest.MonkeyPatch,
-                                                                      engine_cls: type[FakeEngine]) -> None:
+async def test_start_builds_the_engine_and_reads_tokenizer_and_window(
+    monkeypatch: pytest.MonkeyPatch, engine_cls: type[FakeEngine]
+) -> None:
     engine, fake = await started(monkeypatch, engine_cls=engine_cls, max_model_len=4096)
     assert fake.args.model == "org/model-7b"
     assert fake.args.kwargs == {"gpu_memory_utilization": 0.8, "max_model_len": 8192}
     assert engine.context_window() == 4096
     counter = engine.token_counter()
     assert counter.exact and counter.count_messages(MESSAGES) == len(
-        FakeTokenizer().encode(FakeTokenizer().apply_chat_template(MESSAGES, add_generation_prompt=True),
-                               add_special_tokens=False))
+        FakeTokenizer().encode(
+            FakeTokenizer().apply_chat_template(MESSAGES, add_generation_prompt=True), add_special_tokens=False
+        )
+    )
     await engine.stop()
     assert fake.shut_down
 
@@ -242,10 +252,15 @@ async def test_sampling_parameters_map_onto_the_model_defaults(monkeypatch: pyte
     engine, fake = await started(monkeypatch)
     await engine.chat(MESSAGES, SamplingParams(max_tokens=10))
     assert fake.calls[-1][1].kwargs == {"temperature": 0.6, "top_p": 0.9, "n": 1, "max_tokens": 10}
-    await engine.chat(MESSAGES, SamplingParams(max_tokens=5, temperature=0.0, top_p=0.5, stop=["\n", "END"],
-                                               seed=42))
-    assert fake.calls[-1][1].kwargs == {"temperature": 0.0, "top_p": 0.5, "n": 1, "max_tokens": 5,
-                                        "stop": ["\n", "END"], "seed": 42}
+    await engine.chat(MESSAGES, SamplingParams(max_tokens=5, temperature=0.0, top_p=0.5, stop=["\n", "END"], seed=42))
+    assert fake.calls[-1][1].kwargs == {
+        "temperature": 0.0,
+        "top_p": 0.5,
+        "n": 1,
+        "max_tokens": 5,
+        "stop": ["\n", "END"],
+        "seed": 42,
+    }
     request_ids = {call[2] for call in fake.calls}
     assert len(request_ids) == 2  # every request has its own id
 
@@ -308,8 +323,11 @@ async def test_passthrough_serves_text_and_rejects_tools_and_images(monkeypatch:
     assert response.usage is not None and response.usage.completion_tokens == len(PIECES)
     chunks = [c async for c in engine.passthrough_stream({**body, "stream": True}, 16)]
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "".join(PIECES)
-    for bad in ({"tools": [{"type": "function", "function": {"name": "f"}}]}, {"functions": [{"name": "f"}]},
-                {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}):
+    for bad in (
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"functions": [{"name": "f"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+    ):
         with pytest.raises(ServiceError) as err:
             await engine.passthrough({**body, **bad}, 16)
         assert err.value.status == 400 and "not supported" in err.value.message

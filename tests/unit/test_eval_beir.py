@@ -42,9 +42,11 @@ def test_bad_arguments_are_refused(tmp_path, capsys) -> None:
 
 def test_eval_over_http_hybrid_is_at_least_the_better_single_mode(tmp_path, embedder, capsys) -> None:
     out = tmp_path / "results.json"
-    with FakeOpenAI(answer="unused") as fake, \
-            inprocess_app(tmp_path / "data", embedder, fake.url, chunk_size=256, chunk_overlap=32) as (app, _), \
-            serve_loopback(app) as url:
+    with (
+        FakeOpenAI(answer="unused") as fake,
+        inprocess_app(tmp_path / "data", embedder, fake.url, chunk_size=256, chunk_overlap=32) as (app, _),
+        serve_loopback(app) as url,
+    ):
         assert cli_main(["eval", str(FIXTURE), "--url", url, "--out", str(out)]) == 0  # `ragserve eval ...`
         printed = capsys.readouterr().out
     result = json.loads(out.read_text())

@@ -27,12 +27,27 @@ def fuzz_app(tmp_path_factory, embedding_model) -> Iterator:
     from tests.conftest import InProcessEmbedder
 
     embedder = InProcessEmbedder(embedding_model)
-    with FakeOpenAI(answer="ok [1]", model="fake-model", max_model_len=4096) as fake, \
-            inprocess_app(tmp_path_factory.mktemp("fuzz"), embedder, fake.url, llm_timeout_s=10,
-                          max_document_chars=20_000, similarity_threshold=0.0) as (app, _):
+    with (
+        FakeOpenAI(answer="ok [1]", model="fake-model", max_model_len=4096) as fake,
+        inprocess_app(
+            tmp_path_factory.mktemp("fuzz"),
+            embedder,
+            fake.url,
+            llm_timeout_s=10,
+            max_document_chars=20_000,
+            similarity_threshold=0.0,
+        ) as (app, _),
+    ):
         with TestClient(app) as client:  # an index to hit, so RAG and listing paths run too
-            client.post("/index", json={"index_name": "kb", "documents": [
-                {"text": "KAITO is a Kubernetes operator for AI inference.", "metadata": {"topic": "kaito"}}]})
+            client.post(
+                "/index",
+                json={
+                    "index_name": "kb",
+                    "documents": [
+                        {"text": "KAITO is a Kubernetes operator for AI inference.", "metadata": {"topic": "kaito"}}
+                    ],
+                },
+            )
         yield app
 
 
@@ -43,14 +58,16 @@ def fuzz_operation(op, mode: GenerationMode, examples: int) -> None:
     """Hypothesis drives the operation's strategy; every generated case is sent to the app."""
 
     @given(case=op.as_strategy(generation_mode=mode))
-    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
-              database=None)
+    @settings(
+        max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True, database=None
+    )
     def run(case) -> None:
         response = case.call()
         seen[f"{case.method} {case.path}"] += 1
         if response.status_code >= 500:
-            server_errors.append(f"{case.method} {case.formatted_path} -> {response.status_code}: "
-                                 f"{response.text[:300]}")
+            server_errors.append(
+                f"{case.method} {case.formatted_path} -> {response.status_code}: {response.text[:300]}"
+            )
 
     try:
         run()

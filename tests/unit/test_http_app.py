@@ -15,10 +15,14 @@ from tests.inprocess import RecordingTelemetry, inprocess_app
 
 WINDOW = 4096
 DOCS = [
-    {"text": "KAITO is a Kubernetes operator that automates AI model inference and fine-tuning on GPU nodes.",
-     "metadata": {"topic": "kaito"}},
-    {"text": "FAISS is a library for efficient similarity search and clustering of dense vectors.",
-     "metadata": {"topic": "faiss"}},
+    {
+        "text": "KAITO is a Kubernetes operator that automates AI model inference and fine-tuning on GPU nodes.",
+        "metadata": {"topic": "kaito"},
+    },
+    {
+        "text": "FAISS is a library for efficient similarity search and clustering of dense vectors.",
+        "metadata": {"topic": "faiss"},
+    },
 ]
 
 
@@ -62,16 +66,39 @@ def test_rag_answer_forwards_context_and_returns_sources(env) -> None:
     assert tel.tokens and tel.tokens[-1][0] > 0
 
 
-@pytest.mark.parametrize(("extra", "reason"), [
-    ({}, "no_index"),
-    ({"index_name": "kb", "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"index_name": "kb", "messages": [{"role": "tool", "content": "75F", "tool_call_id": "c1"},
-                                       {"role": "user", "content": "thanks"}]}, "unsupported_role"),
-    ({"index_name": "kb", "messages": [{"role": "user", "content": [
-        {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
-     "non_text_content"),
-    ({"index_name": "kb", "similarity_threshold": 0.99}, "no_context"),
-])
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({}, "no_index"),
+        ({"index_name": "kb", "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        (
+            {
+                "index_name": "kb",
+                "messages": [
+                    {"role": "tool", "content": "75F", "tool_call_id": "c1"},
+                    {"role": "user", "content": "thanks"},
+                ],
+            },
+            "unsupported_role",
+        ),
+        (
+            {
+                "index_name": "kb",
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "what is this"},
+                            {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
+                        ],
+                    }
+                ],
+            },
+            "non_text_content",
+        ),
+        ({"index_name": "kb", "similarity_threshold": 0.99}, "no_context"),
+    ],
+)
 def test_passthrough_forwards_body_without_rag_fields_and_with_clamped_max_tokens(env, extra, reason) -> None:
     client, fake, _ = env
     r = chat(client, max_tokens=100_000, top_k=3, context_token_ratio=0.5, logit_bias={"1": 2}, **extra)
@@ -80,7 +107,7 @@ def test_passthrough_forwards_body_without_rag_fields_and_with_clamped_max_token
     sent = fake.requests[-1]
     assert not {"index_name", "top_k", "context_token_ratio", "similarity_threshold"} & sent.keys()
     assert 0 < sent["max_tokens"] < WINDOW  # clamped to what the window leaves
-    assert sent["logit_bias"] == {"1": 2}   # unknown fields are forwarded
+    assert sent["logit_bias"] == {"1": 2}  # unknown fields are forwarded
     if "tools" in extra:
         assert sent["tools"] == extra["tools"]
     assert "source_nodes" not in r.json()
@@ -88,9 +115,16 @@ def test_passthrough_forwards_body_without_rag_fields_and_with_clamped_max_token
 
 def test_streaming_rag_sends_sources_first_and_done_last(env) -> None:
     client, _, _ = env
-    with client.stream("POST", "/v1/chat/completions", json={
-            "index_name": "kb", "stream": True, "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": "What is the FAISS library for similarity search?"}]}) as r:
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={
+            "index_name": "kb",
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "What is the FAISS library for similarity search?"}],
+        },
+    ) as r:
         assert r.status_code == 200 and r.headers["x-rag-mode"] == "rag"
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
@@ -103,13 +137,16 @@ def test_streaming_rag_sends_sources_first_and_done_last(env) -> None:
 
 def test_streaming_passthrough_relays_upstream_chunks(env) -> None:
     client, fake, _ = env
-    with client.stream("POST", "/v1/chat/completions", json={
-            "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as r:
+    with client.stream(
+        "POST", "/v1/chat/completions", json={"stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    ) as r:
         assert r.headers["x-rag-reason"] == "no_index"
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     events = [json.loads(line[6:]) for line in lines[:-1]]
-    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"]) == \
-        "The answer is in the sources [1]."
+    assert (
+        "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
+        == "The answer is in the sources [1]."
+    )
     assert fake.requests[-1]["stream"] is True
 
 
@@ -118,8 +155,9 @@ def test_openai_error_shapes(env) -> None:
     r = chat(client, index_name="missing")
     assert r.status_code == 404
     assert r.json()["error"]["message"] == "No such index: 'missing' exists."
-    r = chat(client, index_name="kb", messages=[{"role": "user", "content": "q"},
-                                                 {"role": "assistant", "content": "a"}])
+    r = chat(
+        client, index_name="kb", messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    )
     assert r.status_code == 400
     assert r.json()["error"]["message"] == "There must be a user prompt since the latest assistant message."
     r = client.post("/v1/chat/completions", json={"model": "x"})
@@ -146,8 +184,9 @@ def test_upstream_errors_keep_status_and_message(env) -> None:
 def test_stream_cut_mid_way_ends_with_error_event(env) -> None:
     client, fake, _ = env
     fake.cut_stream_next(after_chunks=2)
-    with client.stream("POST", "/v1/chat/completions", json={
-            "stream": True, "messages": [{"role": "user", "content": "hi"}]}) as r:
+    with client.stream(
+        "POST", "/v1/chat/completions", json={"stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    ) as r:
         lines = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     assert "error" in json.loads(lines[-2][6:])
@@ -159,8 +198,13 @@ def test_document_api_errors(env) -> None:
     assert r.status_code == 400 and "index names are" in r.json()["detail"]
     r = client.post("/index", json={"index_name": "kb", "documents": []})
     assert r.status_code == 422
-    r = client.post("/index", json={"index_name": "kb", "documents": [
-        {"text": "def f(): pass", "metadata": {"split_type": "code", "language": "cobol"}}]})
+    r = client.post(
+        "/index",
+        json={
+            "index_name": "kb",
+            "documents": [{"text": "def f(): pass", "metadata": {"split_type": "code", "language": "cobol"}}],
+        },
+    )
     assert r.status_code == 400 and "cobol" in r.json()["detail"]
     assert client.delete("/indexes/none").status_code == 404
     assert client.get("/indexes/kb/documents", params={"limit": 101}).status_code == 400
@@ -174,8 +218,10 @@ def test_models_embeddings_retrieve(env) -> None:
     e = client.post("/v1/embeddings", json={"input": "hello", "encoding_format": "base64"}).json()
     assert isinstance(e["data"][0]["embedding"], str)
     assert client.post("/v1/embeddings", json={"input": []}).status_code == 400
-    resp = client.post("/retrieve", json={"index_name": "kb", "query": "vector similarity search", "top_k": 1,
-                                          "similarity_threshold": 0.2})
+    resp = client.post(
+        "/retrieve",
+        json={"index_name": "kb", "query": "vector similarity search", "top_k": 1, "similarity_threshold": 0.2},
+    )
     assert "embed;dur=" in resp.headers["server-timing"] and "search;dur=" in resp.headers["server-timing"]
     r = resp.json()
     assert r["count"] == 1 and r["results"][0]["metadata"]["topic"] == "faiss"

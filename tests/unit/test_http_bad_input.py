@@ -33,33 +33,41 @@ def client(tmp_path, embedder, fake: FakeOpenAI) -> Iterator[TestClient]:
 
 def raw_post(client: TestClient, path: str, text: str):
     """A body as the client wrote it (Python's json would refuse to write NaN or lone surrogates)."""
-    return client.post(path, content=text.encode("utf-8", "surrogatepass"),
-                       headers={"content-type": "application/json"})
+    return client.post(
+        path, content=text.encode("utf-8", "surrogatepass"), headers={"content-type": "application/json"}
+    )
 
 
 def document_count(client: TestClient) -> int:
     return client.get("/indexes/kb/documents", params={"limit": 100}).json()["total_items"]
 
 
-@pytest.mark.parametrize(("metadata", "says"), [
-    ('{"score": NaN}', "not a finite number"),
-    ('{"score": Infinity}', "not a finite number"),
-    ('{"big": 123456789012345678901234567890}', "does not fit in 64 bits"),
-    ('{"who": "\\ud800"}', "lone surrogate"),
-    ('{"\\udfff": 1}', "lone surrogate"),
-    ('{"nested": {"a": 1}}', "nested objects are not accepted"),
-    ('{"deep": [[1]]}', "not nested lists or objects"),
-    ("{" + ", ".join(f'"k{i}": {i}' for i in range(500)) + "}", "at most 128"),
-    ('{"deep": ' + "[" * 5000 + "]" * 5000 + "}", ""),
-])
+@pytest.mark.parametrize(
+    ("metadata", "says"),
+    [
+        ('{"score": NaN}', "not a finite number"),
+        ('{"score": Infinity}', "not a finite number"),
+        ('{"big": 123456789012345678901234567890}', "does not fit in 64 bits"),
+        ('{"who": "\\ud800"}', "lone surrogate"),
+        ('{"\\udfff": 1}', "lone surrogate"),
+        ('{"nested": {"a": 1}}', "nested objects are not accepted"),
+        ('{"deep": [[1]]}', "not nested lists or objects"),
+        ("{" + ", ".join(f'"k{i}": {i}' for i in range(500)) + "}", "at most 128"),
+        ('{"deep": ' + "[" * 5000 + "]" * 5000 + "}", ""),
+    ],
+)
 def test_metadata_that_cannot_be_stored_is_refused(client: TestClient, metadata: str, says: str) -> None:
-    r = raw_post(client, "/index", '{"index_name": "kb", "documents": [{"text": "Another document.", '
-                                   f'"metadata": {metadata}}}]}}')
+    r = raw_post(
+        client,
+        "/index",
+        f'{{"index_name": "kb", "documents": [{{"text": "Another document.", "metadata": {metadata}}}]}}',
+    )
     assert 400 <= r.status_code < 500, r.text
     assert says in r.text
     assert document_count(client) == 1
-    r = raw_post(client, "/indexes/kb/documents", '{"documents": [{"doc_id": "x", "text": "t", '
-                                                  f'"metadata": {metadata}}}]}}')
+    r = raw_post(
+        client, "/indexes/kb/documents", f'{{"documents": [{{"doc_id": "x", "text": "t", "metadata": {metadata}}}]}}'
+    )
     assert 400 <= r.status_code < 500, r.text
 
 
@@ -68,22 +76,32 @@ def test_lone_surrogates_in_text_and_queries_are_refused(client: TestClient) -> 
     assert r.status_code == 422 and "documents.0.text" in r.text and "unicode" in r.text
     r = raw_post(client, "/retrieve", '{"index_name": "kb", "query": "what \\ud83d"}')
     assert r.status_code == 422 and "unicode" in r.text
-    r = raw_post(client, "/v1/chat/completions", '{"index_name": "kb", "messages": [{"role": "user", '
-                                                 '"content": "hi \\ud800"}]}')
+    r = raw_post(
+        client, "/v1/chat/completions", '{"index_name": "kb", "messages": [{"role": "user", "content": "hi \\ud800"}]}'
+    )
     assert r.status_code == 400 and "messages.0" in r.json()["error"]["message"]
     assert document_count(client) == 1
 
 
-@pytest.mark.parametrize("flt", [
-    {"n": 2**70}, {"n": -(2**64)}, {f"k{i}": i for i in range(300)}, {"a": {"b": 1}}, {"a": [1, 2]},
-])
+@pytest.mark.parametrize(
+    "flt",
+    [
+        {"n": 2**70},
+        {"n": -(2**64)},
+        {f"k{i}": i for i in range(300)},
+        {"a": {"b": 1}},
+        {"a": [1, 2]},
+    ],
+)
 def test_filters_that_cannot_be_evaluated_are_refused(client: TestClient, flt: dict[str, Any]) -> None:
     r = client.get("/indexes/kb/documents", params={"metadata_filter": json.dumps(flt)})
     assert r.status_code == 400, r.text
     r = client.post("/retrieve", json={"index_name": "kb", "query": "KAITO", "metadata_filter": flt})
     assert r.status_code == 422, r.text
-    r = client.post("/v1/chat/completions", json={"index_name": "kb", "metadata_filter": flt,
-                                                  "messages": [{"role": "user", "content": "KAITO?"}]})
+    r = client.post(
+        "/v1/chat/completions",
+        json={"index_name": "kb", "metadata_filter": flt, "messages": [{"role": "user", "content": "KAITO?"}]},
+    )
     assert r.status_code == 400, r.text
     r = raw_post(client, "/retrieve", '{"index_name": "kb", "query": "KAITO", "metadata_filter": {"n": NaN}}')
     assert r.status_code == 422 and "finite" in r.text
@@ -91,16 +109,30 @@ def test_filters_that_cannot_be_evaluated_are_refused(client: TestClient, flt: d
 
 def test_deeply_nested_code_is_chunked_not_a_crash(client: TestClient) -> None:
     code = "x = " + "[" * 3000 + "]" * 3000 + "\n"
-    r = client.post("/index", json={"index_name": "code", "documents": [
-        {"text": code, "metadata": {"split_type": "code", "language": "python"}}]})
+    r = client.post(
+        "/index",
+        json={
+            "index_name": "code",
+            "documents": [{"text": code, "metadata": {"split_type": "code", "language": "python"}}],
+        },
+    )
     assert r.status_code == 200, r.text
     assert client.get("/indexes/code/documents").json()["total_items"] == 1
 
 
-@pytest.mark.parametrize("params", [
-    {"max_tokens": "100"}, {"max_tokens": 1.5}, {"max_tokens": -5}, {"temperature": "hot"}, {"top_p": 2},
-    {"stop": 7}, {"seed": 2**80}, {"frequency_penalty": 1.0},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"max_tokens": "100"},
+        {"max_tokens": 1.5},
+        {"max_tokens": -5},
+        {"temperature": "hot"},
+        {"top_p": 2},
+        {"stop": 7},
+        {"seed": 2**80},
+        {"frequency_penalty": 1.0},
+    ],
+)
 def test_query_llm_params_are_validated(client: TestClient, fake: FakeOpenAI, params: dict[str, Any]) -> None:
     before = len(fake.requests)
     r = client.post("/query", json={"index_name": "kb", "query": "What is KAITO?", "llm_params": params})
@@ -110,8 +142,14 @@ def test_query_llm_params_are_validated(client: TestClient, fake: FakeOpenAI, pa
 
 
 def test_query_llm_params_reach_the_engine(client: TestClient, fake: FakeOpenAI) -> None:
-    r = client.post("/query", json={"index_name": "kb", "query": "What is KAITO?",
-                                    "llm_params": {"max_tokens": 20, "temperature": 0.2, "stop": ["\n\n"]}})
+    r = client.post(
+        "/query",
+        json={
+            "index_name": "kb",
+            "query": "What is KAITO?",
+            "llm_params": {"max_tokens": 20, "temperature": 0.2, "stop": ["\n\n"]},
+        },
+    )
     assert r.status_code == 200, r.text
     sent = fake.requests[-1]
     assert (sent["max_tokens"], sent["temperature"], sent["stop"]) == (20, 0.2, ["\n\n"])
@@ -137,9 +175,16 @@ def test_passthrough_forwards_an_omitted_max_tokens_as_omitted(client: TestClien
 
 
 def test_rag_names_the_generating_model_and_forwards_sampling_fields(client: TestClient, fake: FakeOpenAI) -> None:
-    body = {"index_name": "kb", "model": "client-model", "messages": [{"role": "user", "content": "What is KAITO?"}],
-            "response_format": {"type": "json_object"}, "presence_penalty": 0.5, "frequency_penalty": 0.1,
-            "logprobs": True, "n": 1}
+    body = {
+        "index_name": "kb",
+        "model": "client-model",
+        "messages": [{"role": "user", "content": "What is KAITO?"}],
+        "response_format": {"type": "json_object"},
+        "presence_penalty": 0.5,
+        "frequency_penalty": 0.1,
+        "logprobs": True,
+        "n": 1,
+    }
     r = client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200 and r.headers["x-rag-mode"] == "rag", r.text
     sent = fake.requests[-1]

@@ -15,17 +15,33 @@ from tests.fakes.fake_openai import FakeOpenAI
 from tests.inprocess import inprocess_app
 
 DOCS = [
-    {"doc_id": "zephyr", "text": "The Zephyr X200 is a quiet submersible water pump for garden ponds and fountains, "
-     "moving up to 2000 litres per hour.", "metadata": {"title": "Zephyr X200 overview", "product": "zephyr"}},
-    {"doc_id": "zephyr-install", "text": "Installing the Zephyr X200: place the Zephyr X200 pump on a flat stone at "
-     "the bottom of the pond, connect the hose to the outlet and plug it into a grounded outdoor socket.",
-     "metadata": {"title": "Zephyr X200 installation", "product": "zephyr"}},
-    {"doc_id": "lumen", "text": "The Lumen desk lamp has three brightness levels and a USB-C charging port in its "
-     "base.", "metadata": {"title": "Lumen lamp overview", "product": "lumen"}},
-    {"doc_id": "lumen-install", "text": "Installing the Lumen lamp: screw the arm into the base and connect the USB-C "
-     "cable.", "metadata": {"title": "Lumen lamp installation", "product": "lumen"}},
-    {"doc_id": "part", "text": "Replacement seal kit, part number QK-4471-B, fits the housing of older fountain "
-     "models.", "metadata": {"title": "Seal kit", "product": "parts"}},
+    {
+        "doc_id": "zephyr",
+        "text": "The Zephyr X200 is a quiet submersible water pump for garden ponds and fountains, "
+        "moving up to 2000 litres per hour.",
+        "metadata": {"title": "Zephyr X200 overview", "product": "zephyr"},
+    },
+    {
+        "doc_id": "zephyr-install",
+        "text": "Installing the Zephyr X200: place the Zephyr X200 pump on a flat stone at "
+        "the bottom of the pond, connect the hose to the outlet and plug it into a grounded outdoor socket.",
+        "metadata": {"title": "Zephyr X200 installation", "product": "zephyr"},
+    },
+    {
+        "doc_id": "lumen",
+        "text": "The Lumen desk lamp has three brightness levels and a USB-C charging port in its base.",
+        "metadata": {"title": "Lumen lamp overview", "product": "lumen"},
+    },
+    {
+        "doc_id": "lumen-install",
+        "text": "Installing the Lumen lamp: screw the arm into the base and connect the USB-C cable.",
+        "metadata": {"title": "Lumen lamp installation", "product": "lumen"},
+    },
+    {
+        "doc_id": "part",
+        "text": "Replacement seal kit, part number QK-4471-B, fits the housing of older fountain models.",
+        "metadata": {"title": "Seal kit", "product": "parts"},
+    },
 ]
 FIRST_TURN = "What is the Zephyr X200?"
 
@@ -89,16 +105,25 @@ def test_metadata_filters_apply_in_every_mode(client: TestClient) -> None:
         assert nodes and {n["metadata"]["product"] for n in nodes} == {"lumen"}, mode
 
 
-@pytest.mark.parametrize("route,body", [
-    ("/retrieve", {"index_name": "kb", "query": "x", "retrieval_mode": "bm25"}),
-    ("/query", {"index_name": "kb", "query": "x", "retrieval_mode": "sparse"}),
-    ("/v1/chat/completions", {"index_name": "kb", "messages": [{"role": "user", "content": "x"}],
-                              "retrieval_mode": "fuzzy"}),
-    ("/v1/chat/completions", {"index_name": "kb", "messages": [{"role": "user", "content": "x"}],
-                              "query_rewrite": "always"}),
-    ("/v1/chat/completions", {"index_name": "kb", "messages": [{"role": "user", "content": "x"}],
-                              "sources_in_content": "maybe"}),
-])
+@pytest.mark.parametrize(
+    "route,body",
+    [
+        ("/retrieve", {"index_name": "kb", "query": "x", "retrieval_mode": "bm25"}),
+        ("/query", {"index_name": "kb", "query": "x", "retrieval_mode": "sparse"}),
+        (
+            "/v1/chat/completions",
+            {"index_name": "kb", "messages": [{"role": "user", "content": "x"}], "retrieval_mode": "fuzzy"},
+        ),
+        (
+            "/v1/chat/completions",
+            {"index_name": "kb", "messages": [{"role": "user", "content": "x"}], "query_rewrite": "always"},
+        ),
+        (
+            "/v1/chat/completions",
+            {"index_name": "kb", "messages": [{"role": "user", "content": "x"}], "sources_in_content": "maybe"},
+        ),
+    ],
+)
 def test_a_bad_retrieval_field_is_a_4xx_naming_it(client: TestClient, route: str, body: dict[str, Any]) -> None:
     r = client.post(route, json=body)
     assert 400 <= r.status_code < 500
@@ -107,13 +132,14 @@ def test_a_bad_retrieval_field_is_a_4xx_naming_it(client: TestClient, route: str
 
 
 def chat(client: TestClient, messages: list[dict[str, str]], **kw: Any):
-    return client.post("/v1/chat/completions", json={"index_name": "kb", "messages": messages, "max_tokens": 32,
-                                                     **kw})
+    return client.post("/v1/chat/completions", json={"index_name": "kb", "messages": messages, "max_tokens": 32, **kw})
 
 
-FOLLOW_UP = [{"role": "user", "content": FIRST_TURN},
-             {"role": "assistant", "content": "A submersible pond pump."},
-             {"role": "user", "content": "How do I install it?"}]
+FOLLOW_UP = [
+    {"role": "user", "content": FIRST_TURN},
+    {"role": "assistant", "content": "A submersible pond pump."},
+    {"role": "user", "content": "How do I install it?"},
+]
 
 
 def test_a_follow_up_retrieves_with_the_previous_turn_and_says_so(client: TestClient, fake: FakeOpenAI) -> None:
@@ -165,8 +191,15 @@ def test_citations_name_the_supplied_sources_and_report_invented_ones(client: Te
     text = body["choices"][0]["message"]["content"]
     assert text == "Place it on a flat stone [1]. It is quiet.[9]"
     first = body["source_nodes"][0]
-    assert body["citations"] == [{"marker": 1, "node_id": first["node_id"], "doc_id": first["doc_id"],
-                                  "start": 0, "end": len("Place it on a flat stone [1]")}]
+    assert body["citations"] == [
+        {
+            "marker": 1,
+            "node_id": first["node_id"],
+            "doc_id": first["doc_id"],
+            "start": 0,
+            "end": len("Place it on a flat stone [1]"),
+        }
+    ]
     assert body["invalid_citations"] == [{"marker": 9, "start": text.index("It is"), "end": len(text)}]
 
 
@@ -177,8 +210,11 @@ def test_sources_in_content_appends_a_plain_list(client: TestClient) -> None:
 
 
 def stream_events(client: TestClient, messages: list[dict[str, str]], **kw: Any) -> list[dict[str, Any]]:
-    with client.stream("POST", "/v1/chat/completions", json={"index_name": "kb", "messages": messages,
-                                                              "max_tokens": 32, "stream": True, **kw}) as r:
+    with client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"index_name": "kb", "messages": messages, "max_tokens": 32, "stream": True, **kw},
+    ) as r:
         assert r.status_code == 200
         assert "x-rag-query" in r.headers
         lines = [ln[6:] for ln in r.iter_lines() if ln.startswith("data: ")]
@@ -198,8 +234,9 @@ def test_a_stream_sends_rag_first_and_citations_in_its_final_chunk(client: TestC
     assert all("citations" not in e for e in events[:-1])
 
 
-def test_chat_without_top_k_retrieves_enough_candidates_for_its_budget(client: TestClient, fake: FakeOpenAI,
-                                                                       monkeypatch) -> None:
+def test_chat_without_top_k_retrieves_enough_candidates_for_its_budget(
+    client: TestClient, fake: FakeOpenAI, monkeypatch
+) -> None:
     from app.service.documents import DocumentService
 
     seen: list[int] = []

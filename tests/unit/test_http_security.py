@@ -26,16 +26,29 @@ def fake() -> Iterator[FakeOpenAI]:
 
 @pytest.fixture
 def secured(tmp_path, embedder, fake) -> Iterator[TestClient]:
-    with inprocess_app(tmp_path, embedder, fake.url, api_keys=[KEY, "second-key"]) as (app, _), \
-            TestClient(app) as client:
+    with (
+        inprocess_app(tmp_path, embedder, fake.url, api_keys=[KEY, "second-key"]) as (app, _),
+        TestClient(app) as client,
+    ):
         yield client
 
 
 @pytest.fixture
 def limited(tmp_path, embedder, fake) -> Iterator[TestClient]:
-    with inprocess_app(tmp_path, embedder, fake.url, max_request_bytes=4096, max_documents_per_request=3,
-                       max_document_chars=200, max_chat_messages=4, max_top_k=7, max_list_limit=20) as (app, _), \
-            TestClient(app) as client:
+    with (
+        inprocess_app(
+            tmp_path,
+            embedder,
+            fake.url,
+            max_request_bytes=4096,
+            max_documents_per_request=3,
+            max_document_chars=200,
+            max_chat_messages=4,
+            max_top_k=7,
+            max_list_limit=20,
+        ) as (app, _),
+        TestClient(app) as client,
+    ):
         client.post("/index", json={"index_name": "kb", "documents": [{"text": "KAITO runs models."}]})
         yield client
 
@@ -65,8 +78,9 @@ def all_routes(client: TestClient) -> list[tuple[str, str]]:
 def test_every_route_but_the_probes_needs_a_key(secured: TestClient) -> None:
     routes = all_routes(secured)
     api_routes = {concrete(r.path) for r in flat_routes(secured.app) if isinstance(r, APIRoute)}
-    assert {"/v1/chat/completions", "/index", "/persist/kb", "/retrieve", "/openapi.json"} <= \
-        api_routes | {p for _, p in routes}
+    assert {"/v1/chat/completions", "/index", "/persist/kb", "/retrieve", "/openapi.json"} <= api_routes | {
+        p for _, p in routes
+    }
     for method, path in routes:
         bare = secured.request(method, path)
         wrong = secured.request(method, path, headers={"Authorization": "Bearer sk-wrong"})
@@ -97,8 +111,11 @@ def test_unauthenticated_error_shapes(secured: TestClient) -> None:
 
 def test_the_key_is_never_logged(secured: TestClient, caplog) -> None:
     caplog.set_level("DEBUG")
-    secured.post("/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
-                 json={"messages": [{"role": "user", "content": "hi"}]})
+    secured.post(
+        "/v1/chat/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={"messages": [{"role": "user", "content": "hi"}]},
+    )
     secured.get("/indexes", headers={"Authorization": "Bearer sk-wrong-key-987"})
     assert KEY not in caplog.text and "sk-wrong-key-987" not in caplog.text
 
@@ -122,7 +139,7 @@ def test_body_size_limit_is_413_declared_or_streamed(limited: TestClient) -> Non
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit applies while the body streams
         body = json.dumps(big).encode()
         for i in range(0, len(body), 1000):
-            yield body[i:i + 1000]
+            yield body[i : i + 1000]
 
     r = limited.post("/index", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413
@@ -145,12 +162,14 @@ def test_document_limits(limited: TestClient) -> None:
 
 
 def test_chat_and_retrieval_limits(limited: TestClient) -> None:
-    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}] * 2 + \
-        [{"role": "user", "content": "q"}]
+    msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}] * 2 + [
+        {"role": "user", "content": "q"}
+    ]
     r = limited.post("/v1/chat/completions", json={"messages": msgs})
     assert r.status_code == 400 and "at most 4" in r.json()["error"]["message"]
-    r = limited.post("/v1/chat/completions", json={"index_name": "kb", "top_k": 8,
-                                                   "messages": [{"role": "user", "content": "q"}]})
+    r = limited.post(
+        "/v1/chat/completions", json={"index_name": "kb", "top_k": 8, "messages": [{"role": "user", "content": "q"}]}
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_k"
     r = limited.post("/retrieve", json={"index_name": "kb", "query": "q", "max_node_count": 8})
     assert r.status_code == 400 and "max_node_count must be at most 7" in r.json()["detail"]
@@ -177,8 +196,12 @@ def test_persist_and_load_traversal_is_400(limited: TestClient, path: str) -> No
 
 # --- scoped keys (issue 11, item 16) ---------------------------------------------------------------
 ADMIN, WRITER, READER, TEAM = "sk-admin-key", "sk-writer-key", "sk-reader-key", "sk-team-a-key"
-SCOPED = [ADMIN, {"key": WRITER, "role": "write"}, {"key": READER, "role": "read"},
-          {"key": TEAM, "indexes": ["team-a*"], "role": "admin"}]
+SCOPED = [
+    ADMIN,
+    {"key": WRITER, "role": "write"},
+    {"key": READER, "role": "read"},
+    {"key": TEAM, "indexes": ["team-a*"], "role": "admin"},
+]
 CHAT = {"messages": [{"role": "user", "content": "What runs models?"}]}
 # (method, path, body, role needed); {index} is the index the call is about
 SCOPED_ROUTES = [
@@ -198,11 +221,16 @@ RANK = {"read": 1, "write": 2, "admin": 3}
 
 @pytest.fixture
 def scoped(tmp_path, embedder, fake) -> Iterator[TestClient]:
-    with inprocess_app(tmp_path, embedder, fake.url, api_keys=SCOPED, similarity_threshold=0.0) as (app, _), \
-            TestClient(app) as client:
+    with (
+        inprocess_app(tmp_path, embedder, fake.url, api_keys=SCOPED, similarity_threshold=0.0) as (app, _),
+        TestClient(app) as client,
+    ):
         for index in ("kb", "team-a-docs"):
-            r = client.post("/index", headers=bearer(ADMIN), json={"index_name": index, "documents": [
-                {"doc_id": "d1", "text": "KAITO runs models on Kubernetes."}]})
+            r = client.post(
+                "/index",
+                headers=bearer(ADMIN),
+                json={"index_name": index, "documents": [{"doc_id": "d1", "text": "KAITO runs models on Kubernetes."}]},
+            )
             assert r.status_code == 200, r.text
         yield client
 
@@ -220,8 +248,9 @@ def call(client: TestClient, key: str, method: str, path: str, body: dict | None
 
 @pytest.mark.parametrize(("key", "role"), [(READER, "read"), (WRITER, "write")])
 @pytest.mark.parametrize(("method", "path", "body", "needed"), SCOPED_ROUTES)
-def test_each_role_reaches_what_it_may_and_gets_403_beyond(scoped: TestClient, key: str, role: str, method: str,
-                                                          path: str, body: dict | None, needed: str) -> None:
+def test_each_role_reaches_what_it_may_and_gets_403_beyond(
+    scoped: TestClient, key: str, role: str, method: str, path: str, body: dict | None, needed: str
+) -> None:
     if path.startswith("/load"):
         assert call(scoped, ADMIN, "POST", "/persist/{index}", None, "kb").status_code == 200
     r = call(scoped, key, method, path, body, "kb")
@@ -235,8 +264,9 @@ def test_each_role_reaches_what_it_may_and_gets_403_beyond(scoped: TestClient, k
 
 
 @pytest.mark.parametrize(("method", "path", "body", "needed"), SCOPED_ROUTES)
-def test_an_index_scoped_key_reaches_only_its_indexes(scoped: TestClient, method: str, path: str,
-                                                      body: dict | None, needed: str) -> None:
+def test_an_index_scoped_key_reaches_only_its_indexes(
+    scoped: TestClient, method: str, path: str, body: dict | None, needed: str
+) -> None:
     if path.startswith("/load"):
         assert call(scoped, TEAM, "POST", "/persist/{index}", None, "team-a-docs").status_code == 200
     assert call(scoped, TEAM, method, path, body, "team-a-docs").status_code < 400
@@ -256,11 +286,19 @@ def test_passthrough_chat_needs_only_a_valid_key(scoped: TestClient) -> None:
 
 
 # --- secure by default off the loopback (item 17) -----------------------------------------------------
-@pytest.mark.parametrize(("host", "keys", "allow", "ok"), [
-    ("127.0.0.1", False, False, True), ("localhost", False, False, True), ("::1", False, False, True),
-    ("0.0.0.0", False, False, False), ("10.1.2.3", False, False, False), ("my-host", False, False, False),
-    ("0.0.0.0", True, False, True), ("0.0.0.0", False, True, True),
-])
+@pytest.mark.parametrize(
+    ("host", "keys", "allow", "ok"),
+    [
+        ("127.0.0.1", False, False, True),
+        ("localhost", False, False, True),
+        ("::1", False, False, True),
+        ("0.0.0.0", False, False, False),
+        ("10.1.2.3", False, False, False),
+        ("my-host", False, False, False),
+        ("0.0.0.0", True, False, True),
+        ("0.0.0.0", False, True, True),
+    ],
+)
 def test_an_open_server_beyond_the_loopback_refuses_to_start(host: str, keys: bool, allow: bool, ok: bool) -> None:
     from app.service.access import check_exposure
 

@@ -24,19 +24,33 @@ QUESTION = [{"role": "user", "content": "What does the KAITO operator automate?"
 
 @pytest.fixture(scope="module")
 def fake() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI(answer="KAITO automates model inference on GPU nodes [1].", model="fake-model",
-                    max_model_len=4096) as f:
+    with FakeOpenAI(
+        answer="KAITO automates model inference on GPU nodes [1].", model="fake-model", max_model_len=4096
+    ) as f:
         yield f
 
 
 @pytest.fixture
 def env(tmp_path, embedder, fake) -> Iterator[tuple[TestClient, RecordingTelemetry]]:
     tel = RecordingTelemetry()
-    with inprocess_app(tmp_path, embedder, fake.url, telemetry=tel, llm_timeout_s=TIMEOUT_S,
-                       similarity_threshold=0.1) as (app, _), TestClient(app) as client:
-        assert client.post("/index", json={"index_name": "kb", "documents": [
-            {"text": "KAITO is a Kubernetes operator that automates AI model inference on GPU nodes."}]}
-        ).status_code == 200
+    with (
+        inprocess_app(
+            tmp_path, embedder, fake.url, telemetry=tel, llm_timeout_s=TIMEOUT_S, similarity_threshold=0.1
+        ) as (app, _),
+        TestClient(app) as client,
+    ):
+        assert (
+            client.post(
+                "/index",
+                json={
+                    "index_name": "kb",
+                    "documents": [
+                        {"text": "KAITO is a Kubernetes operator that automates AI model inference on GPU nodes."}
+                    ],
+                },
+            ).status_code
+            == 200
+        )
         yield client, tel
 
 
@@ -109,8 +123,10 @@ def test_bad_stream_events_end_with_an_error_event(env, fake: FakeOpenAI, misbeh
 @pytest.mark.parametrize("stream", [False, True])
 def test_refused_connection_is_502(tmp_path, embedder, stream: bool) -> None:
     tel = RecordingTelemetry()
-    with inprocess_app(tmp_path, embedder, closed_port_url(), telemetry=tel, llm_timeout_s=TIMEOUT_S) as (app, _), \
-            TestClient(app) as client:
+    with (
+        inprocess_app(tmp_path, embedder, closed_port_url(), telemetry=tel, llm_timeout_s=TIMEOUT_S) as (app, _),
+        TestClient(app) as client,
+    ):
         t0 = time.monotonic()
         if stream:
             status, _, _ = sse_events(client, PLAIN)

@@ -18,9 +18,16 @@ from app.store import ChunkWrite, DocumentWrite
 
 def write(doc_id: str, text: str, chunks: int, dim: int = 8) -> DocumentWrite:
     rng = np.random.default_rng(abs(hash(doc_id)) % 2**32)
-    return DocumentWrite(doc_id=doc_id, text=text, metadata={}, hash_value=f"h-{doc_id}", chunks=[
-        ChunkWrite(f"{doc_id}-{k}", k, f"chunk {k}", rng.standard_normal(dim).astype(np.float32))
-        for k in range(chunks)])
+    return DocumentWrite(
+        doc_id=doc_id,
+        text=text,
+        metadata={},
+        hash_value=f"h-{doc_id}",
+        chunks=[
+            ChunkWrite(f"{doc_id}-{k}", k, f"chunk {k}", rng.standard_normal(dim).astype(np.float32))
+            for k in range(chunks)
+        ],
+    )
 
 
 def test_shard_counts_follow_writes_and_deletes(tmp_path: Path) -> None:
@@ -28,8 +35,15 @@ def test_shard_counts_follow_writes_and_deletes(tmp_path: Path) -> None:
     try:
         assert shard.index_stats("kb") is None
         shard.upsert_documents("kb", [write("a", "héllo", 3), write("b", "world", 2)])
-        assert shard.index_stats("kb") == {"shard": 0, "documents": 2, "chunks": 5, "bytes": 11, "vectors": 5,
-                                           "dimension": 8, "index_kind": "hnsw"}
+        assert shard.index_stats("kb") == {
+            "shard": 0,
+            "documents": 2,
+            "chunks": 5,
+            "bytes": 11,
+            "vectors": 5,
+            "dimension": 8,
+            "index_kind": "hnsw",
+        }
         shard.upsert_documents("kb", [write("a", "hi", 1)])  # replaced: its chunks too
         shard.delete_documents("kb", ["b"])
         s = shard.index_stats("kb")

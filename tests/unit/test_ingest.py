@@ -44,22 +44,26 @@ def test_ids() -> None:
 def test_sentence_spans_keep_abbreviations_decimals_and_urls() -> None:
     text = "Dr. Smith paid $3.14 at example.com/a.b today. Mr. Jones, e.g. the baker, left! Did he? Yes."
     parts = [text[s:e].strip() for s, e in sentence_spans(text)]
-    assert parts == ["Dr. Smith paid $3.14 at example.com/a.b today.", "Mr. Jones, e.g. the baker, left!",
-                     "Did he?", "Yes."]
+    assert parts == [
+        "Dr. Smith paid $3.14 at example.com/a.b today.",
+        "Mr. Jones, e.g. the baker, left!",
+        "Did he?",
+        "Yes.",
+    ]
     lines = "Line one\nLine two"
     assert [lines[s:e].strip() for s, e in sentence_spans(lines)] == ["Line one", "Line two"]
 
 
 def _check(chunks, text: str, count, size: int, overlap: int) -> None:
     assert all(count(c.text) <= size for c in chunks)
-    assert all(text[c.start_char:c.end_char] == c.text for c in chunks)
+    assert all(text[c.start_char : c.end_char] == c.text for c in chunks)
     assert [c.index for c in chunks] == list(range(len(chunks)))
     covered = set()
     for c in chunks:
         covered.update(range(c.start_char, c.end_char))
     assert all(i in covered for i, ch in enumerate(text) if not ch.isspace())
     for a, b in itertools.pairwise(chunks):
-        shared = text[b.start_char:a.end_char] if b.start_char < a.end_char else ""
+        shared = text[b.start_char : a.end_char] if b.start_char < a.end_char else ""
         assert count(shared) <= overlap
 
 
@@ -69,7 +73,7 @@ def test_sentence_chunks_pack_whole_sentences_with_overlap() -> None:
     chunks = SentenceChunker(words, chunk_size=30, chunk_overlap=8).split(text)
     _check(chunks, text, words, 30, 8)
     assert len(chunks) > 5
-    assert all(c.text.endswith(".") for c in chunks)                 # chunks end at sentence ends
+    assert all(c.text.endswith(".") for c in chunks)  # chunks end at sentence ends
     assert sum(1 for a, b in itertools.pairwise(chunks) if b.start_char < a.end_char) >= len(chunks) - 1
 
 
@@ -82,8 +86,10 @@ def test_long_sentence_and_long_word_are_split() -> None:
 
 def test_real_embedding_tokenizer(embedding_model) -> None:
     count = hf_token_counter(embedding_model.tokenizer)
-    text = ("Retrieval augmented generation combines search with generation. " * 3 +
-            "FAISS indexes dense vectors for similarity search! Is it fast? It is, e.g. on millions of vectors. ") * 8
+    text = (
+        "Retrieval augmented generation combines search with generation. " * 3
+        + "FAISS indexes dense vectors for similarity search! Is it fast? It is, e.g. on millions of vectors. "
+    ) * 8
     chunks = SentenceChunker(count, chunk_size=64, chunk_overlap=16).split(text)
     _check(chunks, text, count, 64, 16)
     assert len(chunks) >= 4
@@ -126,7 +132,7 @@ class Calculator:
         return self.total
 '''
 
-GO = '''package main
+GO = """package main
 
 import "fmt"
 
@@ -142,28 +148,32 @@ func Sub(a, b int) int {
 func main() {
 \tfmt.Println(Add(1, 2), Sub(3, 1))
 }
-'''
+"""
 
 
 def test_python_chunks_are_whole_functions_and_methods() -> None:
     chunks = CodeChunker(words, chunk_size=14).split(PYTHON, "python")
     texts = [c.text for c in chunks]
     add = "# Adds two numbers.\ndef add(a, b):\n    return a + b"
-    assert sum(add in t for t in texts) == 1                      # the comment travels with its function
+    assert sum(add in t for t in texts) == 1  # the comment travels with its function
     assert sum('def sub(a, b):\n    """Subtract b from a."""\n    return a - b' in t for t in texts) == 1
-    for method in ("def push(self, value):\n        self.total += value\n        return self.total",
-                   "def reset(self):\n        self.total = 0\n        return self.total"):
-        assert sum(method in t for t in texts) == 1               # the class split into its methods
+    for method in (
+        "def push(self, value):\n        self.total += value\n        return self.total",
+        "def reset(self):\n        self.total = 0\n        return self.total",
+    ):
+        assert sum(method in t for t in texts) == 1  # the class split into its methods
     assert all(words(t) <= 14 for t in texts)
-    assert all(PYTHON[c.start_char:c.end_char] == c.text for c in chunks)
+    assert all(PYTHON[c.start_char : c.end_char] == c.text for c in chunks)
 
 
 def test_go_chunks_are_whole_functions() -> None:
     chunks = CodeChunker(words, chunk_size=16).split(GO, "golang")
     texts = [c.text for c in chunks]
-    for fn in ("// Add adds two ints.\nfunc Add(a, b int) int {\n\treturn a + b\n}",
-               "func Sub(a, b int) int {\n\treturn a - b\n}",
-               "func main() {\n\tfmt.Println(Add(1, 2), Sub(3, 1))\n}"):
+    for fn in (
+        "// Add adds two ints.\nfunc Add(a, b int) int {\n\treturn a + b\n}",
+        "func Sub(a, b int) int {\n\treturn a - b\n}",
+        "func main() {\n\tfmt.Println(Add(1, 2), Sub(3, 1))\n}",
+    ):
         assert sum(fn in t for t in texts) == 1
 
 
@@ -173,20 +183,22 @@ def test_small_code_is_one_chunk_and_unicode_offsets_hold() -> None:
     assert len(chunks) == 1 and chunks[0].text == code.strip()
 
 
-@pytest.mark.parametrize(("language", "code"), [
-    ("javascript", "function a() { return 1; }\nconst b = () => 2;\n"),
-    ("typescript", "function a(x: number): number { return x; }\ninterface P { x: number }\n"),
-    ("tsx", "const C = () => <div>hi</div>;\n"),
-    ("java", "class A { int f() { return 1; } int g() { return 2; } }\n"),
-    ("rust", "fn a() -> i32 { 1 }\nfn b() -> i32 { 2 }\n"),
-    ("c", "int a(void) { return 1; }\nint b(void) { return 2; }\n"),
-    ("cpp", "int a() { return 1; }\nnamespace n { int b() { return 2; } }\n"),
-])
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("javascript", "function a() { return 1; }\nconst b = () => 2;\n"),
+        ("typescript", "function a(x: number): number { return x; }\ninterface P { x: number }\n"),
+        ("tsx", "const C = () => <div>hi</div>;\n"),
+        ("java", "class A { int f() { return 1; } int g() { return 2; } }\n"),
+        ("rust", "fn a() -> i32 { 1 }\nfn b() -> i32 { 2 }\n"),
+        ("c", "int a(void) { return 1; }\nint b(void) { return 2; }\n"),
+        ("cpp", "int a() { return 1; }\nnamespace n { int b() { return 2; } }\n"),
+    ],
+)
 def test_other_languages(language: str, code: str) -> None:
     chunks = CodeChunker(words, chunk_size=8).split(code, language)
-    assert chunks and all(code[c.start_char:c.end_char] == c.text for c in chunks)
-    assert "".join(c.text for c in chunks).replace(" ", "").replace("\n", "") == \
-        code.replace(" ", "").replace("\n", "")
+    assert chunks and all(code[c.start_char : c.end_char] == c.text for c in chunks)
+    assert "".join(c.text for c in chunks).replace(" ", "").replace("\n", "") == code.replace(" ", "").replace("\n", "")
 
 
 def test_oversized_leaf_falls_back_to_lines() -> None:
@@ -210,6 +222,8 @@ def test_unsupported_language_lists_the_supported_ones(language) -> None:
 def test_document_chunker_dispatch() -> None:
     chunker = DocumentChunker(words, chunk_size=14, chunk_overlap=2)
     assert len(chunker.chunk(PYTHON, {"split_type": "code", "language": "python"})) > 2
-    assert chunker.chunk("One sentence. Two sentences.", {"split_type": "sentence"})[0].text == \
-        "One sentence. Two sentences."
+    assert (
+        chunker.chunk("One sentence. Two sentences.", {"split_type": "sentence"})[0].text
+        == "One sentence. Two sentences."
+    )
     assert chunker.chunk("Plain text.", None)[0].text == "Plain text."

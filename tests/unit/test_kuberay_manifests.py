@@ -48,8 +48,9 @@ def check_serve_config(doc: dict[str, Any]) -> None:
     from ray.serve.schema import ServeDeploySchema
 
     cfg = yaml.safe_load(doc["spec"]["serveConfigV2"])
-    ServeDeploySchema.model_validate(cfg) if hasattr(ServeDeploySchema, "model_validate") else \
-        ServeDeploySchema.parse_obj(cfg)
+    ServeDeploySchema.model_validate(cfg) if hasattr(
+        ServeDeploySchema, "model_validate"
+    ) else ServeDeploySchema.parse_obj(cfg)
     for app in cfg["applications"]:
         assert app["import_path"] == "deployments.builder:build_app"
         Settings(**app["args"])
@@ -64,7 +65,7 @@ def test_manifest_validates_against_crd(rayservice_schema: dict[str, Any], name:
     jsonschema.validate(doc, rayservice_schema)
     check_serve_config(doc)
     cluster = doc["spec"]["rayClusterConfig"]
-    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"   # no work on the head
+    assert cluster["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"  # no work on the head
     groups = {g["groupName"]: g for g in cluster["workerGroupSpecs"]}
     gpu = groups["gpu"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]
     assert gpu == int(groups["gpu"]["rayStartParams"]["num-gpus"])
@@ -95,7 +96,8 @@ def test_broken_copies_fail(rayservice_schema: dict[str, Any]) -> None:
         check_serve_config(bad_serve)
     bad_deploy = copy.deepcopy(doc)
     bad_deploy["spec"]["serveConfigV2"] = doc["spec"]["serveConfigV2"].replace(
-        "max_ongoing_requests: 256", "max_ongoing_requests: -3")
+        "max_ongoing_requests: 256", "max_ongoing_requests: -3"
+    )
     with pytest.raises(ValueError):
         check_serve_config(bad_deploy)
 

@@ -33,11 +33,14 @@ def test_no_module_under_app_imports_ray() -> None:
 
 
 def test_importing_every_app_module_does_not_load_ray() -> None:
-    modules = sorted(".".join(f.relative_to(APP.parent).with_suffix("").parts).removesuffix(".__init__")
-                     for f in APP.rglob("*.py"))
-    code = ("import importlib, sys\n"
-            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
-            "loaded = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
-            "print(loaded[:5]); sys.exit(1 if loaded else 0)\n")
+    modules = sorted(
+        ".".join(f.relative_to(APP.parent).with_suffix("").parts).removesuffix(".__init__") for f in APP.rglob("*.py")
+    )
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+        "loaded = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
+        "print(loaded[:5]); sys.exit(1 if loaded else 0)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=APP.parent, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-2000:]

@@ -16,8 +16,11 @@ from tests.inprocess import inprocess_app
 def schema(tmp_path_factory, embedding_model) -> dict[str, Any]:
     from tests.conftest import InProcessEmbedder
 
-    with FakeOpenAI() as fake, inprocess_app(tmp_path_factory.mktemp("schema"), InProcessEmbedder(embedding_model),
-                                             fake.url) as (app, _), TestClient(app) as client:
+    with (
+        FakeOpenAI() as fake,
+        inprocess_app(tmp_path_factory.mktemp("schema"), InProcessEmbedder(embedding_model), fake.url) as (app, _),
+        TestClient(app) as client,
+    ):
         return client.get("/openapi.json").json()
 
 
@@ -54,7 +57,12 @@ def test_chat_completions_documents_its_stream_and_its_models(schema: dict[str, 
     assert op["application/json"]["schema"]["$ref"].endswith("/ChatCompletionResponse")
     assert op["text/event-stream"]["schema"]["$ref"].endswith("/ChatCompletionChunk")
     names = schema["components"]["schemas"]
-    assert {"ChatCompletionResponse", "ChatCompletionChunk", "NodeWithScore", "ErrorResponse", "DetailResponse"} \
-        <= names.keys()
+    assert {
+        "ChatCompletionResponse",
+        "ChatCompletionChunk",
+        "NodeWithScore",
+        "ErrorResponse",
+        "DetailResponse",
+    } <= names.keys()
     chunk = names["ChatCompletionChunk"]["properties"]
     assert chunk["choices"]["items"]["$ref"] in {f"#/components/schemas/{n}" for n in names}

@@ -7,8 +7,10 @@ import pytest
 from deployments.platform import HIGH_THROUGHPUT_VARS, SWITCH, high_throughput_enabled, serve_env
 
 
-@pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("yes", True), ("0", False),
-                                            ("false", False), ("OFF", False), (" no ", False)])
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [(None, True), ("1", True), ("yes", True), ("0", False), ("false", False), ("OFF", False), (" no ", False)],
+)
 def test_switch_defaults_on_and_turns_off(value: str | None, on: bool) -> None:
     env = {} if value is None else {SWITCH: value}
     assert high_throughput_enabled(env) is on

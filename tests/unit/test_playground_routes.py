@@ -20,10 +20,17 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 def client(tmp_path_factory, embedding_model) -> Iterator[TestClient]:
     from tests.conftest import InProcessEmbedder
 
-    with FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake, \
-            inprocess_app(tmp_path_factory.mktemp("routes"), InProcessEmbedder(embedding_model),
-                          fake.url.replace("http://", "http://user:hunter2@"), api_keys=[KEY],
-                          llm_api_key="sk-upstream-secret") as (app, _), TestClient(app) as c:
+    with (
+        FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake,
+        inprocess_app(
+            tmp_path_factory.mktemp("routes"),
+            InProcessEmbedder(embedding_model),
+            fake.url.replace("http://", "http://user:hunter2@"),
+            api_keys=[KEY],
+            llm_api_key="sk-upstream-secret",
+        ) as (app, _),
+        TestClient(app) as c,
+    ):
         yield c
 
 
@@ -58,22 +65,35 @@ def test_upload_converts_replaces_and_refuses_mistakes(client: TestClient) -> No
     def up(body: bytes, **params: str):
         return client.post("/indexes/up/files", params=params, content=body, headers=AUTH)
 
-    r = up(make_pdf(["Pumps are checked daily.", "Valves are checked weekly.", "Fans are checked monthly."]),
-           filename="checks.pdf", mtime="1700000000")
+    r = up(
+        make_pdf(["Pumps are checked daily.", "Valves are checked weekly.", "Fans are checked monthly."]),
+        filename="checks.pdf",
+        mtime="1700000000",
+    )
     assert r.status_code == 200, r.text
     assert r.json()["doc_ids"] == ["uploads/checks.pdf#p1", "uploads/checks.pdf#p2", "uploads/checks.pdf#p3"]
     listing = client.get("/indexes/up/documents", params={"metadata_filter": '{"page": 2}'}, headers=AUTH).json()
-    assert listing["documents"][0]["metadata"] == {"path": "uploads/checks.pdf", "title": "checks", "file_type": "pdf",
-                                                   "page": 2, "pages": 3, "mtime": "2023-11-14T22:13:20Z"}
+    assert listing["documents"][0]["metadata"] == {
+        "path": "uploads/checks.pdf",
+        "title": "checks",
+        "file_type": "pdf",
+        "page": 2,
+        "pages": 3,
+        "mtime": "2023-11-14T22:13:20Z",
+    }
     r = up(make_pdf(["Pumps are checked daily."]), filename="checks.pdf")  # a new, shorter version
     assert r.json()["deleted_doc_ids"] == ["uploads/checks.pdf#p2", "uploads/checks.pdf#p3"]
     assert client.get("/indexes/up/stats", headers=AUTH).json()["documents"] == 1
-    r = up(make_docx([("Heading1", "Shift plan"), ("", "Night shift starts at ten.")]), filename="plan.docx",
-           path="team/plan.docx")
+    r = up(
+        make_docx([("Heading1", "Shift plan"), ("", "Night shift starts at ten.")]),
+        filename="plan.docx",
+        path="team/plan.docx",
+    )
     assert r.json()["doc_ids"] == ["team/plan.docx"] and r.json()["title"] == "Shift plan"
     r = up(b"def f():\n    return 1\n", filename="tool.py")
-    doc = client.get("/indexes/up/documents", params={"metadata_filter": '{"file_type": "code"}'},
-                     headers=AUTH).json()["documents"][0]
+    doc = client.get("/indexes/up/documents", params={"metadata_filter": '{"file_type": "code"}'}, headers=AUTH).json()[
+        "documents"
+    ][0]
     assert doc["metadata"]["split_type"] == "code" and doc["metadata"]["language"] == "python"
 
     assert up(b"\x89PNG", filename="photo.png").status_code == 415
@@ -82,8 +102,10 @@ def test_upload_converts_replaces_and_refuses_mistakes(client: TestClient) -> No
     assert up(b"%PDF-1.4 broken", filename="b.pdf").status_code == 400
     assert up(b"text", filename="a.md", path="../../etc/passwd").status_code == 400
     assert up(b"text", filename="a.md", path="/abs.md").status_code == 400
-    assert client.post("/indexes/bad%20name/files", params={"filename": "a.md"}, content=b"x",
-                       headers=AUTH).status_code == 400
+    assert (
+        client.post("/indexes/bad%20name/files", params={"filename": "a.md"}, content=b"x", headers=AUTH).status_code
+        == 400
+    )
     assert client.post("/indexes/up/files", content=b"x", headers=AUTH).status_code == 422  # no filename
 
 

@@ -38,14 +38,17 @@ def test_a_question_over_sources_reads_instructions_sources_question_answer() ->
         "[1] (kaito.md)\nKAITO is a Kubernetes operator that automates AI model inference.\n\n"
         "[2] (rag.md)\nRAG grounds a language model on retrieved text.\n\n"
         "Question: What is KAITO?\n"
-        "Answer:")
+        "Answer:"
+    )
 
 
 def test_history_becomes_user_and_assistant_lines_before_the_question() -> None:
-    history = [{"role": "user", "content": "What is RAG?"},
-               {"role": "assistant", "content": " It grounds a model on retrieved text [2]. "},
-               {"role": "user", "content": [{"type": "text", "text": "Thanks."}]},
-               {"role": "assistant", "content": "You are welcome."}]
+    history = [
+        {"role": "user", "content": "What is RAG?"},
+        {"role": "assistant", "content": " It grounds a model on retrieved text [2]. "},
+        {"role": "user", "content": [{"type": "text", "text": "Thanks."}]},
+        {"role": "assistant", "content": "You are welcome."},
+    ]
     system = [{"role": "system", "content": "Be brief."}]
     rendered = render_completion(build_rag_messages(system, history, "And KAITO?", [KAITO]))
     assert rendered.startswith(f"Be brief.\n\n{CONTEXT_INSTRUCTIONS}\n\nSources:\n[1] (kaito.md)\n")
@@ -56,22 +59,29 @@ def test_history_becomes_user_and_assistant_lines_before_the_question() -> None:
         "User: Thanks.\n"
         "Assistant: You are welcome.\n"
         "Question: And KAITO?\n"
-        "Answer:")
+        "Answer:"
+    )
     assert "<start_of_turn>" not in rendered and "system" not in rendered
 
 
 def test_a_passthrough_chat_ends_with_assistant() -> None:
     assert render_completion([{"role": "user", "content": "What is the capital of France?"}]) == (
-        "User: What is the capital of France?\nAssistant:")
-    with_system = render_completion([{"role": "system", "content": "You are terse."},
-                                     {"role": "developer", "content": "No lists."},
-                                     {"role": "user", "content": "Hi"},
-                                     {"role": "assistant", "content": "Hello."},
-                                     {"role": "tool", "content": "75F"}])
+        "User: What is the capital of France?\nAssistant:"
+    )
+    with_system = render_completion(
+        [
+            {"role": "system", "content": "You are terse."},
+            {"role": "developer", "content": "No lists."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "tool", "content": "75F"},
+        ]
+    )
     assert with_system == "You are terse.\n\nNo lists.\n\nUser: Hi\nAssistant: Hello.\nUser: 75F\nAssistant:"
     # a chat that already ends with the assistant (or has no turn at all) is continued by it
     assert render_completion([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel"}]) == (
-        "User: Hi\nAssistant: Hel\nAssistant:")
+        "User: Hi\nAssistant: Hel\nAssistant:"
+    )
     assert render_completion([{"role": "system", "content": "Rules."}]) == "Rules.\n\nAssistant:"
 
 
@@ -102,10 +112,21 @@ def test_the_counter_counts_exactly_the_rendered_prompt() -> None:
 def test_the_budget_reports_the_tokens_of_the_prompt_the_model_gets() -> None:
     render = completion_renderer("<bos>")
     counter = HFTokenCounter(CharTokenizer(), render=render)
-    history = [{"role": "user", "content": "old question " * 20}, {"role": "assistant", "content": "old answer"},
-               {"role": "user", "content": "What is RAG?"}, {"role": "assistant", "content": "Grounding."}]
-    result = fit(counter=counter, window=700, system=[], history=history, query="What is KAITO?",
-                 nodes=[KAITO, RAG], requested_max_tokens=100)
+    history = [
+        {"role": "user", "content": "old question " * 20},
+        {"role": "assistant", "content": "old answer"},
+        {"role": "user", "content": "What is RAG?"},
+        {"role": "assistant", "content": "Grounding."},
+    ]
+    result = fit(
+        counter=counter,
+        window=700,
+        system=[],
+        history=history,
+        query="What is KAITO?",
+        nodes=[KAITO, RAG],
+        requested_max_tokens=100,
+    )
     prompt = render_completion(result.messages, bos="<bos>")
     assert result.prompt_tokens == len(prompt)
     assert result.prompt_tokens + result.max_tokens <= 700

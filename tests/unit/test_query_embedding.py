@@ -50,15 +50,18 @@ class Deployment:
         return 7 * len(texts)
 
 
-@pytest.mark.parametrize(("setting", "remote", "device", "params", "where"), [
-    ("auto", False, "cpu", 22_700_000, "ingress"),                 # all-MiniLM-L6-v2
-    ("auto", False, "cpu", MAX_INGRESS_EMBEDDING_PARAMS + 1, "deployment"),
-    ("auto", False, "cuda", 33_000_000, "deployment"),             # a GPU embedder
-    ("auto", True, "remote", None, "deployment"),                  # a remote /v1/embeddings
-    ("ingress", False, "cuda", 400_000_000, "ingress"),            # asked for explicitly
-    ("ingress", True, "remote", None, "deployment"),               # nothing to load
-    ("deployment", False, "cpu", 22_700_000, "deployment"),
-])
+@pytest.mark.parametrize(
+    ("setting", "remote", "device", "params", "where"),
+    [
+        ("auto", False, "cpu", 22_700_000, "ingress"),  # all-MiniLM-L6-v2
+        ("auto", False, "cpu", MAX_INGRESS_EMBEDDING_PARAMS + 1, "deployment"),
+        ("auto", False, "cuda", 33_000_000, "deployment"),  # a GPU embedder
+        ("auto", True, "remote", None, "deployment"),  # a remote /v1/embeddings
+        ("ingress", False, "cuda", 400_000_000, "ingress"),  # asked for explicitly
+        ("ingress", True, "remote", None, "deployment"),  # nothing to load
+        ("deployment", False, "cpu", 22_700_000, "deployment"),
+    ],
+)
 def test_where_queries_are_embedded(setting, remote: bool, device: str, params: int | None, where: str) -> None:
     assert choose_query_embedding(setting, remote=remote, device=device, params=params) == where
 

@@ -24,8 +24,15 @@ def cross_encoder_dir(tmp_path_factory, embedding_model) -> Path:
 
     torch.manual_seed(0)
     tokenizer = embedding_model.tokenizer
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=512, num_labels=1)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_labels=1,
+    )
     path = tmp_path_factory.mktemp("cross-encoder")
     BertForSequenceClassification(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -38,8 +45,10 @@ def node(i: int, text: str) -> NodeWithScore:
 
 async def test_rerank_orders_by_the_cross_encoders_scores(cross_encoder_dir: Path) -> None:
     reranker = CrossEncoderReranker(str(cross_encoder_dir))
-    nodes = [node(i, t) for i, t in enumerate(["pumps move water", "lamps give light", "seals stop leaks",
-                                               "valves shut lines"])]
+    nodes = [
+        node(i, t)
+        for i, t in enumerate(["pumps move water", "lamps give light", "seals stop leaks", "valves shut lines"])
+    ]
     expected = reranker.model.predict([("how do pumps work", n.text) for n in nodes])
     out = await rerank(reranker, "how do pumps work", nodes)
     assert [n.rerank_score for n in out] == sorted((float(s) for s in expected), reverse=True)
@@ -49,8 +58,11 @@ async def test_rerank_orders_by_the_cross_encoders_scores(cross_encoder_dir: Pat
 
 @pytest.fixture
 def client(tmp_path, embedder, cross_encoder_dir: Path) -> Iterator[TestClient]:
-    with FakeOpenAI() as fake, inprocess_app(tmp_path, embedder, fake.url,
-                                             reranker_model=str(cross_encoder_dir)) as (app, _), TestClient(app) as c:
+    with (
+        FakeOpenAI() as fake,
+        inprocess_app(tmp_path, embedder, fake.url, reranker_model=str(cross_encoder_dir)) as (app, _),
+        TestClient(app) as c,
+    ):
         docs = [{"text": f"Document {i} about pumps, valves and seals number {i}."} for i in range(12)]
         assert c.post("/index", json={"index_name": "kb", "documents": docs}).status_code == 200
         yield c
@@ -64,6 +76,7 @@ def test_retrieve_over_http_returns_the_reranked_top_k(client: TestClient) -> No
     scores = [n["rerank_score"] for n in nodes]
     assert scores == sorted(scores, reverse=True)
     assert "rerank;dur=" in r.headers["server-timing"]
-    strict = client.post("/retrieve", json={"index_name": "kb", "query": "pump", "max_node_count": 4,
-                                            "similarity_threshold": 0.99}).json()
+    strict = client.post(
+        "/retrieve", json={"index_name": "kb", "query": "pump", "max_node_count": 4, "similarity_threshold": 0.99}
+    ).json()
     assert strict["results"] == []  # the threshold still reads the cosine score (one word: no keyword match)

@@ -83,8 +83,10 @@ async def test_duplicate_within_one_request_is_stored_once(service: DocumentServ
 
 
 async def test_pagination_filter_and_truncation(service: DocumentService) -> None:
-    batch = [Document(text=f"note {i}: " + "word " * 50, metadata={"team": "a" if i % 3 == 0 else "b"},
-                      doc_id=f"n{i:02d}") for i in range(25)]
+    batch = [
+        Document(text=f"note {i}: " + "word " * 50, metadata={"team": "a" if i % 3 == 0 else "b"}, doc_id=f"n{i:02d}")
+        for i in range(25)
+    ]
     await service.add_documents("kb", batch)
     seen = []
     for offset in range(0, 25, 10):
@@ -102,11 +104,14 @@ async def test_pagination_filter_and_truncation(service: DocumentService) -> Non
 async def test_update_outcomes_and_reembedding(service: DocumentService, embedder) -> None:
     a, b = await service.add_documents("kb", docs("kaito", "bread"))
     calls = embedder.calls
-    result = await service.update_documents("kb", [
-        UpdateDocument(doc_id=a.doc_id, text=TEXTS["kaito"], metadata={"topic": "kaito"}),   # unchanged
-        UpdateDocument(doc_id=b.doc_id, text=TEXTS["tides"], metadata={"topic": "tides"}),   # changed
-        UpdateDocument(doc_id="missing", text="x"),
-    ])
+    result = await service.update_documents(
+        "kb",
+        [
+            UpdateDocument(doc_id=a.doc_id, text=TEXTS["kaito"], metadata={"topic": "kaito"}),  # unchanged
+            UpdateDocument(doc_id=b.doc_id, text=TEXTS["tides"], metadata={"topic": "tides"}),  # changed
+            UpdateDocument(doc_id="missing", text="x"),
+        ],
+    )
     assert [d.doc_id for d in result.unchanged_documents] == [a.doc_id]
     assert [d.doc_id for d in result.updated_documents] == [b.doc_id]
     assert [d.doc_id for d in result.not_found_documents] == ["missing"]
@@ -137,8 +142,7 @@ async def test_code_documents_and_unknown_language(service: DocumentService) -> 
     nodes, _ = await service.retrieve("code", "add two numbers", 2)
     assert any("def add" in n.text for n in nodes)
     with pytest.raises(BadRequestError, match="documents\\[0\\]"):
-        await service.add_documents("code", [Document(text=code, metadata={"split_type": "code",
-                                                                            "language": "cobol"})])
+        await service.add_documents("code", [Document(text=code, metadata={"split_type": "code", "language": "cobol"})])
 
 
 async def test_persist_and_load_into_a_different_shard_count(tmp_path: Path, embedder) -> None:
@@ -168,8 +172,10 @@ async def test_persist_and_load_into_a_different_shard_count(tmp_path: Path, emb
     pool2.close()
 
 
-@pytest.mark.parametrize("path", ["../outside", "/etc", "%2e%2e/x", "%252e%252e/x", "..%2f..%2fx", "a/../../x",
-                                  "a/../../../shards", "x\x00y", "."])
+@pytest.mark.parametrize(
+    "path",
+    ["../outside", "/etc", "%2e%2e/x", "%252e%252e/x", "..%2f..%2fx", "a/../../x", "a/../../../shards", "x\x00y", "."],
+)
 async def test_persist_and_load_paths_are_confined(service: DocumentService, path: str) -> None:
     await service.add_documents("kb", docs("kaito"))
     with pytest.raises(BadRequestError):
@@ -234,8 +240,9 @@ async def test_an_update_racing_a_delete_does_not_bring_the_document_back(tmp_pa
     svc = DocumentService(pool, embedder, chunker, storage_dir=tmp_path, embedding_model="all-MiniLM-L6-v2")
     await svc.add_documents("kb", [Document(text="first", doc_id="a"), Document(text="second", doc_id="b")])
     pool.victim = "a"
-    result = await svc.update_documents("kb", [UpdateDocument(doc_id="a", text="first, edited"),
-                                               UpdateDocument(doc_id="b", text="second, edited")])
+    result = await svc.update_documents(
+        "kb", [UpdateDocument(doc_id="a", text="first, edited"), UpdateDocument(doc_id="b", text="second, edited")]
+    )
     assert [d.doc_id for d in result.not_found_documents] == ["a"]
     assert [d.doc_id for d in result.updated_documents] == ["b"]
     page = await svc.list_documents("kb")

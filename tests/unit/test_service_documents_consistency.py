@@ -133,6 +133,7 @@ async def test_a_crash_while_persisting_keeps_the_previous_snapshot(service: Doc
             if target == snapshot or target == snapshot / "manifest.json":
                 raise OSError("simulated crash while swapping the snapshot in")
             return real(src, dst, *a, **k)
+
         return wrapped
 
     monkeypatch.setattr(os, "replace", crash_on_commit(os.replace))
@@ -156,12 +157,12 @@ async def test_nested_snapshot_paths_never_destroy_each_other(service: DocumentS
     assert (await service.list_documents("copy-2")).total_items == 2
     assert (await service.list_documents("copy-1")).total_items == 2
     # a snapshot inside another one, or around another one, is refused with what to do instead
-    await service.persist("kb", "solo")          # snapshots/solo/kb
+    await service.persist("kb", "solo")  # snapshots/solo/kb
     with pytest.raises(BadRequestError, match="inside the snapshot"):
-        await service.persist("kb", "solo/kb")     # snapshots/solo/kb/kb
+        await service.persist("kb", "solo/kb")  # snapshots/solo/kb/kb
     await service.add_documents("team", docs("bread"))
     with pytest.raises(BadRequestError, match="contains"):
-        await service.persist("team")            # snapshots/team would hold team/a/kb and team/kb
+        await service.persist("team")  # snapshots/team would hold team/a/kb and team/kb
     assert (await service.load("copy-3", "team/a/kb", overwrite=True)).startswith("Successfully loaded")
 
 
@@ -179,8 +180,9 @@ async def test_a_path_naming_a_file_is_a_400(service: DocumentService) -> None:
 
 # --- item 6 -------------------------------------------------------------------------------------
 async def test_identical_concurrent_adds_without_doc_id_store_one_document(service: DocumentService) -> None:
-    first, second = await asyncio.gather(service.add_documents("kb", docs("kaito")),
-                                         service.add_documents("kb", docs("kaito")))
+    first, second = await asyncio.gather(
+        service.add_documents("kb", docs("kaito")), service.add_documents("kb", docs("kaito"))
+    )
     assert first[0].doc_id == second[0].doc_id
     assert (await service.list_documents("kb")).total_items == 1
     await assert_healthy(service)
@@ -203,8 +205,9 @@ async def test_dedupe_survives_a_reused_content_id(service: DocumentService) -> 
 async def test_a_doc_id_repeated_in_one_request_is_a_400_naming_it(service: DocumentService) -> None:
     await service.add_documents("kb", [Document(text="one", doc_id="x"), Document(text="two", doc_id="y")])
     with pytest.raises(BadRequestError, match="'x'"):
-        await service.update_documents("kb", [UpdateDocument(doc_id="x", text="first text"),
-                                              UpdateDocument(doc_id="x", text="second text")])
+        await service.update_documents(
+            "kb", [UpdateDocument(doc_id="x", text="first text"), UpdateDocument(doc_id="x", text="second text")]
+        )
     with pytest.raises(BadRequestError, match="'z'"):
         await service.add_documents("kb", [Document(text="a", doc_id="z"), Document(text="b", doc_id="z")])
     page = await service.list_documents("kb")

@@ -29,12 +29,17 @@ def unit(v: np.ndarray) -> np.ndarray:
     return (v / np.linalg.norm(v)).astype(np.float32)
 
 
-def doc(i: int, *, chunks: int = 2, meta: dict | None = None, vecs: list[np.ndarray] | None = None,
-        text: str | None = None) -> DocumentWrite:
+def doc(
+    i: int, *, chunks: int = 2, meta: dict | None = None, vecs: list[np.ndarray] | None = None, text: str | None = None
+) -> DocumentWrite:
     vecs = vecs or [unit(rng.normal(size=DIM)) for _ in range(chunks)]
-    return DocumentWrite(doc_id=f"d{i}", text=text or f"document {i}", metadata=meta or {"n": i},
-                         hash_value=f"h{i}", chunks=[ChunkWrite(f"n{i}-{k}", k, f"chunk {k} of {i}", v)
-                                                    for k, v in enumerate(vecs)])
+    return DocumentWrite(
+        doc_id=f"d{i}",
+        text=text or f"document {i}",
+        metadata=meta or {"n": i},
+        hash_value=f"h{i}",
+        chunks=[ChunkWrite(f"n{i}-{k}", k, f"chunk {k} of {i}", v) for k, v in enumerate(vecs)],
+    )
 
 
 def top(shard: Shard, index: str, vec: np.ndarray, k: int = 3, flt=None) -> list[tuple[str, int]]:
@@ -60,8 +65,8 @@ def test_snapshot_then_changes_replay_equals_rebuild(tmp_path: Path) -> None:
     s = Shard(tmp_path / "a", snapshot_every=0)
     s.upsert_documents("ix", [doc(i) for i in range(20)])
     s.snapshot()
-    s.upsert_documents("ix", [doc(i) for i in range(20, 30)])      # after the snapshot
-    s.upsert_documents("ix", [doc(3, chunks=3)])                    # replace one
+    s.upsert_documents("ix", [doc(i) for i in range(20, 30)])  # after the snapshot
+    s.upsert_documents("ix", [doc(3, chunks=3)])  # replace one
     s.delete_documents("ix", ["d5", "d25"])
     probes = [unit(rng.normal(size=DIM)) for _ in range(5)]
     expected = [top(s, "ix", p, 10) for p in probes]
@@ -78,7 +83,7 @@ def test_snapshot_then_changes_replay_equals_rebuild(tmp_path: Path) -> None:
 
 def test_automatic_snapshots_truncate_the_change_log(tmp_path: Path) -> None:
     s = Shard(tmp_path, snapshot_every=10)
-    s.upsert_documents("ix", [doc(i) for i in range(8)])   # 16 changes -> snapshot
+    s.upsert_documents("ix", [doc(i) for i in range(8)])  # 16 changes -> snapshot
     pending = s._write.execute("SELECT COUNT(*) FROM changes").fetchone()[0]
     assert pending == 0 and list((tmp_path / "faiss").glob("*.faiss"))
     s.close()
@@ -87,8 +92,9 @@ def test_automatic_snapshots_truncate_the_change_log(tmp_path: Path) -> None:
 
 def test_filter_pagination_total_and_truncation(tmp_path: Path) -> None:
     s = Shard(tmp_path)
-    s.upsert_documents("ix", [doc(i, meta={"team": "a" if i % 3 == 0 else "b", "i": i}, text="x" * (i + 1))
-                              for i in range(25)])
+    s.upsert_documents(
+        "ix", [doc(i, meta={"team": "a" if i % 3 == 0 else "b", "i": i}, text="x" * (i + 1)) for i in range(25)]
+    )
     page, total = s.list_documents("ix", limit=10, offset=0)
     assert total == 25 and [d.doc_id for d in page] == [f"d{i}" for i in range(10)]
     page, total = s.list_documents("ix", limit=10, offset=20)
@@ -98,8 +104,15 @@ def test_filter_pagination_total_and_truncation(tmp_path: Path) -> None:
     page, total = s.list_documents("ix", limit=3, offset=3, metadata_filter={"team": "a"})
     assert [d.doc_id for d in page] == ["d9", "d12", "d15"] and total == 9
     page, _ = s.list_documents("ix", limit=100, max_text_length=5)
-    assert [(len(d.text), d.is_truncated) for d in page][:7] == [(1, False), (2, False), (3, False), (4, False),
-                                                                  (5, False), (5, True), (5, True)]
+    assert [(len(d.text), d.is_truncated) for d in page][:7] == [
+        (1, False),
+        (2, False),
+        (3, False),
+        (4, False),
+        (5, False),
+        (5, True),
+        (5, True),
+    ]
     with pytest.raises(ValueError):
         s.list_documents("ix", limit=0)
     with pytest.raises(ValueError):
@@ -108,14 +121,23 @@ def test_filter_pagination_total_and_truncation(tmp_path: Path) -> None:
 
 def test_filters_respect_json_types(tmp_path: Path) -> None:
     s = Shard(tmp_path)
-    s.upsert_documents("ix", [doc(1, meta={"flag": True}), doc(2, meta={"flag": 1}), doc(3, meta={"flag": "1"}),
-                              doc(4, meta={"flag": None}), doc(5, meta={"we\"ird key": 2.5}), doc(6, meta={})])
+    s.upsert_documents(
+        "ix",
+        [
+            doc(1, meta={"flag": True}),
+            doc(2, meta={"flag": 1}),
+            doc(3, meta={"flag": "1"}),
+            doc(4, meta={"flag": None}),
+            doc(5, meta={'we"ird key': 2.5}),
+            doc(6, meta={}),
+        ],
+    )
     ids = lambda flt: sorted(d.doc_id for d in s.list_documents("ix", limit=100, metadata_filter=flt)[0])  # noqa: E731
     assert ids({"flag": True}) == ["d1"]
     assert ids({"flag": 1}) == ["d2"]
     assert ids({"flag": "1"}) == ["d3"]
     assert ids({"flag": None}) == ["d4"]
-    assert ids({"we\"ird key": 2.5}) == ["d5"]
+    assert ids({'we"ird key': 2.5}) == ["d5"]
     assert ids({"flag": 1, "other": 2}) == []
     with pytest.raises(ValueError):
         filter_sql({"x": [1, 2]})
@@ -142,7 +164,7 @@ def test_upsert_replaces_chunks_and_find_by_hash(tmp_path: Path) -> None:
     new_vec = unit(rng.normal(size=DIM))
     s.upsert_documents("ix", [DocumentWrite("d1", "new text", {"v": 2}, "h1b", [ChunkWrite("x", 0, "new", new_vec)])])
     assert s.count_chunks("ix") == 3
-    assert top(s, "ix", old.chunks[2].vector, 5).count(("d1", 2)) == 0   # old chunks gone from search
+    assert top(s, "ix", old.chunks[2].vector, 5).count(("d1", 2)) == 0  # old chunks gone from search
     assert s.search("ix", new_vec, 1)[0].text == "new"
     got = s.get_documents("ix", ["d1", "zz"])
     assert list(got) == ["d1"] and got["d1"].hash_value == "h1b" and got["d1"].metadata == {"v": 2}

@@ -29,9 +29,16 @@ def unit(v: np.ndarray) -> np.ndarray:
 
 def make_doc(doc_id: str, seed: int, chunks: int = 2) -> DocumentWrite:
     r = np.random.default_rng(seed)
-    return DocumentWrite(doc_id=doc_id, text=f"{doc_id} v{seed}", metadata={"seed": seed}, hash_value=f"h{seed}",
-                         chunks=[ChunkWrite(f"{doc_id}-{k}", k, f"{doc_id} chunk {k} v{seed}",
-                                            unit(r.normal(size=DIM))) for k in range(chunks)])
+    return DocumentWrite(
+        doc_id=doc_id,
+        text=f"{doc_id} v{seed}",
+        metadata={"seed": seed},
+        hash_value=f"h{seed}",
+        chunks=[
+            ChunkWrite(f"{doc_id}-{k}", k, f"{doc_id} chunk {k} v{seed}", unit(r.normal(size=DIM)))
+            for k in range(chunks)
+        ],
+    )
 
 
 def consistent(s: Shard, index: str) -> bool:
@@ -239,8 +246,9 @@ def test_a_shard_that_restarts_during_a_load_keeps_its_staging_copy(tmp_path: Pa
     svc = ShardService(tmp_path, 0, 1)
     svc._shard.upsert_documents("~staging~a~ix", [make_doc("a", 1)])
     svc._shard.upsert_documents("~staging~b~ix", [make_doc("b", 2)])
-    svc._shard._write.execute("UPDATE indexes SET created_at = created_at - ? WHERE name = '~staging~b~ix'",
-                              (STAGING_MAX_AGE_S + 1,))
+    svc._shard._write.execute(
+        "UPDATE indexes SET created_at = created_at - ? WHERE name = '~staging~b~ix'", (STAGING_MAX_AGE_S + 1,)
+    )
     svc.close()
     reopened = ShardService(tmp_path, 0, 1)
     assert reopened._shard.list_indexes() == ["~staging~a~ix"] and reopened.list_indexes() == []

@@ -50,8 +50,11 @@ def docs(start: int, n: int, meta: dict | None = None) -> list[DocumentWrite]:
     out = []
     for i in range(start, start + n):
         v = rng.normal(size=DIM).astype(np.float32)
-        out.append(DocumentWrite(f"d{i}", f"t{i}", meta or {"i": i}, f"h{i}",
-                                 [ChunkWrite(f"n{i}", 0, f"c{i}", v / np.linalg.norm(v))]))
+        out.append(
+            DocumentWrite(
+                f"d{i}", f"t{i}", meta or {"i": i}, f"h{i}", [ChunkWrite(f"n{i}", 0, f"c{i}", v / np.linalg.norm(v))]
+            )
+        )
     return out
 
 
@@ -75,13 +78,12 @@ def test_gpu_mirror_follows_mutations_and_matches_cpu(tmp_path: Path, fake_gpu) 
     hits = lambda s: [(h.doc_id, round(h.score, 5)) for h in s.search("ix", q, 5)]  # noqa: E731
     assert hits(gpu) == hits(cpu)
     assert hits(gpu) == hits(cpu)
-    assert fake_gpu == [(0, 30)]                     # copied once; searched twice
+    assert fake_gpu == [(0, 30)]  # copied once; searched twice
     for s in (gpu, cpu):
         s.upsert_documents("ix", docs(30, 5))
         s.delete_documents("ix", ["d4"])
-    assert hits(gpu) == hits(cpu) and fake_gpu[-1] == (0, 34)   # re-copied after the changes
-    filtered = gpu.search("ix", q, 3, {"i": 7})      # selectors run on the CPU index
+    assert hits(gpu) == hits(cpu) and fake_gpu[-1] == (0, 34)  # re-copied after the changes
+    filtered = gpu.search("ix", q, 3, {"i": 7})  # selectors run on the CPU index
     assert [h.doc_id for h in filtered] == ["d7"] and len(fake_gpu) == 2
     gpu.drop_index("ix")
     assert gpu._gpu is not None and gpu._gpu._copies == {}
-

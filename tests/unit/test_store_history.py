@@ -165,7 +165,7 @@ class History:
             elif effect[0] == "auto":
                 _, index, text, meta, copies = effect
                 expected = self.auto_id(index, text, meta)
-                ids = {r[0].doc_id for r in results[at:at + copies]}
+                ids = {r[0].doc_id for r in results[at : at + copies]}
                 assert len(ids) == 1, f"identical concurrent adds stored {len(ids)} documents"
                 self.seen["identical adds at once" if copies > 1 else "id-less add"] += 1
                 if expected is not None:
@@ -195,8 +195,12 @@ class History:
         index = self.rng.choice(existing)
         doc_id = self.rng.choice(sorted(self.model[index]))
         candidates = [(self.text("doc"), self.meta()) for _ in range(self.rng.randint(2, 3))]
-        await asyncio.gather(*(self.svc.update_documents(index, [UpdateDocument(doc_id=doc_id, text=t, metadata=m)])
-                               for t, m in candidates))
+        await asyncio.gather(
+            *(
+                self.svc.update_documents(index, [UpdateDocument(doc_id=doc_id, text=t, metadata=m)])
+                for t, m in candidates
+            )
+        )
         stored = (await self.svc._get_documents(index, [doc_id]))[doc_id]
         assert (stored.text, stored.metadata) in candidates
         self.model[index][doc_id] = (stored.text, stored.metadata)
@@ -209,7 +213,8 @@ class History:
         dropped, written = await asyncio.gather(
             later(self.svc.drop_index(index), self.rng.random() * 0.02),
             self.svc.add_documents(index, [Document(text=t, metadata=m, doc_id=i) for i, t, m in new]),
-            return_exceptions=True)
+            return_exceptions=True,
+        )
         assert not isinstance(dropped, BaseException), dropped
         assert not isinstance(written, BaseException) or isinstance(written, ConflictError), written
         self.model.pop(index)
@@ -231,7 +236,8 @@ class History:
             self.svc.search(index, vector(self.model[index][doc_id][0]), 3),
             self.svc.list_documents(index, limit=5),
             self.svc.delete_documents(index, ["never-there"]),
-            return_exceptions=True)
+            return_exceptions=True,
+        )
         for r in results[:2]:
             if isinstance(r, BaseException):
                 raise r
@@ -246,9 +252,9 @@ class History:
         index = self.rng.choice(existing)
         path = self.rng.choice(PATHS)
         dest = f"{path}/{index}" if path else index
-        persisted, wrote = await asyncio.gather(self.svc.persist(index, path),
-                                                self.writes(existing, exclude=frozenset({index})),
-                                                return_exceptions=True)
+        persisted, wrote = await asyncio.gather(
+            self.svc.persist(index, path), self.writes(existing, exclude=frozenset({index})), return_exceptions=True
+        )
         if isinstance(wrote, BaseException):
             raise wrote
         if self._collides(dest):
@@ -275,9 +281,11 @@ class History:
                 return None
             part = root / path / manifest["parts"][0]
             part.write_bytes(part.read_bytes()[:200])
-        loaded, wrote = await asyncio.gather(self.svc.load(name, path, overwrite),
-                                             self.writes(existing, exclude=frozenset({name})),
-                                             return_exceptions=True)
+        loaded, wrote = await asyncio.gather(
+            self.svc.load(name, path, overwrite),
+            self.writes(existing, exclude=frozenset({name})),
+            return_exceptions=True,
+        )
         if isinstance(wrote, BaseException):
             raise wrote
         self.seen["damaged load" if damaged else "load"] += 1
@@ -300,9 +308,12 @@ class History:
         new = [(self.fresh_id(), self.text("doc"), self.meta()) for _ in range(self.rng.randint(2, 4))]
         loaded, written = await asyncio.gather(
             later(self.svc.load(index, src, True), self.rng.random() * 0.005),
-            later(self.svc.add_documents(index, [Document(text=t, metadata=m, doc_id=i) for i, t, m in new]),
-                  self.rng.random() * 0.03),
-            return_exceptions=True)
+            later(
+                self.svc.add_documents(index, [Document(text=t, metadata=m, doc_id=i) for i, t, m in new]),
+                self.rng.random() * 0.03,
+            ),
+            return_exceptions=True,
+        )
         assert loaded == f"Successfully loaded index {index} from {src}.", loaded
         assert not isinstance(written, BaseException) or isinstance(written, ConflictError), written
         stored = await self.svc._get_documents(index, [i for i, _, _ in new])

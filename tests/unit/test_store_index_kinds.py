@@ -25,9 +25,16 @@ def clustered(n: int, seed: int = 3, centres: int = 20) -> np.ndarray:
 
 
 def docs(vectors: np.ndarray, start: int = 0) -> list[DocumentWrite]:
-    return [DocumentWrite(doc_id=f"d{start + i}", text=f"doc {start + i}", metadata={"even": (start + i) % 2 == 0},
-                          hash_value=f"h{start + i}", chunks=[ChunkWrite(f"n{start + i}", 0, f"doc {start + i}", v)])
-            for i, v in enumerate(vectors)]
+    return [
+        DocumentWrite(
+            doc_id=f"d{start + i}",
+            text=f"doc {start + i}",
+            metadata={"even": (start + i) % 2 == 0},
+            hash_value=f"h{start + i}",
+            chunks=[ChunkWrite(f"n{start + i}", 0, f"doc {start + i}", v)],
+        )
+        for i, v in enumerate(vectors)
+    ]
 
 
 def ids(shard: Shard, q: np.ndarray, k: int = 10, flt=None) -> list[str]:

@@ -41,11 +41,40 @@ def lexical_ids(shard: Shard, text: str, **kw: object) -> list[str]:
     return [h.doc_id for h in shard.search_candidates("kb", vec(99), text, 5, mode="lexical", **kw).lexical]
 
 
-@pytest.mark.parametrize("text", [
-    '"', '""', '"unbalanced', "pump*", "*", "NEAR(pump bracket)", "pump NEAR bracket", "-pump", "pump -bracket",
-    "AND", "OR NOT", "pump AND OR NOT bracket", "(pump", "kind:a", "^pump", "pump + bracket", "'", "\\", ";--",
-    "", "   ", "?!.,;", "…", "🙂", "a the of", "насоса", "安装水泵需要十分钟", "x" * 5000, "word " * 500,
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '"',
+        '""',
+        '"unbalanced',
+        "pump*",
+        "*",
+        "NEAR(pump bracket)",
+        "pump NEAR bracket",
+        "-pump",
+        "pump -bracket",
+        "AND",
+        "OR NOT",
+        "pump AND OR NOT bracket",
+        "(pump",
+        "kind:a",
+        "^pump",
+        "pump + bracket",
+        "'",
+        "\\",
+        ";--",
+        "",
+        "   ",
+        "?!.,;",
+        "…",
+        "🙂",
+        "a the of",
+        "насоса",
+        "安装水泵需要十分钟",
+        "x" * 5000,
+        "word " * 500,
+    ],
+)
 def test_no_user_text_is_a_query_syntax_error(shard: Shard, text: str) -> None:
     shard.search_candidates("kb", vec(0), text, 5)  # would raise sqlite3.OperationalError
 
@@ -124,7 +153,8 @@ def test_export_and_import_carry_the_lexical_index(shard: Shard, tmp_path) -> No
     other = Shard(tmp_path / "t")
     other.upsert_documents("copy", list(docs))
     assert [h.doc_id for h in other.search_candidates("copy", vec(0), "XR-7720", 5, mode="lexical").lexical] == [
-        "bracket"]
+        "bracket"
+    ]
     assert other.verify() == []
     other.close()
 
@@ -158,8 +188,9 @@ def test_min_match_leaves_out_hits_sharing_too_few_terms(shard: Shard) -> None:
 
 def test_max_postings_searches_the_rarest_terms_within_the_bound(tmp_path) -> None:
     s = Shard(tmp_path / "s")
-    s.upsert_documents("kb", [doc(f"c{i}", f"common filler text {i}", i) for i in range(30)]
-                       + [doc("r", "common and zebra", 99)])
+    s.upsert_documents(
+        "kb", [doc(f"c{i}", f"common filler text {i}", i) for i in range(30)] + [doc("r", "common and zebra", 99)]
+    )
 
     def ids(text: str, **kw: object) -> list[str]:
         return [h.doc_id for h in s.search_candidates("kb", vec(0), text, 50, mode="lexical", **kw).lexical]

@@ -36,8 +36,10 @@ def test_hf_counter_with_renderer_counts_the_rendered_prompt(hf_tokenizer) -> No
 
 
 def test_hf_counter_with_chat_template(hf_tokenizer) -> None:
-    hf_tokenizer.chat_template = ("{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
-                                  "{% if add_generation_prompt %}<assistant>{% endif %}")
+    hf_tokenizer.chat_template = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
     try:
         counter = HFTokenCounter(hf_tokenizer)
         rendered = counter.render(MESSAGES)

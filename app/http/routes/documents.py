@@ -69,22 +69,26 @@ def documents_router(services: Services) -> APIRouter:
             try:
                 flt = validate_metadata_filter(json.loads(metadata_filter))
             except (ValueError, TypeError) as e:
-                raise BadRequestError(f"metadata_filter must be a JSON object of key: value pairs: {e}",
-                                      param="metadata_filter") from e
-        return await docs.list_documents(name, limit=limit, offset=offset, max_text_length=max_text_length,
-                                         metadata_filter=flt)
+                raise BadRequestError(
+                    f"metadata_filter must be a JSON object of key: value pairs: {e}", param="metadata_filter"
+                ) from e
+        return await docs.list_documents(
+            name, limit=limit, offset=offset, max_text_length=max_text_length, metadata_filter=flt
+        )
 
     @router.post("/indexes/{index_name}/documents")
-    async def update_documents(index_name: str, body: UpdateDocumentsRequest,
-                               request: Request) -> UpdateDocumentsResponse:
+    async def update_documents(
+        index_name: str, body: UpdateDocumentsRequest, request: Request
+    ) -> UpdateDocumentsResponse:
         """Re-chunk and re-embed the documents whose text or metadata changed."""
         allow(request, Role.WRITE, index_name)
         limits.documents([d.text for d in body.documents])
         return await docs.update_documents(checked_index(index_name), body.documents)
 
     @router.post("/indexes/{index_name}/documents/delete")
-    async def delete_documents(index_name: str, body: DeleteDocumentsRequest,
-                               request: Request) -> DeleteDocumentsResponse:
+    async def delete_documents(
+        index_name: str, body: DeleteDocumentsRequest, request: Request
+    ) -> DeleteDocumentsResponse:
         allow(request, Role.WRITE, index_name)
         limits.document_count(len(body.doc_ids), "doc_ids")
         return await docs.delete_documents(checked_index(index_name), body.doc_ids)
@@ -101,8 +105,9 @@ def documents_router(services: Services) -> APIRouter:
         return MessageResponse(message=await docs.persist(checked_index(index_name), path))
 
     @router.post("/load/{index_name}")
-    async def load(index_name: str, request: Request, path: str | None = None,
-                   overwrite: bool = False) -> MessageResponse:
+    async def load(
+        index_name: str, request: Request, path: str | None = None, overwrite: bool = False
+    ) -> MessageResponse:
         """Restore a snapshot; 409 if the index exists and `overwrite` is false."""
         allow(request, Role.ADMIN, index_name)
         return MessageResponse(message=await docs.load(checked_index(index_name), path, overwrite))
@@ -132,4 +137,3 @@ def documents_router(services: Services) -> APIRouter:
         return result
 
     return router
-

@@ -32,9 +32,11 @@ from app.telemetry import Telemetry
 log = logging.getLogger("ragserve.http")
 
 _CHAT_RESPONSES: dict[int | str, dict[str, object]] = {
-    200: {"description": "A chat completion, or with `stream: true` a `text/event-stream` of "
-                         "`ChatCompletionChunk` events ending with `data: [DONE]`.",
-          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+    200: {
+        "description": "A chat completion, or with `stream: true` a `text/event-stream` of "
+        "`ChatCompletionChunk` events ending with `data: [DONE]`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
     **OPENAI_ERRORS,
 }
 
@@ -70,18 +72,26 @@ def openai_router(services: Services) -> APIRouter:
             assert outcome.response is not None
             _report_chat(tel, outcome, time.perf_counter() - t0)
             headers["Server-Timing"] = server_timing(outcome.timings)
-            return Response(outcome.response.model_dump_json(exclude_unset=True), media_type="application/json",
-                            headers=headers)
+            return Response(
+                outcome.response.model_dump_json(exclude_unset=True), media_type="application/json", headers=headers
+            )
         stream = outcome.stream
         try:  # the first chunk decides between an HTTP error and a 200 stream
             first = await anext(stream)
         except StopAsyncIteration:
             first = None
-        return StreamingResponse(_relay(stream, first, outcome, t0), media_type="text/event-stream",
-                                 headers={**headers, "Cache-Control": "no-cache"})
+        return StreamingResponse(
+            _relay(stream, first, outcome, t0),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache"},
+        )
 
-    async def _relay(stream: AsyncGenerator[ChatCompletionChunk, None], first: ChatCompletionChunk | None,
-                     outcome: ChatOutcome, t0: float) -> AsyncIterator[str]:
+    async def _relay(
+        stream: AsyncGenerator[ChatCompletionChunk, None],
+        first: ChatCompletionChunk | None,
+        outcome: ChatOutcome,
+        t0: float,
+    ) -> AsyncIterator[str]:
         try:
             if first is not None:
                 yield _sse(first)
@@ -119,5 +129,8 @@ def _report_chat(tel: Telemetry, outcome: ChatOutcome, seconds: float) -> None:
     report_latencies(tel, outcome.timings)
     tel.latency("chat_total", seconds)
     if outcome.mode == "rag":
-        tel.chat_tokens(outcome.stats.get("context_tokens", 0), outcome.stats.get("history_tokens", 0),
-                        outcome.stats.get("history_dropped", 0))
+        tel.chat_tokens(
+            outcome.stats.get("context_tokens", 0),
+            outcome.stats.get("history_tokens", 0),
+            outcome.stats.get("history_dropped", 0),
+        )

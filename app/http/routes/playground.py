@@ -31,20 +31,32 @@ def playground_router(services: Services) -> APIRouter:
         """The settings in force (never keys), the request limits, the served models."""
         allow(request, Role.READ)
         llm = services.chat.llm
-        return UiConfig(model=llm.model_id, context_window=await llm.context_window(),
-                        embedding_model=services.embeddings.model, auth_required=bool(services.credentials()),
-                        limits={f.name: getattr(limits, f.name) for f in fields(limits)},
-                        settings=public_settings(services.settings))
+        return UiConfig(
+            model=llm.model_id,
+            context_window=await llm.context_window(),
+            embedding_model=services.embeddings.model,
+            auth_required=bool(services.credentials()),
+            limits={f.name: getattr(limits, f.name) for f in fields(limits)},
+            settings=public_settings(services.settings),
+        )
 
-    @router.post("/indexes/{index_name}/files", tags=["documents"],
-                 responses={415: {"model": DOCUMENT_ERRORS[400]["model"], "description": "Unsupported file type."}})
+    @router.post(
+        "/indexes/{index_name}/files",
+        tags=["documents"],
+        responses={415: {"model": DOCUMENT_ERRORS[400]["model"], "description": "Unsupported file type."}},
+    )
     async def upload_file(
         index_name: str,
         request: Request,
-        filename: str = Query(min_length=1, max_length=512, description="The file's name; its extension picks "
-                              "the converter (markdown, text, code, HTML, PDF, DOCX, PPTX)."),
-        path: str | None = Query(None, max_length=1024, description="Metadata path (and id prefix); default "
-                                 "uploads/<filename>."),
+        filename: str = Query(
+            min_length=1,
+            max_length=512,
+            description="The file's name; its extension picks "
+            "the converter (markdown, text, code, HTML, PDF, DOCX, PPTX).",
+        ),
+        path: str | None = Query(
+            None, max_length=1024, description="Metadata path (and id prefix); default uploads/<filename>."
+        ),
         mtime: float | None = Query(None, ge=0, description="The file's modification time (Unix seconds)."),
     ) -> UploadResponse:
         """Index one file sent as the raw request body; a new version of a file replaces the old one."""

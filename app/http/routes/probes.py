@@ -19,9 +19,16 @@ def probes_router(services: Services) -> APIRouter:
             return HealthResponse(status="ok")
         return HealthResponse.model_validate(await services.health())
 
-    @router.get("/metrics", response_class=PlainTextResponse,
-                responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                                 "description": "Prometheus text exposition format."}})
+    @router.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+                "description": "Prometheus text exposition format.",
+            }
+        },
+    )
     async def metrics() -> PlainTextResponse:
         text = await services.metrics_text() if services.metrics_text else ""
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
