@@ -119,7 +119,7 @@ async def test_langchain_async(base: str) -> None:
 def test_llamaindex_openai_like(base: str) -> None:
     pytest.importorskip(
         "llama_index.llms.openai_like",
-        reason="llama-index-llms-openai-like needs openai<3, which the test extra does not pin",
+        reason="llama-index-llms-openai-like is in the test extra",
     )
     from llama_index.core.llms import ChatMessage
     from llama_index.llms.openai_like import OpenAILike
