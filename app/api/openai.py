@@ -140,7 +140,7 @@ class ChatCompletionRequest(BaseModel):
             stop=tuple(self.stop_list()),
             seed=self.seed,
             model=self.model,
-            extra=extra_fields(self.model_dump(exclude_unset=True)),
+            extra=extra_fields(self.upstream_body()),
         )
 
     def upstream_body(self) -> dict[str, Any]:

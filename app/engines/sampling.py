@@ -32,14 +32,6 @@ NOT_EXTRA = frozenset(
         "tool_choice",
         "functions",
         "function_call",
-        "index_name",
-        "context_token_ratio",
-        "top_k",
-        "similarity_threshold",
-        "metadata_filter",
-        "retrieval_mode",
-        "query_rewrite",
-        "sources_in_content",
     }
 )
 
