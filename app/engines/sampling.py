@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-#: Chat fields whose value sampling does not depend on: the body's own, the budget's, the RAG
-#: pipeline's and the typed ones below. Every other field a client sends is ``extra``.
+#: Chat fields whose value sampling does not depend on: the body's own, the budget's, tool calling
+#: (refused or forwarded whole) and the typed ones below. RAG-only fields never get here (the
+#: upstream body has them removed). Every other field a client sends is ``extra``.
 NOT_EXTRA = frozenset(
     {
         "messages",
