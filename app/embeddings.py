@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -73,6 +73,74 @@ def plain_pooling(path: str | Path) -> str | None:
     return modes.pop() if modes in ({"mean"}, {"cls"}) else None
 
 
+#: How the transformer's forward pass runs: ``eager`` (transformers' own Python code, as
+#: sentence-transformers runs it), ``traced`` (the same operations recorded once with TorchScript and
+#: frozen: no Python between them), ``optimized`` (traced, then TorchScript's inference passes: fused
+#: and pre-packed oneDNN linear layers).
+Graph = Literal["eager", "traced", "optimized"]
+GRAPHS: tuple[Graph, ...] = ("eager", "traced", "optimized")
+#: Largest difference from the eager model a traced graph may show on the probes (float32 noise
+#: is ~1e-6; a graph that recorded a shape-dependent branch wrongly differs by far more).
+GRAPH_TOLERANCE = 1e-4
+_PROBES = (
+    ["a"],
+    ["A question about chunking, in one sentence?", "Two texts of different lengths, so one is padded."],
+)
+
+
+def _trace_forward(transformer: Any, tokenizer: Any, optimize: bool) -> Any:
+    """``transformer``'s forward pass as a frozen TorchScript graph of (input ids, attention mask) →
+    last hidden state, or None when it cannot be traced or disagrees with the eager model.
+
+    Why: a query is one short text, and for it the eager forward is mostly Python and per-operation
+    overhead, not arithmetic: on one CPU thread all-MiniLM-L6-v2 takes ~7 ms eager, ~5 traced and
+    ~3.4 optimized (docs/benchmarks.md); for document batches, where arithmetic dominates, the
+    three are equal. Why the probes: tracing records one path through the Python code, so a model
+    whose code branches on its input's shape could be recorded wrongly; the graph is compared with
+    the eager model on texts of other lengths, batched with padding, and refused if it differs."""
+    import torch
+
+    class Forward(torch.nn.Module):
+        def __init__(self, model: Any):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=False)[0]
+
+    def features(texts: list[str]) -> Any:
+        return tokenizer(texts, padding=True, return_tensors="pt")
+
+    try:
+        import warnings
+
+        example = features(["a probe sentence for tracing"])
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TracerWarnings: exactly what the probes check
+            graph = torch.jit.freeze(
+                torch.jit.trace(
+                    Forward(transformer).eval(),
+                    (example["input_ids"], example["attention_mask"]),
+                    check_trace=False,
+                )
+            )
+            if optimize:
+                graph = torch.jit.optimize_for_inference(graph)
+        with torch.inference_mode():
+            for texts in _PROBES:
+                f = features(texts)
+                mask = f["attention_mask"].unsqueeze(-1)
+                want = transformer(**f, return_dict=True).last_hidden_state * mask
+                got = graph(f["input_ids"], f["attention_mask"]) * mask
+                if float((want - got).abs().max()) > GRAPH_TOLERANCE:
+                    log.warning("the traced embedding model disagrees with the eager one: running it eager")
+                    return None
+    except Exception as e:  # a model TorchScript cannot record: eager is still correct
+        log.warning("the embedding model could not be traced (%s): running it eager", e)
+        return None
+    return graph
+
+
 class LocalEmbeddingModel:
     """A sentence-transformers model, on CUDA when present. ``encode`` is synchronous and CPU/GPU bound.
 
@@ -83,10 +151,20 @@ class LocalEmbeddingModel:
     and with it scikit-learn, SciPy and Pillow: ~170 MiB less in every process that embeds (the
     Embedder replica, and each ingress replica that embeds queries). Any other model is loaded
     with sentence-transformers. ``plain=False`` forces that.
+
+    ``graph`` (``GRAPHS``): how such a plain model's forward pass runs on the CPU. The ingress runs
+    its query copy traced (``query_embedding_graph``); the Embedder deployment, which encodes
+    document batches, keeps it eager. A model that cannot be traced, or whose trace disagrees with
+    it, runs eager (``self.graph`` says which).
     """
 
     def __init__(
-        self, model: str | None = None, device: str | None = None, threads: int | None = None, plain: bool = True
+        self,
+        model: str | None = None,
+        device: str | None = None,
+        threads: int | None = None,
+        plain: bool = True,
+        graph: Graph = "eager",
     ):
         import torch
 
@@ -106,10 +184,17 @@ class LocalEmbeddingModel:
             self.max_seq_length = int(st_config.get("max_seq_length") or self._tokenizer.model_max_length)
             self.dim = int(self._transformer.config.hidden_size)
             self._st: Any = None
+            self._graph = None
+            if graph != "eager" and device == "cpu":
+                self._graph = _trace_forward(self._transformer, self._tokenizer, optimize=graph == "optimized")
+            self.graph: Graph = graph if self._graph is not None else "eager"
+            if graph != "eager":
+                log.info("embedding model %s runs %s on %s", self.model_id, self.graph, device)
             return
         from sentence_transformers import SentenceTransformer
 
         self._st = SentenceTransformer(path, device=device, local_files_only=True)
+        self.graph = "eager"
         get_dim = getattr(self._st, "get_embedding_dimension", None) or self._st.get_sentence_embedding_dimension
         dim, max_len = get_dim(), self._st.max_seq_length
         if dim is None or max_len is None:
@@ -154,7 +239,10 @@ class LocalEmbeddingModel:
                     max_length=self.max_seq_length,
                     return_tensors="pt",
                 ).to(self.device)
-                tokens = self._transformer(**features, return_dict=True).last_hidden_state
+                if self._graph is not None:
+                    tokens = self._graph(features["input_ids"], features["attention_mask"])
+                else:
+                    tokens = self._transformer(**features, return_dict=True).last_hidden_state
                 if self.pooling == "cls":
                     pooled = tokens[:, 0]
                 else:

@@ -79,12 +79,17 @@ class Ingress:
     async def _embedder(handle: Any, s: Settings, where: str) -> TokenCountingEmbedder:
         """The Embedder deployment behind its handle; with queries embedded here, a copy of the
         model in this replica in front of it for ``embed_query`` (documents and token counts still
-        go to the deployment). It runs on ``query_embedding_threads`` (one by default)."""
+        go to the deployment). It runs on ``query_embedding_threads`` (one by default), as
+        ``query_embedding_graph`` says (a traced graph by default: a query is all overhead)."""
         counted = query_cache_counters()
         if where == "deployment":
             return HandleEmbedder(handle, s.embedding_cache_size, s.embedding_cache_ttl_s, on_lookup=counted)
         model = await asyncio.to_thread(
-            LocalEmbeddingModel, s.embedding_model, device="cpu", threads=s.query_embedding_threads
+            LocalEmbeddingModel,
+            s.embedding_model,
+            device="cpu",
+            threads=s.query_embedding_threads,
+            graph=s.query_embedding_graph,
         )
         return InProcessQueryEmbedder(
             model,

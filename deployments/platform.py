@@ -19,10 +19,14 @@ without Ray installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 SWITCH = "RAGSERVE_HIGH_THROUGHPUT"
@@ -30,6 +34,21 @@ HIGH_THROUGHPUT_VARS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIM
 # What every ragserve worker needs whatever the mode: the packaged models are loaded from disk,
 # never fetched; tokenizers' own thread pool would fight Ray's workers for two cores.
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+# How long a stopping ingress replica stays open in the high-throughput mode, for the load balancer
+# in front to stop sending it requests. Ray's default (30 s, for a cloud load balancer's
+# deregistration) makes ``serve.shutdown`` of a local cluster run into its own 30 s limit, every
+# application delete take 35 s, and Ctrl-C on ``make run`` take ~50 s to return. A local cluster's
+# only balancer is its own HAProxy, which is told at once and retries a refused connection, so
+# local clusters drain for 2 s (tests/integration/test_make_run.py stops one). A RayService
+# (kuberay/) keeps Ray's default; a value set in the environment wins.
+LOCAL_DRAIN_ENV = {"RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+# glibc gives each thread that allocates its own heap arena (up to 8 per core), and each arena
+# keeps freed pages; Ray's processes run many threads (gRPC, the event loop, executors) that allocate
+# little. Two arenas per process hold ~20 MiB less over a local tree of 15 processes
+# (docs/benchmarks.md, memory) at no measurable cost in latency. A value in the environment wins.
+LOCAL_MALLOC_ENV = {"MALLOC_ARENA_MAX": "2"}
 
 
 def high_throughput_enabled(environ: Mapping[str, str] | None = None) -> bool:
@@ -58,12 +77,58 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: The fixed ports of the high-throughput mode besides the application's: HAProxy's stats page
+#: and Prometheus endpoint (8404, 9101), and the Serve proxy kept behind HAProxy as its fallback
+#: (HTTP 8500, gRPC 9500).
+FIXED_PORT_VARS = (
+    "RAY_SERVE_HAPROXY_STATS_PORT",
+    "RAY_SERVE_HAPROXY_METRICS_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+    "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
+)
+
+
 def private_haproxy_ports() -> dict[str, str]:
-    """Free ports for HAProxy's stats page and Prometheus endpoint. Ray binds them to fixed
-    ports (8404, 9101) on every interface, so a second Ray with HAProxy on the same machine (a test
-    beside a benchmark, two engineers on one host) fails at startup with "cannot bind socket
-    (Address already in use)". Private clusters take free ones instead."""
-    return {"RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port())}
+    """Free ports for what the high-throughput mode binds to fixed ones (``FIXED_PORT_VARS``), so a
+    second Ray with HAProxy on the same machine (a test beside a benchmark, two engineers on one
+    host) does not fail with "Address already in use". Private clusters take free ones instead."""
+    return {var: str(_free_port()) for var in FIXED_PORT_VARS}
+
+
+@contextmanager
+def _ray_params(**defaults: Any) -> Iterator[None]:
+    """Start the local Ray inside with these ``RayParams`` fields: flags ``ray start`` has
+    (``--no-monitor``, ``--no-log-monitor`` in effect) and ``ray.init`` lacks. ``ray.init`` builds a
+    ``RayParams`` without them, so their defaults are changed while it runs. A field a Ray release
+    renames is skipped: that process simply starts (nothing breaks), and
+    ``tests/integration/test_serve_edges.py`` notices."""
+    from ray._private import parameter
+
+    original = parameter.RayParams.__init__
+    known = {k: v for k, v in defaults.items() if k in original.__code__.co_varnames}
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        for k, v in known.items():
+            kwargs.setdefault(k, v)
+        original(self, *args, **kwargs)
+
+    parameter.RayParams.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        parameter.RayParams.__init__ = original  # type: ignore[method-assign]
+
+
+def local_ray_params(high_throughput: bool) -> dict[str, Any]:
+    """The processes a local Ray leaves out (docs/benchmarks.md, memory).
+
+    * The autoscaler monitor (85 MiB): on one machine there is nothing to autoscale; Serve scales
+      its replicas in its own controller.
+    * In the high-throughput mode, the log monitor (80 MiB), which streams workers' stderr to the
+      terminal: that mode turns Serve's logging to stderr off, so it would stream only Serve's
+      start-up banner. Serve's logs are in the session's ``logs/serve`` folder, which ``make run``
+      prints. In Serve's default mode replicas log to stderr, and the log monitor runs."""
+    return {"no_monitor": True, **({"include_log_monitor": False} if high_throughput else {})}
 
 
 def init_local_ray(
@@ -74,23 +139,72 @@ def init_local_ray(
     private: bool = True,
     **kwargs: Any,
 ) -> dict[str, str]:
-    """Start a local Ray in the given mode, without the dashboard (nothing reads it on one
-    machine). ``private``: a cluster of a test or a benchmark, whose HAProxy takes free ports for
-    its stats and metrics rather than Ray's fixed ones. Returns the Serve variables it started with."""
+    """Start a local Ray in the given mode, without the dashboard's modules and the processes
+    ``local_ray_params`` leaves out (nothing reads or needs them on one machine). ``private``: a
+    cluster of a test or a benchmark, which takes free ports for what the mode binds to fixed ones
+    (``private_haproxy_ports``).
+    Returns the Serve variables it started with."""
     import ray
 
     env = apply_serve_env(high_throughput)
-    if private and env["RAY_SERVE_ENABLE_HA_PROXY"] == "1":
-        env.update(private_haproxy_ports())
+    env.update({k: os.environ.get(k, v) for k, v in LOCAL_MALLOC_ENV.items()})
+    os.environ.update(env)
+    if env["RAY_SERVE_ENABLE_HA_PROXY"] == "1":
+        env.update({k: os.environ.get(k, v) for k, v in LOCAL_DRAIN_ENV.items()})
+        if private:
+            env.update(private_haproxy_ports())
         os.environ.update(env)
-    ray.init(
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        configure_logging=False,
-        runtime_env={"env_vars": {**OFFLINE_ENV, **env, **(env_vars or {})}},
-        **kwargs,
-    )
+    with _ray_params(**local_ray_params(env["RAY_SERVE_ENABLE_HA_PROXY"] == "1")):
+        ray.init(
+            num_cpus=num_cpus,
+            include_dashboard=False,
+            configure_logging=False,
+            runtime_env={"env_vars": {**OFFLINE_ENV, **env, **(env_vars or {})}},
+            **kwargs,
+        )
     return env
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(command name, parent pid, start time) of ``pid`` from /proc, or None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+    return name, int(rest[1]), int(rest[19])  # fields 4 (ppid) and 22 (starttime) of proc(5)
+
+
+def haproxies_under(root: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every HAProxy process descending from ``root`` (Linux, where Ray's
+    HAProxy runs; elsewhere nothing)."""
+    stats = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        if (stat := _proc_stat(int(entry.name))) is not None:
+            stats[int(entry.name)] = stat
+    children: dict[int, list[int]] = {}
+    for pid, (_, ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        if stats[pid][0] == "haproxy":
+            found.append((pid, stats[pid][2]))
+    return found
+
+
+def stop_leftovers(procs: list[tuple[int, int]]) -> list[int]:
+    """SIGTERM (HAProxy's hard stop) each of ``procs`` still running, the same process (same start
+    time, never a recycled pid); returns the pids stopped."""
+    stopped = []
+    for pid, started in procs:
+        stat = _proc_stat(pid)
+        if stat is not None and stat[2] == started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+                stopped.append(pid)
+    return stopped
 
 
 def serve_run(argv: list[str]) -> None:
@@ -101,8 +215,19 @@ def serve_run(argv: list[str]) -> None:
 
     if not os.environ.get("RAY_ADDRESS"):
         init_local_ray(namespace="serve", private=False)
-    cli.main(args=["run", *argv], prog_name="serve")
-    ray.shutdown()
+        node = ray._private.worker.global_worker.node
+        if node is not None:
+            print(f"ragserve: Serve's logs are in {node.get_session_dir_path()}/logs/serve", flush=True)
+    try:
+        cli.main(args=["run", *argv], prog_name="serve")
+    finally:
+        # Serve's shutdown stops HAProxy, but a HAProxy started by a reload (after heavy load) was
+        # seen left running once Ray was gone, holding the port; so the HAProxy processes of this
+        # tree are noted before Ray shuts down and stopped if they outlive it.
+        haproxies = haproxies_under(os.getpid())
+        ray.shutdown()
+        if stopped := stop_leftovers(haproxies):
+            print(f"ragserve: stopped HAProxy left running by Ray: {stopped}", flush=True)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ from app.retrieval.rerank import Reranker, rerank
 from app.routing import group_by_shard
 from app.service.pool import ShardPool
 from app.service.shard_service import HOME_SHARD, STAGING_PREFIX
-from app.store import ChunkWrite, DocumentWrite, SearchHit, StoredDocument
+from app.store import ChunkWrite, DocumentWrite, StoredDocument
 from app.store.lexical import lexical_query
 
 MANIFEST = "manifest.json"
@@ -118,12 +118,6 @@ def _record(doc: StoredDocument | _Prepared, is_truncated: bool = False) -> Docu
         hash_value=doc.hash_value,
         metadata=dict(doc.metadata),
         is_truncated=is_truncated,
-    )
-
-
-def hit_to_node(hit: SearchHit) -> NodeWithScore:
-    return NodeWithScore(
-        doc_id=hit.doc_id, node_id=hit.node_id, text=hit.text, score=float(hit.score), metadata=dict(hit.metadata)
     )
 
 
@@ -438,17 +432,6 @@ class DocumentService:
         )
         docs = [_record(d, d.is_truncated) for page, _ in pages for d in page]
         return ListDocumentsResponse(documents=docs, count=len(docs), total_items=total)
-
-    async def search(
-        self, index: str, vector: np.ndarray, k: int, metadata_filter: dict[str, Any] | None = None
-    ) -> list[NodeWithScore]:
-        """Scatter to every shard, gather, merge the top ``k`` by cosine score. A shard without the
-        index answers None; when every shard does, the index does not exist."""
-        parts = await self.pool.call_all("search", index, vector, k, metadata_filter)
-        if all(p is None for p in parts):
-            raise NotFoundError(f"No such index: '{index}' exists.")
-        hits = sorted((h for p in parts if p for h in p), key=lambda h: h.score, reverse=True)[:k]
-        return [hit_to_node(h) for h in hits]
 
     async def retrieve(
         self, index: str, query: str, k: int, metadata_filter: dict[str, Any] | None = None, mode: str | None = None

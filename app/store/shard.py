@@ -539,7 +539,9 @@ class Shard:
             return []
         dims = {int(np.asarray(c.vector).shape[-1]) for d in docs for c in d.chunks}
         if len(dims) > 1:
-            raise DimensionMismatchError(f"vectors of several dimensions in one batch: {sorted(dims)}")
+            raise DimensionMismatchError(
+                f"vectors of several dimensions in one batch: {sorted(dims)}", another_model=False
+            )
         with self._write_lock:
             held = self._gens.get(index)
             stale = False  # the shard still holds an older generation than the writer's: drop it

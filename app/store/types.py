@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from app.errors import ConflictError
+
 
 @dataclass(frozen=True)
 class ChunkWrite:
@@ -74,8 +76,18 @@ class IndexNotFoundError(KeyError):
         return f"No such index: {self.args[0]!r}"
 
 
-class DimensionMismatchError(ValueError):
-    """Vectors of another dimension than the index's (a different embedding model)."""
+class DimensionMismatchError(ConflictError, ValueError):
+    """Vectors of another dimension than the index's: the index was built with another embedding
+    model than the one serving now. A 409 that says so: nothing is written, and the client can
+    write into a new index or serve the model the index was built with."""
+
+    def __init__(self, message: str, *, another_model: bool = True):
+        if another_model:
+            message += (
+                ": the index was built with another embedding model than this server's; "
+                "write into a new index, or serve the embedding model it was built with"
+            )
+        super().__init__(message)
 
 
 class IndexDroppedError(LookupError):

@@ -1,5 +1,5 @@
 """The edges of the HTTP path that Serve's mode could change (issue 13), end to end: which
-ingress answers, API keys, request size limits, a client that leaves mid-stream, metrics.
+ingress answers, the processes Ray starts, API keys, request size limits, a client that leaves mid-stream, metrics.
 
 Ray runs in the mode ``make run`` uses (``deployments.platform``); with
 ``RAGSERVE_HIGH_THROUGHPUT=0`` the same tests check Serve's default proxy."""
@@ -62,6 +62,19 @@ def test_the_configured_ingress_answers(base: str) -> None:
         return
     assert port is not None
     assert httpx.get(f"http://127.0.0.1:{port}/stats", timeout=10).status_code == 200
+
+
+def test_the_local_ray_leaves_out_what_one_machine_does_not_need(ray_cluster: int) -> None:
+    """``init_local_ray`` starts no autoscaler monitor (85 MiB, nothing to autoscale on one
+    machine), and in the high-throughput mode no log monitor (80 MiB, Serve logs nothing to stderr
+    there); the processes Serve relies on run."""
+    import ray
+    from ray._private import ray_constants
+
+    running = set(ray._private.worker._global_node.all_processes)
+    assert ray_constants.PROCESS_TYPE_MONITOR not in running
+    assert (ray_constants.PROCESS_TYPE_LOG_MONITOR in running) is not high_throughput_enabled()
+    assert {ray_constants.PROCESS_TYPE_RAYLET, ray_constants.PROCESS_TYPE_GCS_SERVER} <= running
 
 
 def test_api_keys_are_enforced_except_on_health_and_metrics(base: str) -> None:

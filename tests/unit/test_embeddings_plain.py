@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from app.embeddings import LocalEmbeddingModel, packaged_embedding_path, plain_pooling
 
@@ -63,3 +65,38 @@ def test_layouts_other_than_transformer_pooling_normalise_are_left_to_sentence_t
     assert plain_pooling(variant(pooling={"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True})) is None
     assert plain_pooling(variant(lower=True)) is None
     assert plain_pooling(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize("graph", ["traced", "optimized"])
+def test_a_traced_query_model_gives_the_eager_vectors(embedding_model, graph: str) -> None:
+    """The ingress's query copy runs as a traced graph: its vectors must be the eager model's for
+    texts of every length (one token to past the truncation), alone and batched with padding."""
+    traced = LocalEmbeddingModel(None, device="cpu", graph=graph)  # type: ignore[arg-type]
+    assert traced.graph == graph and traced._graph is not None
+    for batch_size in (1, 4):
+        ours = traced.encode(TEXTS, batch_size=batch_size)
+        eager = embedding_model.encode(TEXTS, batch_size=batch_size)
+        assert np.abs(ours - eager).max() < 1e-5
+
+
+class ShapeBranching(torch.nn.Module):
+    """A stand-in transformer whose Python branches on its input's length: a trace records one
+    branch, so the graph is wrong for texts of other lengths (what the probes exist to catch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(30522, 8)
+
+    def forward(self, input_ids, attention_mask, return_dict=False, **_):
+        hidden = self.embed(input_ids)
+        if input_ids.shape[1] > 4:  # recorded as a constant by the trace
+            hidden = hidden * 2
+        return SimpleNamespace(last_hidden_state=hidden) if return_dict else (hidden,)
+
+
+def test_a_trace_that_disagrees_with_the_eager_model_is_refused(embedding_model, caplog) -> None:
+    from app.embeddings import _trace_forward
+
+    assert _trace_forward(ShapeBranching(), embedding_model.tokenizer, optimize=False) is None
+    assert "disagrees with the eager one" in caplog.text
+    assert _trace_forward(embedding_model._transformer, embedding_model.tokenizer, optimize=False) is not None

@@ -205,3 +205,51 @@ def test_every_list_limit_the_settings_allow_is_served(tmp_path, embedder, fake:
         r = c.get("/indexes/kb/documents", params={"limit": 500})
         assert r.status_code == 200 and r.json()["count"] == 3, r.text
         assert c.get("/indexes/kb/documents", params={"limit": 1001}).status_code == 422
+
+
+class SmallerEmbedder:
+    """Another embedding model (64-d vectors instead of 384) in front of the same tokenizer: what a
+    server restarted with a different ``embedding_model`` on the same storage_dir embeds with."""
+
+    def __init__(self, inner: Any):
+        self.model = inner.model
+        self._inner = inner
+
+    @staticmethod
+    def _shrink(vectors: Any) -> Any:
+        import numpy as np
+
+        v = np.asarray(vectors)[..., :64]
+        return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+    async def embed_documents(self, texts: list[str]) -> Any:
+        return self._shrink(await self._inner.embed_documents(texts))
+
+    async def embed_query(self, text: str) -> Any:
+        return self._shrink(await self._inner.embed_query(text))
+
+    async def count_tokens(self, texts: list[str]) -> int:
+        return await self._inner.count_tokens(texts)
+
+
+def test_an_index_built_with_another_embedding_model_is_a_409_that_says_so(tmp_path, embedder, fake) -> None:
+    with inprocess_app(tmp_path, embedder, fake.url) as (app, _), TestClient(app) as c:
+        assert c.post("/index", json={"index_name": "kb", "documents": [DOC]}).status_code == 200
+    with inprocess_app(tmp_path, SmallerEmbedder(embedder), fake.url) as (app, _), TestClient(app) as c:
+        doc_id = c.get("/indexes/kb/documents").json()["documents"][0]["doc_id"]
+        writes = [
+            c.post("/index", json={"index_name": "kb", "documents": [{"text": "A second document."}]}),
+            c.post("/indexes/kb/documents", json={"documents": [{"doc_id": doc_id, "text": "Changed."}]}),
+            c.post("/retrieve", json={"index_name": "kb", "query": "What is KAITO?"}),
+            c.post("/query", json={"index_name": "kb", "query": "What is KAITO?"}),
+        ]
+        for r in writes:
+            assert r.status_code == 409, r.text
+            assert "384-d vectors, got 64-d" in r.text or "384-d vectors, query is 64-d" in r.text
+            assert "another embedding model" in r.text
+        listed = c.get("/indexes/kb/documents").json()
+        assert listed["total_items"] == 1 and listed["documents"][0]["text"] == DOC["text"]
+        # a new index is built with the model serving now
+        assert c.post("/index", json={"index_name": "kb64", "documents": [DOC]}).status_code == 200
+        hits = c.post("/retrieve", json={"index_name": "kb64", "query": "What is KAITO?"}).json()
+        assert hits["results"] and hits["results"][0]["text"] == DOC["text"]

@@ -233,7 +233,7 @@ class History:
         results = await asyncio.gather(
             later(self.svc.drop_index(index), self.rng.random() * 0.005),
             self.writes(existing, exclude=frozenset({index})),
-            self.svc.search(index, vector(self.model[index][doc_id][0]), 3),
+            self.svc.retrieve(index, self.model[index][doc_id][0], 3, mode="dense"),
             self.svc.list_documents(index, limit=5),
             self.svc.delete_documents(index, ["never-there"]),
             return_exceptions=True,
@@ -337,12 +337,11 @@ class History:
             assert listed == docs
             filtered = await self.svc.list_documents(index, limit=100, metadata_filter={"g": "a"})
             assert filtered.total_items == sum(m.get("g") == "a" for _, m in docs.values())
-            probe = vector(self.text("probe"))
-            nodes = await self.svc.search(index, probe, len(docs) + 5)
+            nodes, _ = await self.svc.retrieve(index, self.text("probe"), len(docs) + 5, mode="dense")
             assert sorted((n.doc_id, n.text) for n in nodes) == sorted((i, t) for i, (t, _) in docs.items())
             if docs:
                 doc_id = self.rng.choice(sorted(docs))
-                top = (await self.svc.search(index, vector(docs[doc_id][0]), 1))[0]
+                top = (await self.svc.retrieve(index, docs[doc_id][0], 1, mode="dense"))[0][0]
                 assert top.text == docs[doc_id][0] and top.score == pytest.approx(1.0, abs=1e-4)
         for index in INDEXES:
             if index not in self.model:
