@@ -6,7 +6,7 @@ the same run:
 
 - the fake upstream called directly (no Serve at all);
 - a trivial Serve deployment returning a constant body (the platform floor: ingress + one replica);
-- a trivial Serve deployment that forwards the body to the upstream with httpx and returns its
+- a trivial Serve deployment that forwards the body to the upstream with aiohttp and returns its
   answer (the floor of any Serve-based proxy: what is left over it is ragserve's own work);
 - raw encoding of the same questions with the same model in this process (the embedding a RAG
   request cannot avoid).
@@ -91,9 +91,9 @@ def deploy_floor(port: int) -> str:
     return base
 
 
-def deploy_forwarder(port: int, upstream: str, client: str = "httpx") -> str:
+def deploy_forwarder(port: int, upstream: str, client: str = "aiohttp") -> str:
     """A Serve deployment that relays a chat completion to ``upstream`` and back, nothing else,
-    with ``client`` (httpx, as ragserve's engine uses, or aiohttp, to see what the client costs)."""
+    with ``client`` (aiohttp, as ragserve's engine uses, or httpx, to see what the client costs)."""
     from fastapi import FastAPI
     from ray import serve
 
@@ -116,7 +116,7 @@ def deploy_forwarder(port: int, upstream: str, client: str = "httpx") -> str:
                 import aiohttp
 
                 if self.session is None:
-                    self.session = aiohttp.ClientSession()
+                    self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=2.0))
                 async with self.session.post(
                     f"{upstream}/v1/chat/completions", data=body, headers={"content-type": "application/json"}
                 ) as r:

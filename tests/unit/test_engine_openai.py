@@ -300,3 +300,28 @@ class TestOpenAIEngineContract(EngineContract):
             return False
 
         return stopped
+
+
+@pytest.mark.parametrize(
+    ("chunks", "lines"),
+    [
+        ([b"data: a\n\n", b"data: b\r\n\r\n"], ["data: a", "", "data: b", ""]),
+        ([b"data: a\r", b"\ndata: b\r", b"\r"], ["data: a", "data: b", ""]),  # \r\n split across chunks
+        ([b"da", b"ta: \xe2\x80", b"\xa8x\n"], ["data: \u2028x"]),  # UTF-8 split; U+2028 is no line break
+        ([b"data: x"], ["data: x"]),  # no final line break
+        ([], []),
+        ([b"a\rb\nc\r\nd"], ["a", "b", "c", "d"]),
+        ([b"data: " + b"y" * 300_000 + b"\n"], ["data: " + "y" * 300_000]),  # no line-length limit
+    ],
+)
+def test_sse_lines_split_as_the_spec_says(chunks: list[bytes], lines: list[str]) -> None:
+    from app.engines.openai_engine import _lines
+
+    async def read() -> list[str]:
+        async def stream():
+            for c in chunks:
+                yield c
+
+        return [line async for line in _lines(stream())]
+
+    assert asyncio.run(read()) == lines
