@@ -207,6 +207,10 @@ def stop_leftovers(procs: list[tuple[int, int]]) -> list[int]:
     return stopped
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def serve_run(argv: list[str]) -> None:
     """``serve run ARGS`` in the configured mode: a local Ray (no dashboard) is started here unless
     ``RAY_ADDRESS`` names a cluster, whose own pods carry the variables (kuberay/)."""
@@ -218,6 +222,9 @@ def serve_run(argv: list[str]) -> None:
         node = ray._private.worker.global_worker.node
         if node is not None:
             print(f"ragserve: Serve's logs are in {node.get_session_dir_path()}/logs/serve", flush=True)
+    # SIGTERM (a container or service manager stopping it) shuts down as Ctrl-C does: Serve first,
+    # then Ray, so nothing is left running.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         cli.main(args=["run", *argv], prog_name="serve")
     finally:

@@ -1,7 +1,7 @@
 """``make run``'s own launcher end to end (``python -m deployments.platform run CONFIG``): it serves
 the config, starts none of the processes it leaves out on one machine, and Ctrl-C (SIGINT to the
-terminal's process group) stops the whole tree, HAProxy included, so the port is free for the next
-``make run``."""
+terminal's process group) or SIGTERM stops the whole tree, HAProxy included, so the port is free for
+the next ``make run``."""
 
 from __future__ import annotations
 
@@ -36,7 +36,16 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
-def test_make_run_serves_the_config_and_ctrl_c_stops_every_process(tmp_path: Path) -> None:
+def _as_in_a_terminal() -> None:
+    """SIGINT as a terminal leaves it: a test run in the background inherits it ignored, and a
+    Python started with SIGINT ignored never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path, stop: signal.Signals) -> None:
+    """Ctrl-C in the terminal (SIGINT to the process group) and a service manager's SIGTERM (to
+    the launcher) both shut Serve and then Ray down."""
     port = free_port()
     config = serve_config(REPO / "configs" / "remote-llm.yaml", port, tmp_path)
     with FakeOpenAI(answer="KAITO runs models on Kubernetes [1].", model="upstream-model") as upstream:
@@ -55,6 +64,7 @@ def test_make_run_serves_the_config_and_ctrl_c_stops_every_process(tmp_path: Pat
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_as_in_a_terminal,
         )
         tree: list[psutil.Process] = []
         try:
@@ -79,7 +89,10 @@ def test_make_run_serves_the_config_and_ctrl_c_stops_every_process(tmp_path: Pat
             haproxies = [p for p in tree if p.name() == "haproxy"]
             assert bool(haproxies) is high_throughput_enabled()
         finally:
-            os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
+            if stop == signal.SIGINT:
+                os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
+            else:
+                launcher.send_signal(signal.SIGTERM)
             try:
                 launcher.wait(timeout=120)
             finally:
