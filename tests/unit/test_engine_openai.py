@@ -325,3 +325,34 @@ def test_sse_lines_split_as_the_spec_says(chunks: list[bytes], lines: list[str])
         return [line async for line in _lines(stream())]
 
     assert asyncio.run(read()) == lines
+
+
+@pytest.mark.parametrize(
+    ("env", "url", "proxy"),
+    [
+        ({}, "http://llm:8000/v1", None),
+        ({"HTTP_PROXY": "http://proxy:3128"}, "http://llm:8000/v1", "http://proxy:3128"),
+        ({"https_proxy": "http://proxy:3128"}, "https://api.example.com/v1", "http://proxy:3128"),
+        ({"HTTP_PROXY": "http://proxy:3128"}, "https://api.example.com/v1", None),  # no proxy for https
+        ({"HTTP_PROXY": "http://proxy:3128", "NO_PROXY": "127.0.0.1,.svc"}, "http://llm.ns.svc:80/v1", None),
+        ({"HTTP_PROXY": "http://proxy:3128", "NO_PROXY": "127.0.0.1,.svc"}, "http://127.0.0.1:8000/v1", None),
+    ],
+)
+def test_the_environment_proxy_is_honoured_as_httpx_did(monkeypatch, env, url, proxy) -> None:
+    """The engine reads HTTP(S)_PROXY and NO_PROXY once, when its session is made."""
+    from app.engines.openai_engine import env_proxy
+
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert env_proxy(url) == proxy
+
+    async def session_proxy() -> str | None:
+        engine = OpenAIEngine(url, "m", None, 5.0)
+        try:
+            return engine._http()._default_proxy and str(engine._http()._default_proxy)
+        finally:
+            await engine.stop()
+
+    assert asyncio.run(session_proxy()) == proxy
