@@ -131,7 +131,18 @@ def measure(config: Path, docs: int, launcher: str, llm_url: str) -> dict[str, A
             else [str(Path(sys.executable).parent / "serve"), "run", str(cfg)]
         )
         log = open(Path(tmp) / "server.log", "w")  # noqa: SIM115  (closed below, after the server)
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # SIGINT as a terminal leaves it: a benchmark started in the background inherits it
+            # ignored, and the Ctrl-C below would then be lost (the server killed after 90 s instead,
+            # leaving HAProxy running)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         try:
             base = f"http://127.0.0.1:{port}"
             wait_healthy(base, timeout_s=900)

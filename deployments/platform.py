@@ -19,14 +19,12 @@ without Ray installed.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 SWITCH = "RAGSERVE_HIGH_THROUGHPUT"
@@ -165,48 +163,6 @@ def init_local_ray(
     return env
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(command name, parent pid, start time) of ``pid`` from /proc, or None once it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
-    return name, int(rest[1]), int(rest[19])  # fields 4 (ppid) and 22 (starttime) of proc(5)
-
-
-def haproxies_under(root: int) -> list[tuple[int, int]]:
-    """(pid, start time) of every HAProxy process descending from ``root`` (Linux, where Ray's
-    HAProxy runs; elsewhere nothing)."""
-    stats = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        if (stat := _proc_stat(int(entry.name))) is not None:
-            stats[int(entry.name)] = stat
-    children: dict[int, list[int]] = {}
-    for pid, (_, ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    found, todo = [], list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        if stats[pid][0] == "haproxy":
-            found.append((pid, stats[pid][2]))
-    return found
-
-
-def stop_leftovers(procs: list[tuple[int, int]]) -> list[int]:
-    """SIGTERM (HAProxy's hard stop) each of ``procs`` still running, the same process (same start
-    time, never a recycled pid); returns the pids stopped."""
-    stopped = []
-    for pid, started in procs:
-        stat = _proc_stat(pid)
-        if stat is not None and stat[2] == started:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-                stopped.append(pid)
-    return stopped
-
-
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
@@ -228,13 +184,7 @@ def serve_run(argv: list[str]) -> None:
     try:
         cli.main(args=["run", *argv], prog_name="serve")
     finally:
-        # Serve's shutdown stops HAProxy, but a HAProxy started by a reload (after heavy load) was
-        # seen left running once Ray was gone, holding the port; so the HAProxy processes of this
-        # tree are noted before Ray shuts down and stopped if they outlive it.
-        haproxies = haproxies_under(os.getpid())
         ray.shutdown()
-        if stopped := stop_leftovers(haproxies):
-            print(f"ragserve: stopped HAProxy left running by Ray: {stopped}", flush=True)
 
 
 if __name__ == "__main__":
