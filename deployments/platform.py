@@ -37,7 +37,7 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_P
 # How long a stopping ingress replica stays open in the high-throughput mode, for the load balancer
 # in front to stop sending it requests. Ray's default (30 s, for a cloud load balancer's
 # deregistration) makes ``serve.shutdown`` of a local cluster run into its own 30 s limit, every
-# application delete take 35 s, and Ctrl-C on ``make run`` take ~50 s to return. A local cluster's
+# application delete take 35 s, and Ctrl-C on ``make run`` take over 30 s to return. A local cluster's
 # only balancer is its own HAProxy, which is told at once and retries a refused connection, so
 # local clusters drain for 2 s (tests/integration/test_make_run.py stops one). A RayService
 # (kuberay/) keeps Ray's default; a value set in the environment wins.
