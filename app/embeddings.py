@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -112,8 +113,6 @@ def _trace_forward(transformer: Any, tokenizer: Any, optimize: bool) -> Any:
         return tokenizer(texts, padding=True, return_tensors="pt")
 
     try:
-        import warnings
-
         example = features(["a probe sentence for tracing"])
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # TracerWarnings: exactly what the probes check

@@ -30,7 +30,7 @@ import httpx
 import yaml
 
 from benchmarks.common import REPO, bar_plot, free_port, machine, make_texts, table, wait_healthy, write_json
-from deployments.platform import private_haproxy_ports
+from deployments.platform import private_haproxy_ports, sigint_as_in_a_terminal
 from tests.fakes.fake_openai import FakeOpenAI
 
 # (substring of the command line, role), first match wins: the replicas by deployment name, then
@@ -138,10 +138,9 @@ def measure(config: Path, docs: int, launcher: str, llm_url: str) -> dict[str, A
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            # SIGINT as a terminal leaves it: a benchmark started in the background inherits it
-            # ignored, and the Ctrl-C below would then be lost (the server killed after 90 s instead,
-            # leaving HAProxy running)
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+            # else, started in the background, the Ctrl-C below is lost: the server is killed after
+            # 90 s instead, leaving HAProxy running
+            preexec_fn=sigint_as_in_a_terminal,
         )
         try:
             base = f"http://127.0.0.1:{port}"

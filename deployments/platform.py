@@ -144,15 +144,14 @@ def init_local_ray(
     Returns the Serve variables it started with."""
     import ray
 
-    env = apply_serve_env(high_throughput)
-    env.update({k: os.environ.get(k, v) for k, v in LOCAL_MALLOC_ENV.items()})
-    os.environ.update(env)
-    if env["RAY_SERVE_ENABLE_HA_PROXY"] == "1":
-        env.update({k: os.environ.get(k, v) for k, v in LOCAL_DRAIN_ENV.items()})
-        if private:
-            env.update(private_haproxy_ports())
-        os.environ.update(env)
-    with _ray_params(**local_ray_params(env["RAY_SERVE_ENABLE_HA_PROXY"] == "1")):
+    env = serve_env(high_throughput)
+    on = env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    local = {**LOCAL_MALLOC_ENV, **(LOCAL_DRAIN_ENV if on else {})}
+    env.update({k: os.environ.get(k, v) for k, v in local.items()})  # a value already set wins
+    if on and private:
+        env.update(private_haproxy_ports())
+    os.environ.update(env)  # before Ray starts: its processes inherit it
+    with _ray_params(**local_ray_params(on)):
         ray.init(
             num_cpus=num_cpus,
             include_dashboard=False,
@@ -161,6 +160,13 @@ def init_local_ray(
             **kwargs,
         )
     return env
+
+
+def sigint_as_in_a_terminal() -> None:
+    """Give SIGINT its default disposition (a ``preexec_fn`` for a server started to be stopped
+    with Ctrl-C): a process started in the background inherits SIGINT ignored, and a Python started
+    with SIGINT ignored never raises KeyboardInterrupt, so the Ctrl-C would be lost."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

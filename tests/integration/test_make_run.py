@@ -18,7 +18,7 @@ import pytest
 
 from benchmarks.bench_memory import serve_config
 from benchmarks.common import free_port, wait_healthy
-from deployments.platform import high_throughput_enabled, private_haproxy_ports
+from deployments.platform import high_throughput_enabled, private_haproxy_ports, sigint_as_in_a_terminal
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.integration.conftest import MODEL_CACHE, REPO
 
@@ -34,12 +34,6 @@ def _port_is_free(port: int) -> bool:
         except OSError:
             return False
         return True
-
-
-def _as_in_a_terminal() -> None:
-    """SIGINT as a terminal leaves it: a test run in the background inherits it ignored, and a
-    Python started with SIGINT ignored never raises KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
@@ -64,7 +58,7 @@ def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_as_in_a_terminal,
+            preexec_fn=sigint_as_in_a_terminal,  # a test run in the background inherits it ignored
         )
         tree: list[psutil.Process] = []
         try:
