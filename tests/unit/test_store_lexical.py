@@ -201,3 +201,33 @@ def test_max_postings_searches_the_rarest_terms_within_the_bound(tmp_path) -> No
     hit = s.search_candidates("kb", vec(0), "zebra unicorn", 5, mode="lexical", max_postings=10).lexical[0]
     assert hit.doc_id == "r" and not hit.all_terms  # "unicorn" matches nothing: not every term is there
     s.close()
+
+
+def test_terms_are_counted_for_exactly_the_asked_rows(tmp_path):
+    """Each candidate's matched-term count (``min_match``, ``all_terms``) is read over the rowid
+    range the candidates span; rows in that range that are not candidates, rows of another index
+    in it, and candidates at either end of it must all come out as a lookup row by row says."""
+    rng = np.random.default_rng(7)
+    words = ["pump", "valve", "seal", "bracket", "wrench", "frame", "gasket", "hose"]
+    s = Shard(tmp_path / "s")
+    try:
+        for n in range(60):  # two indexes interleaved in one rowid sequence
+            text = " ".join(rng.choice(words, size=4))
+            s.upsert_documents("kb" if n % 3 else "other", [doc(f"d{n}", text, n)])
+        query = lexical_query("pump valve seal gasket")
+        all_ids = [r[0] for r in s._reader().execute("SELECT id FROM chunks ORDER BY id")]
+        for ids in (all_ids, all_ids[5:40:3], [all_ids[0], all_ids[-1]], [all_ids[17]], []):
+            expected = {
+                i: sum(
+                    s._reader()
+                    .execute(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid = ?", (t, i))
+                    .fetchone()[0]
+                    for t in query.terms
+                )
+                for i in ids
+            }
+            assert s._terms_matched(query, ids) == expected
+            if ids is all_ids:  # the data has rows matching none, some and all of the terms
+                assert {0, 1, 2}.issubset(expected.values())
+    finally:
+        s.close()
