@@ -80,7 +80,18 @@ class Settings(BaseSettings):
     )
     embedding_url: str | None = None
     embedding_api_key: SecretStr | None = None
-    embedding_threads: int | None = Field(default=None, ge=1, description="torch threads. None: every usable core.")
+    embedding_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="torch threads of each of the Embedder's workers. None: the usable cores shared among the workers.",
+    )
+    embedding_workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Threads of the Embedder that encode document batches side by side, a batch each "
+        "(app.embeddings.EncodeWorkers). None: every usable core on a CPU, one on a GPU.",
+    )
     embedding_batch_size: int = Field(default=32, gt=0)
     embedding_batch_wait_s: float = Field(default=0.005, ge=0)
     embedding_cache_size: int = Field(default=10_000, ge=0)

@@ -2,16 +2,14 @@
 
 Queries from concurrent requests are gathered by ``@serve.batch`` into one model call; a query
 that arrives alone skips the batch queue (waiting for company that is not coming would only add
-the batch wait to its latency). Documents arrive already in batches. Every model call goes through
-one worker thread, so two batches never fight for the same cores. Query vectors are cached
+the batch wait to its latency). Documents arrive already in batches; ``EncodeWorkers`` encodes
+them on a worker thread per core, a batch each (``embedding_workers``). Query vectors are cached
 (LRU + TTL) by model and normalised text.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -21,7 +19,7 @@ from ray.serve import metrics
 from app.budget.tokenizers import ApproxTokenCounter
 from app.cache import TTLCache, normalise_query
 from app.config import Settings, secret
-from app.embeddings import LocalEmbeddingModel, RemoteEmbeddingModel
+from app.embeddings import LocalEmbeddingModel, RemoteEmbeddingModel, document_workers
 from app.hardware import release_free_memory
 from deployments.common import as_settings, log
 
@@ -40,7 +38,7 @@ class Embedder:
         batcher: Any = self._embed_query_batch  # @serve.batch added the setters
         batcher.set_max_batch_size(s.embedding_batch_size)
         batcher.set_batch_wait_timeout_s(s.embedding_batch_wait_s)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embed")
+        self._workers = document_workers(self.model, s.embedding_workers, s.embedding_threads)
         self._queries_in_flight = 0
         self._approx = ApproxTokenCounter("the remote embedding model's tokenizer is not available here")
         self.cache: TTLCache[np.ndarray] = TTLCache(s.embedding_cache_size, s.embedding_cache_ttl_s)
@@ -52,12 +50,13 @@ class Embedder:
             boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000],
             tag_keys=("kind",),
         )
-        log.info("embedder ready: model=%s dim=%d", self.model.model_id, self.model.dim)
+        log.info(
+            "embedder ready: model=%s dim=%d workers=%d", self.model.model_id, self.model.dim, self._workers.workers
+        )
 
     async def _encode(self, texts: list[str], kind: str) -> np.ndarray:
         t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        vecs = await loop.run_in_executor(self._executor, self.model.encode, texts, self.batch_size)
+        vecs = await self._workers.encode(texts, self.batch_size)
         self._latency.observe((time.perf_counter() - t0) * 1000, tags={"kind": kind})
         return vecs
 
@@ -84,14 +83,13 @@ class Embedder:
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
         vecs = await self._encode(texts, "documents")
         # a batch of long documents leaves its activations' pages in the C heap: give them back
-        await asyncio.get_running_loop().run_in_executor(self._executor, release_free_memory)
+        await self._workers.run(release_free_memory)
         return vecs
 
     async def count_tokens(self, texts: list[str]) -> int:
-        tok = self.model.tokenizer
-        if tok is None:
-            return sum(self._approx.count_text(t) for t in texts)
-        return sum(len(tok.encode(t, add_special_tokens=True)) for t in texts)
+        if isinstance(self.model, LocalEmbeddingModel):
+            return self.model.count_tokens(texts)
+        return sum(self._approx.count_text(t) for t in texts)
 
     def info(self) -> dict[str, Any]:
         """What the model is, and where it runs: the ingress decides from it whether to embed

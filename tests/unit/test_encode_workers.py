@@ -1,0 +1,164 @@
+"""``EncodeWorkers``: the Embedder's document batches on several threads, a batch each. Every text
+comes back in its place, a small request still uses every worker, a model that may not run on
+several threads gets one; and the real model, encoding and counting tokens on several threads at
+once, gives the vectors of one call and no tokenizer error."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from app.embeddings import EncodeWorkers, document_workers
+
+TEXTS = [
+    "What does the pump on line 3 report?",
+    "",
+    "a",
+    "Shards restart on another node. " * 80,
+    "Ünïcödé text, emojis 🙂 and numbers 12345.",
+    "The warranty covers parts and labour for two years.",
+]
+
+
+class ThreadRecordingModel:
+    """Vectors that name their text (its length, its first character); records the threads used
+    and how many calls ran at once."""
+
+    dim = 3
+    device = "cpu"
+
+    def __init__(self, concurrent: bool = True):
+        self.concurrent = concurrent
+        self.calls: list[list[str]] = []
+        self.threads: set[str] = set()
+        self.running = self.most_at_once = 0
+        self._lock = threading.Lock()
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        with self._lock:
+            self.calls.append(list(texts))
+            self.threads.add(threading.current_thread().name)
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        time.sleep(0.03)
+        with self._lock:
+            self.running -= 1
+        return expected(texts)
+
+
+def expected(texts: list[str]) -> np.ndarray:
+    return np.array([[len(t), ord(t[0]) if t else 0, 1] for t in texts], dtype=np.float32).reshape(-1, 3)
+
+
+@pytest.mark.parametrize("n, workers, batch", [(0, 2, 32), (1, 2, 32), (3, 2, 32), (7, 3, 2), (100, 2, 32), (65, 4, 8)])
+def test_parts_cover_every_text_once_longest_first(n: int, workers: int, batch: int) -> None:
+    texts = [f"text {'x' * ((i * 37) % 23)} {i}" for i in range(n)]
+    pool = EncodeWorkers(ThreadRecordingModel(), workers)
+    try:
+        parts = pool.parts(texts, batch)
+        flat = [i for p in parts for i in p]
+        assert sorted(flat) == list(range(n))
+        assert [len(texts[i]) for i in flat] == sorted((len(t) for t in texts), reverse=True)
+        assert all(len(p) <= batch for p in parts)
+        if 0 < n < workers * batch:  # fewer batches than workers: one part per worker (or per text)
+            assert len(parts) == min(n, workers)
+    finally:
+        pool.close()
+
+
+async def test_texts_come_back_in_their_places_from_every_worker() -> None:
+    model = ThreadRecordingModel()
+    pool = EncodeWorkers(model, 2)
+    try:
+        texts = [f"{chr(65 + i % 26)}{'y' * (i % 7)}" for i in range(10)]  # one batch of 32: split in two
+        assert np.array_equal(await pool.encode(texts, 32), expected(texts))
+        assert len(model.calls) == 2 and len(model.threads) == 2 and model.most_at_once == 2
+        texts = [f"{chr(97 + i % 26)}{'z' * (i % 11)}" for i in range(70)]  # three batches of 32
+        assert np.array_equal(await pool.encode(texts, 32), expected(texts))
+        assert sorted(len(c) for c in model.calls[2:]) == [6, 32, 32]
+        assert (await pool.encode([], 32)).shape == (0, 3)
+    finally:
+        pool.close()
+
+
+async def test_a_model_that_is_not_concurrent_gets_one_worker() -> None:
+    model = ThreadRecordingModel(concurrent=False)
+    pool = EncodeWorkers(model, 4)
+    try:
+        assert pool.workers == 1
+        texts = [f"t{i}" for i in range(100)]
+        assert np.array_equal(await pool.encode(texts, 32), expected(texts))
+        assert model.most_at_once == 1
+    finally:
+        pool.close()
+
+
+def test_the_real_model_runs_a_batch_per_worker_with_one_torch_thread_each(embedding_model) -> None:
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        pool = document_workers(embedding_model, workers=2)
+        assert pool.workers == 2 and torch.get_num_threads() == 1
+        pool.close()
+        assert document_workers(embedding_model, workers=1).workers == 1 and torch.get_num_threads() >= 1
+        assert embedding_model.concurrent
+    finally:
+        torch.set_num_threads(before)
+
+
+async def test_the_real_model_gives_one_calls_vectors_from_several_workers(embedding_model) -> None:
+    pool = EncodeWorkers(embedding_model, 2)
+    try:
+        texts = TEXTS * 8
+        together = embedding_model.encode(texts, batch_size=4)
+        apart = await pool.encode(texts, 4)
+        assert apart.shape == together.shape and np.abs(apart - together).max() < 1e-5
+    finally:
+        pool.close()
+
+
+def test_encoding_and_counting_tokens_on_several_threads_at_once(embedding_model) -> None:
+    """A fast tokenizer reconfigured by one thread (counting: no padding, no truncation) while
+    another is inside it (encoding: padded, truncated) made the encode fail ("Unable to create
+    tensor"); the model locks its tokenizer."""
+    errors: list[BaseException] = []
+    texts = ["Shards restart on another node. " * 80, "short"] * 4
+    counted = sum(len(embedding_model.tokenizer.encode(t, add_special_tokens=True)) for t in texts)
+
+    def encode() -> None:
+        try:
+            for _ in range(6):
+                assert embedding_model.encode(texts, batch_size=8).shape == (8, 384)
+        except BaseException as e:
+            errors.append(e)
+
+    def count() -> None:
+        try:
+            for _ in range(300):
+                assert embedding_model.count_tokens(texts) == counted
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=f) for f in (encode, encode, count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+async def test_workers_and_token_counts_share_the_model_safely(embedding_model) -> None:
+    pool = EncodeWorkers(embedding_model, 2)
+    try:
+        texts = TEXTS * 6
+        vecs, n = await asyncio.gather(
+            pool.encode(texts, 4), asyncio.to_thread(embedding_model.count_tokens, texts * 20)
+        )
+        assert vecs.shape == (len(texts), 384) and n > 0
+    finally:
+        pool.close()
