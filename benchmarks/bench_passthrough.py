@@ -9,7 +9,12 @@ the same run:
 - a trivial Serve deployment that forwards the body to the upstream with aiohttp and returns its
   answer (the floor of any Serve-based proxy: what is left over it is ragserve's own work);
 - raw encoding of the same questions with the same model in this process (the embedding a RAG
-  request cannot avoid).
+  request cannot avoid): in a tight loop, the goal's baseline; and *paced*, each encode after a
+  pause as long as a RAG request (the ingress encodes one query per request, and an encode after
+  a pause is slower on this kind of machine: ``benchmarks.common.paced_query_encode``), with the
+  eager model and with the ingress's own optimized graph on one thread;
+- Ray's floor for the search stage: one call to each of two trivial actors at once, paced
+  likewise (``benchmarks.common.actor_call_floor``).
 
     python -m benchmarks.bench_passthrough [--requests 300] [--modes default,high-throughput,default]
         [--query-embedding auto|ingress|deployment]
@@ -40,11 +45,13 @@ from fastapi.responses import JSONResponse
 from app.http.server_timing import parse_server_timing
 from benchmarks.common import (
     MODES,
+    actor_call_floor,
     bar_plot,
     deploy_ragserve,
     machine,
     make_queries,
     make_texts,
+    paced_query_encode,
     parse_mode,
     raw_query_encode,
     ray_serve,
@@ -182,8 +189,9 @@ def run_mode(
     questions: list[str],
     docs: list[str],
     rounds: int,
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Every path measured under one Serve mode (a Ray of its own)."""
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
+    """Every path measured under one Serve mode (a Ray of its own), and Ray's floor for the search
+    stage in it (``actor_call_floor``, paced like the RAG chats)."""
     with ray_serve(high_throughput=high_throughput) as port:
         floor = deploy_floor(port)
         forward = deploy_forwarder(port, fake.url)
@@ -220,8 +228,10 @@ def run_mode(
             samples["ragserve RAG chat (cold)"] += lat
             for k, v in st.items():
                 stages.setdefault(k, []).extend(v)
+        pause = summary_ms(samples["ragserve RAG chat (cold)"])["p50"] / 1000
+        actors = actor_call_floor(min(n, 200), pause)
         shutil.rmtree(storage, ignore_errors=True)
-    return samples, stages
+    return samples, stages, actors
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -244,14 +254,20 @@ def main(argv: list[str] | None = None) -> dict:
     from app.embeddings import LocalEmbeddingModel
 
     model = LocalEmbeddingModel(None, device="cpu")
+    graph = LocalEmbeddingModel(None, device="cpu", threads=1, graph="optimized")  # the ingress's copy
     questions = make_queries(n + rounds, seed=11)
     docs = make_texts(60 if args.smoke else 200, sentences=4, seed=3)
     results: list[dict[str, Any]] = []
     with FakeOpenAI(answer="hello", model="fake-model", max_model_len=4096) as fake:
         for i, mode in enumerate(modes):
             high_throughput, query_embedding = parse_mode(mode, args.query_embedding)
-            samples, stages = run_mode(high_throughput, query_embedding, fake, n, questions, docs, rounds)
+            samples, stages, actors = run_mode(high_throughput, query_embedding, fake, n, questions, docs, rounds)
             encode = raw_query_encode(model, questions[:n])  # between the modes, so drift hits it too
+            pause = summary_ms(samples["ragserve RAG chat (cold)"])["p50"] / 1000
+            paced = {
+                "eager": paced_query_encode(model, questions[: min(n, 200)], pause),
+                "optimized": paced_query_encode(graph, questions[: min(n, 200)], pause),
+            }
             results.append(
                 {
                     "mode": mode,
@@ -261,6 +277,8 @@ def main(argv: list[str] | None = None) -> dict:
                     "stages_p50_ms": {k: summary_ms(v)["p50"] for k, v in stages.items()},
                     "raw_encode": encode["best"],
                     "raw_encode_by_threads": encode,
+                    "paced_encode": paced,
+                    "actor_call_floor": actors,
                 }
             )
 
@@ -297,15 +315,21 @@ def main(argv: list[str] | None = None) -> dict:
                 st.get("generate", 0.0),
                 st.get("outside", 0.0),
                 res["raw_encode"]["p50"],
+                res["paced_encode"]["eager"]["p50"],
+                res["paced_encode"]["optimized"]["p50"],
+                res["actor_call_floor"]["p50"],
                 direct_p50,
             ]
         )
         bound = 1.5 * (floor_p50 + res["raw_encode"]["p50"])
         over_pass = stats["ragserve passthrough"]["p50"] - floor_p50
+        paced_bound = 1.5 * (floor_p50 + res["paced_encode"]["eager"]["p50"])
         res["goals"] = {
             "rag_overhead_p50": rag - direct_p50,
             "rag_bound": bound,
             "rag_ratio": (rag - direct_p50) / (floor_p50 + res["raw_encode"]["p50"]),
+            "rag_bound_paced": paced_bound,
+            "rag_ratio_paced": (rag - direct_p50) / (floor_p50 + res["paced_encode"]["eager"]["p50"]),
             "passthrough_over_floor": over_pass,
         }
         goal_rows.append(
@@ -315,6 +339,8 @@ def main(argv: list[str] | None = None) -> dict:
                 bound,
                 res["goals"]["rag_ratio"],
                 "yes" if rag - direct_p50 <= bound else "no",
+                res["goals"]["rag_ratio_paced"],
+                "yes" if rag - direct_p50 <= paced_bound else "no",
                 over_pass,
                 "yes" if over_pass <= 1.0 else "no",
             ]
@@ -349,6 +375,9 @@ def main(argv: list[str] | None = None) -> dict:
                 "generate",
                 "outside",
                 "raw encode (in-process)",
+                "paced encode, eager",
+                "paced encode, ingress graph",
+                "2 actor calls, paced",
                 "upstream direct",
             ],
             stage_rows,
@@ -363,6 +392,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "goal: <= 1.5 x (floor + raw encode)",
                 "ratio to (floor + encode)",
                 "met",
+                "ratio to (floor + paced eager encode)",
+                "met (paced)",
                 "passthrough over floor ms",
                 "<= 1 ms",
             ],

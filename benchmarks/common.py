@@ -283,6 +283,57 @@ def raw_query_encode(model: Any, queries: list[str]) -> dict[str, Any]:
     return out
 
 
+def paced_query_encode(model: Any, queries: list[str], pause_s: float, threads: int = 1) -> dict[str, float]:
+    """Encoding each query alone after ``pause_s`` of idleness, as a server encodes the query of
+    each request (summary, ms). On this kind of machine an encode that follows a pause takes
+    longer than one in a tight loop (the model's memory is no longer in the caches it was just
+    in): 4.5 against 7-8 ms for MiniLM with 5-20 ms between encodes, in one process, no Ray."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    lat = []
+    for q in queries:
+        time.sleep(pause_s)
+        t0 = time.perf_counter()
+        model.encode([q], batch_size=1)
+        lat.append(time.perf_counter() - t0)
+    torch.set_num_threads(before)
+    return summary_ms(lat)
+
+
+def actor_call_floor(n: int, pause_s: float, actors: int = 2) -> dict[str, float]:
+    """Ray's floor for the search stage: a call to each of ``actors`` trivial actors at once,
+    awaited as the ingress awaits its shards, after ``pause_s`` (summary, ms). Run inside a Ray."""
+    import asyncio
+
+    import ray
+
+    class Trivial:
+        def ping(self) -> int:
+            return 1
+
+    # the shards' actor options that matter here: threaded, a sliver of a CPU
+    cls: Any = ray.remote(Trivial)
+    handles = [cls.options(num_cpus=0.01, max_concurrency=16).remote() for _ in range(actors)]
+
+    async def measure() -> list[float]:
+        await asyncio.gather(*(h.ping.remote() for h in handles))
+        lat = []
+        for _ in range(n):
+            await asyncio.sleep(pause_s)
+            t0 = time.perf_counter()
+            await asyncio.gather(*(h.ping.remote() for h in handles))
+            lat.append(time.perf_counter() - t0)
+        return lat
+
+    try:
+        return summary_ms(asyncio.run(measure()))
+    finally:
+        for h in handles:
+            ray.kill(h)
+
+
 def cached_embeddings(texts: list[str], tag: str) -> np.ndarray:
     """MiniLM embeddings of ``texts``, computed once and kept under ``CACHE``. ``tag`` must name the
     text generator's parameters: a cache of more texts with the same tag is a prefix-compatible
