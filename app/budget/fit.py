@@ -99,9 +99,15 @@ def fit(
     usable = max(0, math.floor((window - required - reserve) * safety))
     context_budget = math.floor(usable * context_ratio)
 
-    # 4. context: best nodes first, skipping those that do not fit
+    # 4. context: best nodes first, skipping those that do not fit. A node's cost is asked for in
+    # the selection and twice in the totals: counted once (tokenizing is most of fit's time)
+    costs: dict[int, int] = {}
+
     def node_cost(node: NodeWithScore) -> int:
-        return counter.count_text("\n\n" + rag_prompt.format_source(9, node))
+        key = id(node)  # the nodes live as long as this call
+        if key not in costs:
+            costs[key] = counter.count_text("\n\n" + rag_prompt.format_source(9, node))
+        return costs[key]
 
     selected, skipped = select_context(
         candidates, threshold=similarity_threshold, budget_tokens=context_budget, cost=node_cost

@@ -116,6 +116,27 @@ def test_context_selection_skips_oversized_node_and_uses_next() -> None:
     assert r.prompt_tokens == C.count_messages(r.messages) and r.context_tokens > 0
 
 
+def test_each_candidate_is_tokenized_once() -> None:
+    """Tokenizing the sources is most of fit's time: a node's cost is counted once, not once for
+    the selection and again for each total."""
+
+    class CountingCounter(WordCounter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.texts: list[str] = []
+
+        def count_text(self, text: str) -> int:
+            self.texts.append(text)
+            return super().count_text(text)
+
+    counter = CountingCounter()
+    nodes = [node(i, 0.9 - i / 100, words=5) for i in range(8)] + [node(99, 0.95, words=400)]
+    r = fit(**base_kwargs(counter=counter, window=600, requested_max_tokens=100, nodes=nodes))
+    assert len(r.nodes_used) == 8 and [n.doc_id for n in r.nodes_skipped] == ["d99"]
+    assert len(counter.texts) == len(set(counter.texts)) == 9
+    assert r.context_tokens > sum(C.count_text(t) for t in counter.texts if "w99" not in t) > 0
+
+
 def test_unused_context_budget_goes_to_history() -> None:
     history = turns(30)
     without = fit(**base_kwargs(window=300, requested_max_tokens=50, history=history, context_ratio=0.8))
