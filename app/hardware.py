@@ -2,16 +2,43 @@
 
 from __future__ import annotations
 
+import math
 import os
+from pathlib import Path
 
 
-def usable_cores() -> int:
-    """Cores this process may run on. Under Ray, OMP_NUM_THREADS is set to the actor's ``num_cpus``
-    (often 1), so model code sets torch's thread count from this instead."""
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """Cores this process may run on: its CPU affinity, bounded by its cgroup's CPU quota (a
+    Kubernetes pod's ``limits.cpu`` sets a quota, not an affinity: a pod limited to 2 CPUs on a
+    64-core node sees all 64 in its affinity, and 64 torch threads or encode workers in 2 CPUs of
+    time would spend it waiting for each other). A fractional quota rounds down (at least one), as
+    Go's automaxprocs does: a thread more than the quota pays for is throttled. Under Ray,
+    OMP_NUM_THREADS is set to the actor's ``num_cpus`` (often 1), so model code sets torch's thread
+    count from this instead."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    quota = cgroup_cpu_quota(cgroup_root)
+    return max(1, min(cores, math.floor(quota))) if quota is not None else cores
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """CPUs of time this process's cgroup may use (quota / period), or None when unlimited or
+    unknown. cgroup v2's ``cpu.max`` ("max 100000" or "200000 100000"), else v1's
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: unlimited)."""
+    base = Path(root)
+    try:
+        quota, period = (base / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        q = int((base / "cpu" / "cpu.cfs_quota_us").read_text())
+        p = int((base / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if q <= 0 or p <= 0 else q / p
+    except (OSError, ValueError):
+        return None
 
 
 def release_free_memory() -> bool:
