@@ -236,9 +236,14 @@ class LocalEmbeddingModel:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         if self._st is not None:
-            vecs = self._st.encode(
-                texts, batch_size=batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-            )
+            with self._tokenizer_lock:  # sentence-transformers tokenizes inside its encode
+                vecs = self._st.encode(
+                    texts,
+                    batch_size=batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
             return np.asarray(vecs, dtype=np.float32)
         return self._encode_plain(texts, batch_size)
 

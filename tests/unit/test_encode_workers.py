@@ -122,10 +122,20 @@ async def test_the_real_model_gives_one_calls_vectors_from_several_workers(embed
         pool.close()
 
 
-def test_encoding_and_counting_tokens_on_several_threads_at_once(embedding_model) -> None:
+@pytest.fixture(params=["plain", pytest.param("sentence-transformers", marks=pytest.mark.slow)])
+def either_model(request, embedding_model):  # type: ignore[no-untyped-def]
+    if request.param == "plain":
+        return embedding_model
+    from app.embeddings import LocalEmbeddingModel
+
+    return LocalEmbeddingModel(None, device="cpu", plain=False)
+
+
+def test_encoding_and_counting_tokens_on_several_threads_at_once(either_model) -> None:
     """A fast tokenizer reconfigured by one thread (counting: no padding, no truncation) while
     another is inside it (encoding: padded, truncated) made the encode fail ("Unable to create
-    tensor"); the model locks its tokenizer."""
+    tensor"); the model locks its tokenizer, in its own encode and around sentence-transformers'."""
+    embedding_model = either_model
     errors: list[BaseException] = []
     texts = ["Shards restart on another node. " * 80, "short"] * 4
     counted = sum(len(embedding_model.tokenizer.encode(t, add_special_tokens=True)) for t in texts)
