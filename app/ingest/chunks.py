@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,10 +25,17 @@ class ChunkingError(ValueError):
 
 
 def hf_token_counter(tokenizer: Any) -> TokenCount:
-    """Token count with a Hugging Face tokenizer (the embedding model's), without special tokens."""
+    """Token count with a Hugging Face tokenizer (the embedding model's), without special tokens.
+
+    It counts with a copy of ``tokenizer``: the caller's may be the one a model encodes with (the
+    ingress's query model), and a fast tokenizer that this count reconfigures (no padding, no
+    truncation) while another thread encodes with it fails that encode ("Unable to create
+    tensor"). ``LocalEmbeddingModel`` locks its own uses; chunking, on worker threads, cannot
+    take that lock, so it gets an object of its own."""
+    own = copy.deepcopy(tokenizer)
 
     def count(text: str) -> int:
-        return len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
+        return len(own.encode(text, add_special_tokens=False)) if text else 0
 
     return count
 

@@ -162,6 +162,43 @@ def test_encoding_and_counting_tokens_on_several_threads_at_once(either_model) -
     assert errors == []
 
 
+def test_chunking_counts_while_the_model_encodes_with_the_same_tokenizer(embedding_model) -> None:
+    """The ingress sizes chunks (on worker threads) with its query model's tokenizer while that
+    model encodes queries; the chunker's counts reconfigured the shared tokenizer under the
+    encode ("Unable to create tensor"). ``hf_token_counter`` counts with its own copy."""
+    from app.ingest import hf_token_counter
+
+    count = hf_token_counter(embedding_model.tokenizer)
+    errors: list[BaseException] = []
+    texts = ["Shards restart on another node. " * 80, "short"] * 4
+    expected = [len(embedding_model.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+
+    encoded = threading.Event()
+
+    def encode() -> None:
+        try:
+            for _ in range(8):
+                assert embedding_model.encode(texts, batch_size=8).shape == (8, 384)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            encoded.set()
+
+    def chunk_counts() -> None:  # for as long as the encodes run
+        try:
+            while not encoded.is_set():
+                assert [count(t) for t in texts] == expected
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=f) for f in (encode, chunk_counts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
 async def test_workers_and_token_counts_share_the_model_safely(embedding_model) -> None:
     pool = EncodeWorkers(embedding_model, 2)
     try:
