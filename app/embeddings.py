@@ -327,11 +327,10 @@ class EncodeWorkers:
 
 def document_workers(model: Any, workers: int | None = None, threads: int | None = None) -> EncodeWorkers:
     """The Embedder's encoders for ``model``: ``workers`` threads (``embedding_workers``; None:
-    every usable core on a CPU, one on a GPU), each running ``threads`` torch threads
-    (``embedding_threads``; None: the usable cores shared among the workers)."""
-    if workers is None:
-        workers = usable_cores() if getattr(model, "device", None) == "cpu" else 1
-    pool = EncodeWorkers(model, workers)
+    every usable core; ``EncodeWorkers`` keeps a model that is not ``concurrent``, such as one on a
+    GPU, to one), each running ``threads`` torch threads (``embedding_threads``; None: the usable
+    cores shared among the workers)."""
+    pool = EncodeWorkers(model, workers or usable_cores())
     if isinstance(model, LocalEmbeddingModel):
         import torch
 
