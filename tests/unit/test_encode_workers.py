@@ -13,15 +13,7 @@ import numpy as np
 import pytest
 
 from app.embeddings import EncodeWorkers, document_workers
-
-TEXTS = [
-    "What does the pump on line 3 report?",
-    "",
-    "a",
-    "Shards restart on another node. " * 80,
-    "Ünïcödé text, emojis 🙂 and numbers 12345.",
-    "The warranty covers parts and labour for two years.",
-]
+from tests.unit.test_embeddings_plain import TEXTS  # texts of every awkward kind, empty to over-long
 
 
 class ThreadRecordingModel:
