@@ -30,6 +30,7 @@ from rich.table import Table
 
 from app.api.documents import validate_index_name
 from app.cli.client import DEFAULT_URL, ApiError, RagClient
+from app.cli.files import sync_base
 from app.cli.sync import Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -156,6 +157,11 @@ def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | N
         console.print(f"  [yellow]warning[/yellow] {escape(path)}: {escape(warning)}")
     for path, reason in report.skipped:
         console.print(f"  [dim]skipped {escape(path)}: {escape(reason)}[/dim]")
+    if report.links_outside:
+        shown = ", ".join(report.links_outside[:10]) + (", …" if len(report.links_outside) > 10 else "")
+        console.print(
+            f"  [yellow]skipped {len(report.links_outside)} link(s) leaving the folder: {escape(shown)}[/yellow]"
+        )
     if report.stale:
         console.print(
             f"  [yellow]{len(report.stale)} file(s) are gone from disk but still indexed; "
@@ -184,7 +190,16 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
     roots = [Path(p) for p in args.paths]
     missing = [str(p) for p in roots if not p.exists()]
     if missing:
-        console.print(f"[red]ragserve: no such file or directory: {', '.join(missing)}[/red]")
+        console.print(f"[red]ragserve: no such file or directory: {escape(', '.join(missing))}[/red]")
+        return EXIT_USAGE
+    odd = [str(p) for p in roots if not (p.is_file() or p.is_dir())]
+    if odd:
+        console.print(f"[red]ragserve: not a regular file or folder: {escape(', '.join(odd))}[/red]")
+        return EXIT_USAGE
+    try:
+        base = sync_base(roots, Path(args.base) if args.base else None)
+    except ValueError as e:  # a PATH outside --base
+        console.print(f"[red]ragserve: {escape(str(e))}[/red]")
         return EXIT_USAGE
     limits = Limits.from_config(client.config())
     show_progress = not args.json and not args.quiet
@@ -193,7 +208,7 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         client,
         args.index,
         roots,
-        base=Path(args.base) if args.base else None,
+        base=base,
         include=args.include,
         exclude=args.exclude,
         gitignore=not args.no_gitignore,
@@ -412,7 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="index (and sync) files and folders",
         description="Index files and folders: new files are added, changed ones updated, "
-        "unchanged ones skipped. Document ids are paths relative to --base.",
+        "unchanged ones skipped. Document ids are paths relative to the folder given (or --base). "
+        "Only documents this folder's sync created are ever updated or deleted.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH")
     p.add_argument("--index", "-i", required=True, help="index name")
@@ -426,13 +442,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="leave out matching files")
     p.add_argument("--no-gitignore", action="store_true", help="do not honour .gitignore files")
     p.add_argument(
-        "--delete", action="store_true", help="delete documents whose files under PATH are gone (or no longer selected)"
+        "--delete",
+        action="store_true",
+        help="delete this sync's documents whose files under PATH are gone (or no longer selected); "
+        "documents it did not create are never deleted",
     )
     p.add_argument("--watch", action="store_true", help="keep syncing as files change")
     p.add_argument(
         "--checksum", action="store_true", help="compare every file's content hash, not only its modification time"
     )
-    p.add_argument("--base", help="directory that document ids are relative to (default: the current one)")
+    p.add_argument(
+        "--base",
+        help="folder that document ids are relative to and that names the sync (default: the folder given, "
+        "or the deepest folder holding all PATHs)",
+    )
     p.add_argument("--batch-size", type=int, default=16, help="documents per request (at most the server's limit)")
     p.add_argument(
         "--batch-kb",

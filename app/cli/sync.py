@@ -1,8 +1,13 @@
 """Sync folders into an index: the engine behind ``ragserve ingest``.
 
-Document ids come from the file's relative path (``docs/guide.md``; a PDF page is
-``report.pdf#p3``; a file too large for one document is ``big.txt#part2``), so a second run knows
-which documents are whose:
+Document ids come from the file's path relative to the folder synced (``guide.md``; a PDF page is
+``report.pdf#p3``; a file too large for one document is ``big.txt#part2``; see
+``app.cli.files.sync_base``), and every document the sync writes is marked as its own: metadata
+``source: ragserve-cli`` and ``sync_root``, a stable id of the synced folder. A run only ever
+updates or deletes documents carrying its own mark: a UI upload, another client's document, another
+folder's sync, or a document indexed before the mark existed is never touched, and a file whose id
+such a document holds is reported as failed instead of overwriting it. A second run knows which
+documents are whose:
 
 - a new file is added (``POST /index``);
 - a changed file is updated (``POST /indexes/{name}/documents``), its vanished pages deleted;
@@ -10,8 +15,8 @@ which documents are whose:
   otherwise when its text and metadata hash to the stored ``hash_value`` (``app.ingest.ids``: the
   server computes the same sha256, so nothing is sent to find out). A file that was only touched
   keeps its old ``mtime`` and costs no re-embedding;
-- with ``delete``, documents whose ``path`` lies under the synced folders but names no file
-  there any more are deleted.
+- with ``delete``, documents of this sync whose ``path`` lies under the synced folders but names
+  no file there any more are deleted.
 
 Requests stay within the server's limits (documents per request, bytes per request, characters
 per document), and all documents of one file travel in the same request, so stopping (Ctrl-C sets
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import threading
 import time
@@ -32,12 +38,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.cli.client import ApiError, RagClient
-from app.cli.files import FileSelector, LocalFile, discover, scope_prefix
+from app.cli.files import FileSelector, LocalFile, discover, scope_prefix, sync_base
 from app.ingest.convert import ConversionError, Converted, convert, file_documents, iso_mtime
 from app.ingest.ids import content_hash
 
 JSON_OVERHEAD = 512  # request envelope and per-document keys, on top of text and metadata
 _LOOKAHEAD = 4  # files converted ahead of the batch being sent
+SOURCE = "ragserve-cli"  # metadata ``source`` of every document a sync writes
+
+
+def sync_id_for(base: Path) -> str:
+    """The mark of the sync of the folder ``base``: the same from every working directory (the
+    folder's resolved path), different for different folders; no machine path stored in the index."""
+    return hashlib.sha256(str(Path(base).resolve()).encode("utf-8")).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,7 @@ class SyncReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)  # files gone from disk, kept because delete was off
+    links_outside: list[str] = field(default_factory=list)  # links whose target is outside the folder
     not_processed: list[str] = field(default_factory=list)  # left when stopped
     warnings: list[tuple[str, str]] = field(default_factory=list)
     documents_sent: int = 0
@@ -95,6 +109,7 @@ class SyncReport:
             "failed": [{"path": p, "reason": r} for p, r in self.failed],
             "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
             "stale": self.stale,
+            "links_outside": self.links_outside,
             "not_processed": self.not_processed,
             "warnings": [{"path": p, "warning": w} for p, w in self.warnings],
             "documents_sent": self.documents_sent,
@@ -177,11 +192,13 @@ class Syncer:
         progress: ProgressSink | None = None,
         convert_file: Callable[[bytes, str], Converted] = convert,
         checksum: bool = False,
+        sync_id: str | None = None,
     ):
         self.client = client
         self.index = index
         self.roots = [Path(r) for r in roots]
-        self.base = (base or Path.cwd()).resolve()
+        self.base = sync_base(self.roots, base)  # ValueError: a root outside ``base``
+        self.sync_id = sync_id or sync_id_for(self.base)
         self.selector = FileSelector(include, exclude)
         self.gitignore = gitignore
         self.delete = delete
@@ -194,7 +211,8 @@ class Syncer:
         self.progress = progress or NoProgress()
         self.convert_file = convert_file
         self.checksum = checksum  # read every file and compare hashes, even when its mtime is unchanged
-        self.remote: dict[str, RemoteDoc] | None = None
+        self.remote: dict[str, RemoteDoc] | None = None  # this sync's documents under the roots
+        self.foreign: dict[str, str] = {}  # doc_id -> whose, for ids this sync must not write
         self._last_chunks = 0.0
 
     # --- what the index holds ------------------------------------------------------------------
@@ -204,14 +222,26 @@ class Syncer:
     def _in_scope(self, path: str) -> bool:
         return any(p == "" or path == p or path.startswith(p + "/") for p in self._prefixes())
 
+    def mark(self) -> dict[str, str]:
+        """The metadata that says a document is this sync's own."""
+        return {"source": SOURCE, "sync_root": self.sync_id}
+
+    def owns(self, metadata: dict[str, Any]) -> bool:
+        return metadata.get("source") == SOURCE and metadata.get("sync_root") == self.sync_id
+
     def load_remote(self) -> dict[str, RemoteDoc]:
-        """Every document of the index that has a ``path`` under the synced roots (paged listing)."""
+        """This sync's documents with a ``path`` under the synced roots, and the ids of the index's
+        other documents, which the sync must neither overwrite nor delete (paged listing)."""
         remote: dict[str, RemoteDoc] = {}
+        foreign: dict[str, str] = {}
         for d in self.client.iter_documents(self.index, page_size=self.limits.max_list_limit, max_text_length=1):
-            path = (d.get("metadata") or {}).get("path")
-            if isinstance(path, str) and self._in_scope(path):
-                remote[d["doc_id"]] = RemoteDoc(d["hash_value"], d.get("metadata") or {})
-        self.remote = remote
+            meta = d.get("metadata") or {}
+            path = meta.get("path")
+            if not self.owns(meta):
+                foreign[d["doc_id"]] = _whose(meta)
+            elif isinstance(path, str) and self._in_scope(path):
+                remote[d["doc_id"]] = RemoteDoc(d["hash_value"], meta)
+        self.remote, self.foreign = remote, foreign
         return remote
 
     def _by_path(self) -> dict[str, set[str]]:
@@ -231,7 +261,20 @@ class Syncer:
             converted = self.convert_file(data, file.path.name)
             docs = file_documents(file.rel, file.mtime, converted, self.limits.max_document_chars)
         except (OSError, ConversionError) as e:
-            return FilePlan(file, "failed", reason=str(e))
+            return FilePlan(file, "failed", reason=str(e) or type(e).__name__)
+        except Exception as e:  # a converter's failure on one file (deep HTML: RecursionError) spares the rest
+            return FilePlan(file, "failed", reason=f"cannot convert the file: {type(e).__name__}: {e}")
+        taken = [(d["doc_id"], self.foreign[d["doc_id"]]) for d in docs if d["doc_id"] in self.foreign]
+        if taken:
+            doc_id, whose = taken[0]
+            return FilePlan(
+                file,
+                "failed",
+                reason=f"document id {doc_id!r} is already in the index, from {whose}; it is left as it is "
+                "(sync into another index, or delete that document first)",
+            )
+        for doc in docs:
+            doc["metadata"].update(self.mark())
         plan = FilePlan(file, "added" if not existing_ids else "unchanged", warnings=list(converted.warnings))
         if not docs:  # empty: nothing to index, and what an earlier version indexed goes
             plan.deletes = sorted(existing_ids)
@@ -366,7 +409,14 @@ class Syncer:
         stop = stop or threading.Event()
         t0 = time.monotonic()
         report = SyncReport(self.index)
-        files = discover(self.roots, self.base, self.selector, gitignore=self.gitignore, skipped=report.skipped)
+        files = discover(
+            self.roots,
+            self.base,
+            self.selector,
+            gitignore=self.gitignore,
+            skipped=report.skipped,
+            links_outside=report.links_outside,
+        )
         if self.remote is None:
             self.load_remote()
         self.progress.start(len(files), sum(f.size for f in files))
@@ -428,6 +478,13 @@ class Syncer:
             (self.remote or {}).pop(doc_id, None)
         report.deleted = sorted(gone)
         report.documents_deleted = len(ids)
+
+
+def _whose(metadata: dict[str, Any]) -> str:
+    """Who wrote a document that is not this sync's, in words."""
+    if metadata.get("source") == SOURCE:
+        return "the ragserve sync of another folder"
+    return "another client (an upload, another program, or a ragserve version before sync marks)"
 
 
 def _fatal(e: ApiError) -> bool:

@@ -14,7 +14,7 @@ import pytest
 
 from app.cli.client import RagClient
 from app.cli.main import main
-from app.cli.sync import Limits, Syncer
+from app.cli.sync import Limits, Syncer, sync_id_for
 from tests.filemakers import make_pdf
 from tests.live_server import live_app
 
@@ -88,6 +88,8 @@ def test_ingest_then_sync_updates_skips_and_deletes(server: str, tmp_path: Path,
         "page": 2,
         "pages": 2,
         "mtime": None,
+        "source": "ragserve-cli",  # the sync's mark: only documents carrying it are ever updated or deleted
+        "sync_root": sync_id_for(root),
     }
     assert docs["src/calc.py"]["metadata"]["split_type"] == "code"
     assert docs["src/calc.py"]["metadata"]["language"] == "python"
@@ -114,14 +116,13 @@ def test_ingest_then_sync_updates_skips_and_deletes(server: str, tmp_path: Path,
     before = pumps.stat()
     pumps.write_text("# Pump servicing\n\nPumps are now serviced every third week.\n")
     os.utime(pumps, ns=(before.st_atime_ns, before.st_mtime_ns))
-    assert json.loads(run(capsys, "ingest", str(pumps), "--index", "proj", "--json")[1])["unchanged"] == 1
-    assert json.loads(run(capsys, "ingest", str(pumps), "--index", "proj", "--json", "--checksum")[1])["updated"] == [
-        "docs/pumps.md"
-    ]
+    one = ("ingest", str(pumps), "--index", "proj", "--base", ".", "--json")  # a file of the sync of "."
+    assert json.loads(run(capsys, *one)[1])["unchanged"] == 1
+    assert json.loads(run(capsys, *one, "--checksum")[1])["updated"] == ["docs/pumps.md"]
     (root / "docs" / "valves.html").unlink()
-    code, out, _ = run(capsys, "ingest", "docs", "--index", "proj", "--json")
+    code, out, _ = run(capsys, "ingest", "docs", "--index", "proj", "--base", ".", "--json")
     assert json.loads(out)["stale"] == ["docs/valves.html"] and "docs/valves.html" in docs_of(server, "proj")
-    code, out, _ = run(capsys, "ingest", "docs", "--index", "proj", "--delete", "--json")
+    code, out, _ = run(capsys, "ingest", "docs", "--index", "proj", "--base", ".", "--delete", "--json")
     report = json.loads(out)
     assert code == 0 and report["deleted"] == ["docs/valves.html"] and report["documents_deleted"] == 1
     after = docs_of(server, "proj")
@@ -214,3 +215,130 @@ def test_api_keys(tmp_path: Path, embedding_model, capsys, monkeypatch) -> None:
         assert code == 1 and "Missing API key" in err
         monkeypatch.setenv("RAGSERVE_API_KEY", "sk-test")
         assert run(capsys, "--url", url, "indexes", "--json") == (0, "[]\n", "")
+
+
+def test_delete_removes_only_what_this_folders_sync_created(server: str, tmp_path: Path, capsys) -> None:
+    """--delete and updates touch only documents carrying this folder's mark: not a UI upload, not
+    another client's document (with a ``path``), not another folder's sync, not an unmarked document
+    indexed before the mark; a file whose id another owner holds fails instead of overwriting it."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, names in ((a, ("guide.md", "notes.md", "mine.md")), (b, ("guide.md", "b-only.md"))):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_text(f"# {name}\n\nWritten in {folder.name} about {name}.")
+    with httpx.Client(base_url=server) as http:  # before any sync: a UI upload with a path the folder has
+        r = http.post("/indexes/own/files", params={"filename": "notes.md", "path": "mine.md"}, content=b"# UI\n\nup")
+        assert r.status_code == 200, r.text
+        r = http.post(  # another client's documents, one under the same path as a file of the folder
+            "/index",
+            json={
+                "index_name": "own",
+                "documents": [
+                    {"doc_id": "other", "text": "Another client's text.", "metadata": {"path": "old.md"}},
+                    {"doc_id": "legacy.md", "text": "Indexed by an old CLI.", "metadata": {"path": "legacy.md"}},
+                ],
+            },
+        )
+        assert r.status_code == 200, r.text
+    code, out, _ = run(capsys, "--url", server, "ingest", str(a), "--index", "own", "--delete", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["added"] == ["guide.md", "notes.md"]
+    assert report["failed"][0]["path"] == "mine.md" and "already in the index" in report["failed"][0]["reason"]
+    code, out, _ = run(capsys, "--url", server, "ingest", str(b), "--index", "own", "--delete", "--json")
+    report = json.loads(out)  # the other folder: its guide.md would take a's id, so it is refused
+    assert code == 1 and report["added"] == ["b-only.md"] and report["deleted"] == []
+    assert report["failed"][0]["path"] == "guide.md" and "another folder" in report["failed"][0]["reason"]
+    docs = docs_of(server, "own")
+    assert "in a about guide.md" in docs["guide.md"]["text"] and docs["mine.md"]["text"] == "# UI\n\nup"
+
+    (a / "notes.md").unlink()
+    (a / "mine.md").unlink()
+    (a / "guide.md").unlink()
+    (a / "new.md").write_text("# New\n\nA new file.")
+    code, out, _ = run(capsys, "--url", server, "ingest", str(a), "--index", "own", "--delete", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["deleted"] == ["guide.md", "notes.md"] and report["documents_deleted"] == 2
+    code, out, _ = run(capsys, "--url", server, "ingest", str(b), "--index", "own", "--delete", "--json")
+    report = json.loads(out)  # a's guide.md is gone, so b's may take the id now
+    assert code == 0 and report["deleted"] == [] and report["added"] == ["guide.md"]
+    docs = docs_of(server, "own")
+    assert set(docs) == {"mine.md", "other", "legacy.md", "b-only.md", "new.md", "guide.md"}
+    assert "in b about guide.md" in docs["guide.md"]["text"]
+
+
+def test_a_folder_outside_the_current_directory_keeps_its_own_ids(
+    server: str, tmp_path: Path, capsys, monkeypatch
+) -> None:
+    """Ids are paths relative to the folder given, whatever the working directory: files with the
+    same name in two subfolders both get in, later runs find them unchanged, --delete finds them."""
+    root = tmp_path / "outside" / "docs"
+    for sub in ("alpha", "beta"):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "README.md").write_text(f"# {sub}\n\nThe {sub} readme.")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    sync = ("--url", server, "ingest", "--index", "far", "--json")
+    code, out, _ = run(capsys, *sync, "../outside/docs")
+    assert code == 0 and json.loads(out)["added"] == ["alpha/README.md", "beta/README.md"]
+    docs = docs_of(server, "far")
+    assert set(docs) == {"alpha/README.md", "beta/README.md"}
+    assert {d["metadata"]["path"] for d in docs.values()} == {"alpha/README.md", "beta/README.md"}
+    for cwd in (tmp_path, root / "alpha", Path("/")):  # the same folder from elsewhere: the same documents
+        monkeypatch.chdir(cwd)
+        code, out, _ = run(capsys, *sync, str(root))
+        report = json.loads(out)
+        assert code == 0 and report["unchanged"] == 2 and report["added"] == [] and report["documents_sent"] == 0
+    (root / "beta" / "README.md").unlink()
+    monkeypatch.chdir(tmp_path / "here")
+    code, out, _ = run(capsys, *sync, "../outside/docs", "--delete")
+    assert code == 0 and json.loads(out)["deleted"] == ["beta/README.md"]
+    assert set(docs_of(server, "far")) == {"alpha/README.md"}
+    code, _, err = run(capsys, "--url", server, "ingest", str(root), "--index", "far", "--base", str(tmp_path / "here"))
+    assert code == 2 and "not inside --base" in err
+
+
+def test_links_leaving_the_folder_are_skipped_and_reported(server: str, tmp_path: Path, capsys) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "credentials.md").write_text("# Credentials\n\npassword: hunter2")
+    root = tmp_path / "site"
+    root.mkdir()
+    (root / "page.md").write_text("# Page\n\nA public page.")
+    (root / "creds.md").symlink_to(secret / "credentials.md")
+    (root / "keys").symlink_to(secret)
+    code, out, _ = run(capsys, "--url", server, "ingest", str(root), "--index", "links")
+    assert code == 0 and "1 added" in out
+    assert "skipped 2 link(s) leaving the folder: creds.md, keys" in out
+    assert set(docs_of(server, "links")) == {"page.md"}
+    code, out, _ = run(capsys, "--url", server, "ingest", str(root), "--index", "links", "--json")
+    assert json.loads(out)["links_outside"] == ["creds.md", "keys"]
+
+
+def test_an_unconvertible_file_fails_alone(server: str, tmp_path: Path, capsys) -> None:
+    """A file the converter chokes on (deeply nested HTML) is reported with its reason; the rest is
+    indexed and the exit status says something failed."""
+    (tmp_path / "a.md").write_text("# A\n\nFirst file.")
+    (tmp_path / "deep.html").write_text("<div>" * 100_000 + "text")
+    (tmp_path / "z.md").write_text("# Z\n\nLast file.")
+    code, out, err = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "deep")
+    assert code == 1, out + err
+    assert "2 added" in out and "1 failed" in out and "failed  deep.html: " in out
+    assert "Traceback" not in out + err
+    assert set(docs_of(server, "deep")) == {"a.md", "z.md"}
+
+
+def test_a_converter_error_of_any_kind_spares_the_other_files(server: str, tmp_path: Path) -> None:
+    from app.ingest.convert import convert
+
+    for name in ("a.md", "b.md", "c.md"):
+        (tmp_path / name).write_text(f"# {name}\n\nText of {name}.")
+
+    def flaky(data: bytes, filename: str):
+        if filename == "b.md":
+            raise KeyError("a bug in a converter")
+        return convert(data, filename)
+
+    with RagClient(server) as client:
+        report = Syncer(client, "flaky", [tmp_path], convert_file=flaky).run()
+    assert report.added == ["a.md", "c.md"] and not report.ok
+    assert report.failed == [("b.md", "cannot convert the file: KeyError: 'a bug in a converter'")]

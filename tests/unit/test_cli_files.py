@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from app.cli.files import FileSelector, discover
 
 
@@ -40,3 +42,58 @@ def test_gitignore_at_every_level_and_globs(tmp_path: Path) -> None:
     skipped: list[tuple[str, str]] = []
     assert discover([tmp_path / "a" / "image.png"], tmp_path, FileSelector(), skipped=skipped) == []
     assert skipped == [("a/image.png", "unsupported file type or excluded")]
+
+
+def test_links_leaving_the_root_are_skipped_and_links_inside_followed_once(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    (secret / "deep").mkdir(parents=True)
+    (secret / "creds.md").write_text("password")
+    (secret / "deep" / "key.md").write_text("key")
+    root = tmp_path / "root"
+    (root / "docs" / "sub").mkdir(parents=True)
+    (root / "hidden").mkdir()
+    (root / ".gitignore").write_text("hidden/\n")
+    (root / "docs" / "guide.md").write_text("guide")
+    (root / "hidden" / "h.md").write_text("hidden")
+    (root / "creds.md").symlink_to(secret / "creds.md")  # a file link in the root itself
+    (root / "docs" / "hop.md").symlink_to(root / "creds.md")  # a chain: hop -> creds -> outside
+    (root / "docs" / "keys").symlink_to(secret)  # a folder link
+    (root / "docs" / "sub" / "rel").symlink_to("../../../secret/deep")  # relative, from a subfolder
+    (root / "docs" / "sub" / "up").symlink_to("..")  # a cycle inside the root
+    (root / "loop").symlink_to(root)  # the root itself
+    (root / "alias.md").symlink_to(root / "docs" / "guide.md")  # inside: the file is given once, by its path
+    (root / "shown").symlink_to(root / "hidden")  # inside, to a folder the walk itself leaves out
+    (root / "dangling.md").symlink_to(root / "nowhere.md")
+    (root / "a.md").symlink_to("b.md")
+    (root / "b.md").symlink_to("a.md")  # a loop of links
+    outside: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    found = discover([root], root, FileSelector(), links_outside=outside, skipped=skipped)
+    assert [f.rel for f in found] == ["docs/guide.md", "shown/h.md"]
+    assert sorted(outside) == ["creds.md", "docs/hop.md", "docs/keys", "docs/sub/rel"]
+    assert [p for p, _ in skipped] == ["a.md", "b.md", "dangling.md"]
+    assert all(reason.startswith("broken symbolic link") for _, reason in skipped)
+    # a root given through a link is taken as it resolves; its own links are judged against it
+    assert [f.rel for f in discover([tmp_path / "root" / "loop"], root, FileSelector())] == [
+        "docs/guide.md",
+        "shown/h.md",
+    ]
+
+
+def test_ids_are_relative_to_the_folder_given_from_any_working_directory(tmp_path: Path, monkeypatch) -> None:
+    from app.cli.files import sync_base
+
+    for sub in ("alpha", "beta"):
+        (tmp_path / "docs" / sub).mkdir(parents=True)
+        (tmp_path / "docs" / sub / "README.md").write_text(sub)
+    (tmp_path / "elsewhere").mkdir()
+    for cwd in (tmp_path / "elsewhere", tmp_path / "docs" / "alpha", tmp_path):
+        monkeypatch.chdir(cwd)
+        root = Path("..") / "docs" if cwd.name == "elsewhere" else tmp_path / "docs"
+        base = sync_base([root])
+        assert base == (tmp_path / "docs").resolve()
+        assert names(root, base) == ["alpha/README.md", "beta/README.md"]
+    assert sync_base([tmp_path / "docs" / "alpha" / "README.md"]) == (tmp_path / "docs" / "alpha").resolve()
+    assert sync_base([tmp_path / "docs" / "alpha", tmp_path / "docs" / "beta"]) == (tmp_path / "docs").resolve()
+    with pytest.raises(ValueError, match="not inside --base"):
+        sync_base([tmp_path / "docs"], tmp_path / "elsewhere")
