@@ -63,6 +63,8 @@ class RagClient:
         timeout: float = 600.0,
         transport: httpx.BaseTransport | None = None,
     ):
+        if api_key and not (api_key.isascii() and api_key.isprintable() and " " not in api_key):
+            raise ValueError("the API key must be printable ASCII without spaces (check --api-key / RAGSERVE_API_KEY)")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
         self.http = httpx.Client(
@@ -89,12 +91,27 @@ class RagClient:
                 err = ApiError(0, f"cannot reach ragserve at {self.url}: {e}")
             else:
                 if resp.is_success:
-                    return resp.json() if resp.content else None
+                    return self._json(resp) if resp.content else None
                 err = ApiError(resp.status_code, _message(resp))
             if not err.retryable or attempt >= retries:
                 raise err
             attempt += 1
             time.sleep(min(8.0, 0.5 * 2**attempt))
+
+    def _lines(self, resp: httpx.Response) -> Iterator[str]:
+        """The stream's lines; a connection lost while the caller reads them is an ApiError too."""
+        try:
+            yield from resp.iter_lines()
+        except httpx.HTTPError as e:
+            raise ApiError(0, f"stream from {self.url} failed: {e}") from e
+
+    def _json(self, resp: httpx.Response) -> Any:
+        try:
+            return resp.json()
+        except ValueError:
+            raise ApiError(
+                resp.status_code, f"the server at {self.url} did not answer with JSON: is it a ragserve server?"
+            ) from None
 
     # --- indexes and documents -----------------------------------------------------------------
     def indexes(self) -> list[str]:
@@ -200,7 +217,7 @@ class RagClient:
             raise ApiError(0, f"cannot reach ragserve at {self.url}: {e}") from e
         if not resp.is_success:
             raise ApiError(resp.status_code, _message(resp))
-        return resp.json(), resp.headers.get("x-rag-mode", ""), resp.headers.get("x-rag-reason", "")
+        return self._json(resp), resp.headers.get("x-rag-mode", ""), resp.headers.get("x-rag-reason", "")
 
     def chat_stream(self, body: dict[str, Any]) -> Iterator[ChatStream]:
         """Yields one :class:`ChatStream` whose ``events`` are the decoded SSE events (``[DONE]`` ends
@@ -214,7 +231,7 @@ class RagClient:
                 yield ChatStream(
                     resp.headers.get("x-rag-mode", ""),
                     resp.headers.get("x-rag-reason", ""),
-                    _sse_events(resp.iter_lines()),
+                    _sse_events(self._lines(resp)),
                 )
         except httpx.HTTPError as e:
             raise ApiError(0, f"stream from {self.url} failed: {e}") from e
@@ -231,7 +248,7 @@ def _sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
         payload, data = "\n".join(data), []
         if payload == "[DONE]":
             return
-        event = json.loads(payload)
+        event = _event(payload)
         if isinstance(event, dict) and isinstance(event.get("error"), dict):
             err = event["error"]
             raise ApiError(
@@ -239,4 +256,11 @@ def _sse_events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
             )
         yield event
     if data and data[-1] != "[DONE]":  # a stream cut without its final blank line
-        yield json.loads("\n".join(data))
+        yield _event("\n".join(data))
+
+
+def _event(payload: str) -> Any:
+    try:
+        return json.loads(payload)
+    except ValueError:
+        raise ApiError(502, f"the stream carried an event that is not JSON: {payload[:200]!r}") from None

@@ -4,6 +4,7 @@
     ragserve chat --index docs                    # streaming answers with their sources
     ragserve query --index docs "what is KAITO?"  # KAITO-style /query
     ragserve indexes                              # names, documents, chunks, bytes
+    ragserve docs list --index docs --limit 50    # an index's documents, paged
 
 ``--url``/``RAGSERVE_URL`` and ``--api-key``/``RAGSERVE_API_KEY`` say where and how; ``--json``
 prints machine-readable output instead of tables. Exit status: 0 success, 1 a failure (an API
@@ -13,6 +14,7 @@ error, a file that could not be indexed), 2 a usage error, 130 stopped with Ctrl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -31,7 +33,7 @@ from rich.table import Table
 from app.api.documents import validate_index_name
 from app.cli.client import DEFAULT_URL, ApiError, RagClient
 from app.cli.files import sync_base
-from app.cli.sync import Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
+from app.cli.sync import SOURCE, Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REASONS = {
@@ -109,6 +111,10 @@ class RichProgress:
             self.progress = None
 
 
+class UsageError(Exception):
+    """A mistake in the command line: a one-line message and exit status 2."""
+
+
 def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
@@ -119,19 +125,19 @@ def _filter_arg(text: str | None) -> dict[str, Any] | None:
     if not text:
         return None
     text = text.strip()
-    if text.startswith("{"):
+    if text.startswith(("{", "[")):
         try:
             value = json.loads(text)
         except ValueError as e:
-            raise SystemExit(f"ragserve: --filter is not valid JSON: {e}") from None
+            raise UsageError(f"--filter is not valid JSON: {e}") from None
         if not isinstance(value, dict):
-            raise SystemExit("ragserve: --filter must be a JSON object")
+            raise UsageError("--filter must be a JSON object")
         return value
     out: dict[str, Any] = {}
     for pair in text.split(","):
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise SystemExit(f"ragserve: --filter expects key=value pairs, got {pair!r}")
+            raise UsageError(f"--filter expects key=value pairs, got {pair!r}")
         v: Any = value.strip()
         for cast in (int, float):
             try:
@@ -141,6 +147,23 @@ def _filter_arg(text: str | None) -> dict[str, Any] | None:
                 continue
         out[key.strip()] = v
     return out
+
+
+def _index_arg(name: str) -> str:
+    try:
+        return validate_index_name(name)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _fail(args: argparse.Namespace, console: Console, error: Exception, status: int = EXIT_FAIL) -> int:
+    """One line on stderr (never a traceback); with ``--json`` also ``{"error": ...}`` on stdout,
+    which then carries nothing but JSON."""
+    message = error.message if isinstance(error, ApiError) else str(error)
+    console.print(f"[red]ragserve: {escape(str(error))}[/red]", highlight=False, soft_wrap=True)
+    if getattr(args, "json", False):
+        _print_json({"error": {"status": getattr(error, "status", None), "message": message}})
+    return status
 
 
 # --- ingest -------------------------------------------------------------------------------------
@@ -182,25 +205,18 @@ def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | N
 
 
 def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, out: Console) -> int:
-    try:
-        validate_index_name(args.index)
-    except ValueError as e:
-        console.print(f"[red]ragserve: {e}[/red]")
-        return EXIT_USAGE
+    _index_arg(args.index)
     roots = [Path(p) for p in args.paths]
     missing = [str(p) for p in roots if not p.exists()]
     if missing:
-        console.print(f"[red]ragserve: no such file or directory: {escape(', '.join(missing))}[/red]")
-        return EXIT_USAGE
+        raise UsageError(f"no such file or directory: {', '.join(missing)}")
     odd = [str(p) for p in roots if not (p.is_file() or p.is_dir())]
     if odd:
-        console.print(f"[red]ragserve: not a regular file or folder: {escape(', '.join(odd))}[/red]")
-        return EXIT_USAGE
+        raise UsageError(f"not a regular file or folder: {', '.join(odd)}")
     try:
         base = sync_base(roots, Path(args.base) if args.base else None)
     except ValueError as e:  # a PATH outside --base
-        console.print(f"[red]ragserve: {escape(str(e))}[/red]")
-        return EXIT_USAGE
+        raise UsageError(str(e)) from None
     limits = Limits.from_config(client.config())
     show_progress = not args.json and not args.quiet
     progress: ProgressSink = RichProgress(console) if show_progress else NoProgress()
@@ -252,8 +268,7 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
             watch(syncer, stop, show)
             return EXIT_OK
     except ApiError as e:
-        console.print(f"[red]ragserve: {escape(str(e))}[/red]")
-        return EXIT_FAIL
+        return _fail(args, console, e)
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
@@ -336,6 +351,19 @@ def _chat_once(
     return text, {"answer": text, "mode": mode, "reason": reason or None, "sources": sources}
 
 
+def _ask(json_mode: bool) -> str:
+    """The next line the person types. With ``--json`` stdout carries only JSON, so the prompt goes
+    to stderr (``input`` would write it to stdout)."""
+    if not json_mode:
+        return input("you> ").strip()
+    sys.stderr.write("you> ")
+    sys.stderr.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.strip()
+
+
 def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console: Console) -> int:
     history: list[dict[str, Any]] = []
     if args.system:
@@ -353,9 +381,9 @@ def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console:
         )
     while True:
         try:
-            line = input("you> ").strip()
+            line = _ask(args.json)
         except (EOFError, KeyboardInterrupt):
-            sys.stdout.write("\n")
+            (sys.stderr if args.json else sys.stdout).write("\n")
             return EXIT_OK
         if not line:
             return EXIT_OK
@@ -400,6 +428,82 @@ def cmd_indexes(args: argparse.Namespace, client: RagClient, err: Console, conso
         )
     console.print(table)
     return EXIT_OK
+
+
+def cmd_docs_list(args: argparse.Namespace, client: RagClient, err: Console, console: Console) -> int:
+    """A page of an index's documents (``GET /indexes/{index}/documents``), paged through the
+    server's ``offset``/``limit`` when ``--limit`` is larger than the server's largest page."""
+    index = _index_arg(args.index)
+    flt = _filter_arg(args.filter)
+    page = Limits.from_config(client.config()).max_list_limit
+    docs: list[dict[str, Any]] = []
+    offset, total = args.offset, 0
+    while len(docs) < args.limit:
+        answer = client.documents_page(
+            index,
+            limit=min(page, args.limit - len(docs)),
+            offset=offset,
+            max_text_length=args.text_length,
+            metadata_filter=flt,
+        )
+        got, total = answer["documents"], int(answer["total_items"])
+        docs += got
+        offset += len(got)
+        if not got or offset >= total:
+            break
+    if args.json:
+        _print_json({"index": index, "total": total, "offset": args.offset, "count": len(docs), "documents": docs})
+        return EXIT_OK
+    if not docs:
+        what = "no documents match the filter" if flt else "no documents"
+        console.print(
+            f"{escape(index)}: {what}" + (f" from --offset {args.offset} (of {total})" if args.offset else "")
+        )
+        return EXIT_OK
+    table = Table(
+        "doc_id",
+        "path",
+        "title",
+        "type",
+        "by",
+        "text",
+        title=f"{index}: documents {args.offset + 1}–{args.offset + len(docs)} of {total}",
+    )
+    for d in docs:
+        meta = d.get("metadata") or {}
+        text = " ".join(str(d.get("text") or "").split())
+        table.add_row(
+            escape(str(d.get("doc_id"))),
+            escape(str(meta.get("path", ""))),
+            escape(str(meta.get("title", ""))),
+            escape(str(meta.get("file_type", ""))),
+            "ragserve ingest" if meta.get("source") == SOURCE else "",
+            escape(text[:60] + ("…" if len(text) > 60 else "")),
+        )
+    console.print(table)
+    if args.offset + len(docs) < total:
+        console.print(f"[dim]{total - args.offset - len(docs)} more: --offset {args.offset + len(docs)}[/dim]")
+    return EXIT_OK
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _not_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 # --- entry point --------------------------------------------------------------------------------
@@ -487,6 +591,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("indexes", parents=[common], help="list indexes with documents, chunks and bytes")
     p.set_defaults(func=cmd_indexes)
+
+    docs = sub.add_parser("docs", help="look at an index's documents (ragserve docs list --index NAME)")
+    docs_sub = docs.add_subparsers(dest="docs_command", required=True, metavar="COMMAND")
+    p = docs_sub.add_parser(
+        "list",
+        parents=[common],
+        help="list an index's documents (GET /indexes/{index}/documents, paged)",
+        description="List an index's documents in the server's stable order: id, path, title, type, "
+        "whether `ragserve ingest` wrote it, and the start of the text.",
+    )
+    p.add_argument("--index", "-i", required=True, help="index name")
+    p.add_argument("--limit", "-n", type=_positive, default=20, help="documents to show (20); pages as needed")
+    p.add_argument("--offset", type=_not_negative, default=0, help="skip this many documents first (0)")
+    p.add_argument("--filter", help="metadata filter: JSON object or key=value,key2=value2")
+    p.add_argument(
+        "--text-length", type=_positive, default=200, help="characters of each document's text to fetch (200)"
+    )
+    p.set_defaults(func=cmd_docs_list)
     # Listed here for --help; `ragserve eval ...` is handed to app.eval.beir before this parser runs.
     sub.add_parser("eval", help="retrieval quality on a BEIR-format dataset (ragserve eval --help)")
     return parser
@@ -504,17 +626,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(stderr=True)  # progress, warnings and errors
     out = Console(soft_wrap=True)  # answers, tables and summaries (JSON is written to stdout directly)
     try:
-        with RagClient(url, key, timeout=args.timeout) as client:
+        try:
+            client = RagClient(url, key, timeout=args.timeout)
+        except ValueError as e:  # an API key that cannot be sent
+            raise UsageError(str(e)) from None
+        with client:
             return int(args.func(args, client, console, out))
+    except UsageError as e:
+        return _fail(args, console, e, EXIT_USAGE)
     except ApiError as e:
-        if args.json:
-            _print_json({"error": {"status": e.status, "message": e.message}})
-        else:
-            console.print(f"[red]ragserve: {escape(str(e))}[/red]")
-        return EXIT_FAIL
+        return _fail(args, console, e)
     except KeyboardInterrupt:
         console.print("[yellow]aborted[/yellow]")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `ragserve ... | head`: the reader is gone, nothing more to say
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAIL
+    except Exception as e:  # an answer of an unexpected shape, a bug: one line, not a traceback
+        if os.environ.get("RAGSERVE_DEBUG"):
+            raise
+        return _fail(
+            args,
+            console,
+            RuntimeError(f"unexpected error: {type(e).__name__}: {e} (RAGSERVE_DEBUG=1 shows the traceback)"),
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

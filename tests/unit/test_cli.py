@@ -342,3 +342,98 @@ def test_a_converter_error_of_any_kind_spares_the_other_files(server: str, tmp_p
         report = Syncer(client, "flaky", [tmp_path], convert_file=flaky).run()
     assert report.added == ["a.md", "c.md"] and not report.ok
     assert report.failed == [("b.md", "cannot convert the file: KeyError: 'a bug in a converter'")]
+
+
+def test_chat_json_writes_only_json_on_stdout(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Interactive ``chat --json``: one JSON object per answer on stdout; the prompt goes to stderr."""
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("When is the pump serviced?\nAnd the valves?\n\n"))
+    code, out, err = run(capsys, "--url", server, "chat", "--json")
+    assert code == 0
+    decoder, pos, objects = json.JSONDecoder(), 0, []
+    while pos < len(out):  # the whole of stdout is a sequence of JSON values, nothing else
+        while pos < len(out) and out[pos].isspace():
+            pos += 1
+        if pos < len(out):
+            value, pos = decoder.raw_decode(out, pos)
+            objects.append(value)
+    assert len(objects) == 2 and all(o["answer"] == "Pumps are serviced weekly [1]." for o in objects), out
+    assert "you> " not in out and err.count("you> ") == 3
+
+
+@pytest.fixture(scope="module")
+def small_pages(tmp_path_factory, embedding_model) -> Iterator[str]:
+    """A server whose largest listing page is 3 documents."""
+    from tests.conftest import InProcessEmbedder
+
+    with live_app(tmp_path_factory.mktemp("pages"), InProcessEmbedder(embedding_model), max_list_limit=3) as (url, _):
+        yield url
+
+
+def test_docs_list_pages_through_an_index(small_pages: str, tmp_path: Path, capsys) -> None:
+    server = small_pages
+    for i in range(7):
+        (tmp_path / f"note{i}.md").write_text(f"# Note {i}\n\nThe text of note number {i}.")
+    (tmp_path / "page.html").write_text("<title>Page</title><p>An HTML page.</p>")
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "listed", "-q")[0] == 0
+    with httpx.Client(base_url=server) as http:
+        assert http.post("/index", json={"index_name": "listed", "documents": [{"text": "By hand."}]}).is_success
+    # --limit beyond the server's page (max_list_limit 3 here): paged with offset/limit
+    code, out, _ = run(capsys, "--url", server, "docs", "list", "--index", "listed", "--limit", "100", "--json")
+    listing = json.loads(out)
+    assert code == 0 and listing["total"] == 9 and listing["count"] == 9
+    ids = [d["doc_id"] for d in listing["documents"]]
+    assert len(set(ids)) == 9 and {f"note{i}.md" for i in range(7)} | {"page.html"} <= set(ids)
+    code, out, _ = run(capsys, "--url", server, "docs", "list", "-i", "listed", "-n", "4", "--offset", "3", "--json")
+    assert [d["doc_id"] for d in json.loads(out)["documents"]] == ids[3:7]
+    code, out, _ = run(capsys, "--url", server, "docs", "list", "-i", "listed", "--filter", "file_type=html", "--json")
+    assert [d["doc_id"] for d in json.loads(out)["documents"]] == ["page.html"]
+    code, out, _ = run(capsys, "--url", server, "docs", "list", "-i", "listed", "--limit", "5")
+    assert code == 0 and "documents 1–5 of 9" in out and "4 more: --offset 5" in out and "ragserve ingest" in out
+    code, out, err = run(capsys, "--url", server, "docs", "list", "-i", "nothing")
+    assert code == 1 and out == "" and "No such index" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run(capsys, "--url", server, "docs", "list", "-i", "listed", "--filter", "[1]", "--json")
+    assert code == 2 and "--filter must be a JSON object" in err and json.loads(out)["error"]["message"]
+    with pytest.raises(SystemExit) as exit_:  # argparse's usage error
+        main(["--url", server, "docs", "list", "-i", "listed", "--limit", "0"])
+    assert exit_.value.code == 2 and "--limit/-n: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_errors_are_one_line_never_a_traceback(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Whatever answers (a web page that is not ragserve, a broken stream, nothing at all) or
+    whatever key is given, every command ends with a one-line message and a non-zero status."""
+    from tests.live_server import serve
+
+    async def not_ragserve(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        body = b"<html>a web page, not ragserve</html>"
+        if scope["path"] == "/v1/chat/completions":
+            body = b"data: {not json\n\n"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/html")]})
+        await send({"type": "http.response.body", "body": body})
+
+    (tmp_path / "a.md").write_text("# A\n\ntext")
+    with serve(not_ragserve) as url:
+        for argv in (
+            ("indexes",),
+            ("--json", "indexes"),
+            ("docs", "list", "--index", "x"),
+            ("query", "--index", "x", "hi"),
+            ("chat", "hi"),
+            ("chat", "--no-stream", "hi"),
+            ("ingest", str(tmp_path), "--index", "x"),
+        ):
+            code, out, err = run(capsys, "--url", url, *argv)
+            assert code == 1, (argv, out, err)
+            assert "Traceback" not in out + err and len(err.strip().splitlines()) == 1, (argv, err)
+            assert "did not answer with JSON" in err or "not JSON" in err, (argv, err)
+            if "--json" in argv:
+                assert json.loads(out)["error"]["status"] == 200
+    code, out, err = run(capsys, "--url", "http://127.0.0.1:9", "--api-key", "ключ", "indexes")
+    assert code == 2 and "API key must be printable ASCII" in err and "Traceback" not in err
+    code, out, err = run(capsys, "--url", "http://127.0.0.1:9", "ingest", str(tmp_path), "--index", "x", "--json")
+    assert code == 1 and "cannot reach ragserve" in err and "cannot reach" in json.loads(out)["error"]["message"]
+    code, _, err = run(capsys, "--url", "http://127.0.0.1:9", "query", "-i", "x", "--filter", "nokey", "q")
+    assert code == 2 and "--filter expects key=value pairs" in err
