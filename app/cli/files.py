@@ -107,7 +107,7 @@ def sync_base(roots: Sequence[Path], base: Path | None = None) -> Path:
     the same ids from any working directory: ``base`` when given (every root must lie inside it),
     else the folder given (a file's own folder), or the deepest folder holding all of them.
     Raises ValueError naming a root outside ``base``."""
-    resolved = [Path(r).resolve() for r in roots]
+    resolved = [located(Path(r)) for r in roots]
     if base is not None:
         top = Path(base).resolve()
         if not top.is_dir():
@@ -117,6 +117,16 @@ def sync_base(roots: Sequence[Path], base: Path | None = None) -> Path:
             raise ValueError(f"not inside --base {base}: {', '.join(outside)} (ids are paths relative to --base)")
         return top
     return Path(os.path.commonpath([str(r if r.is_dir() else r.parent) for r in resolved]))
+
+
+def located(path: Path) -> Path:
+    """Where a path named on the command line is: a folder as it resolves (links followed: it is
+    the folder given), a file in its resolved folder under the name given, so that a link named as
+    a file (``docs/*`` expanded by the shell) is still judged as a link."""
+    if path.resolve().is_dir():
+        return path.resolve()
+    named = Path(os.path.abspath(path))
+    return named.parent.resolve() / named.name
 
 
 def relative_name(path: Path, base: Path) -> str:
@@ -164,9 +174,13 @@ def discover(
     base = base.resolve()
     found: dict[str, LocalFile] = {}
     for root in roots:
-        root = root.resolve()
+        root = located(root)
         if root.is_file():
             rel = relative_name(root, base)
+            if root.is_symlink() and not Path(os.path.realpath(root)).is_relative_to(root.parent):
+                if links_outside is not None:  # a link leaving the folder it lies in, named as a file
+                    links_outside.append(rel)
+                continue
             if selector.wants(rel):
                 st = root.stat()
                 found[rel] = LocalFile(root, rel, st.st_size, st.st_mtime)

@@ -173,7 +173,8 @@ class FilePlan:
 
 
 class Syncer:
-    """Keeps an index in sync with files; remembers what the index holds between runs (``--watch``)."""
+    """Keeps an index in sync with files. Each run reads what the index holds first, so a document
+    another client wrote meanwhile (``--watch`` runs for hours) is seen as not this sync's."""
 
     def __init__(
         self,
@@ -417,8 +418,7 @@ class Syncer:
             skipped=report.skipped,
             links_outside=report.links_outside,
         )
-        if self.remote is None:
-            self.load_remote()
+        self.load_remote()
         self.progress.start(len(files), sum(f.size for f in files))
         batch: list[FilePlan] = []
         try:

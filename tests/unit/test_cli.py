@@ -437,3 +437,17 @@ def test_errors_are_one_line_never_a_traceback(tmp_path: Path, capsys, monkeypat
     assert code == 1 and "cannot reach ragserve" in err and "cannot reach" in json.loads(out)["error"]["message"]
     code, _, err = run(capsys, "--url", "http://127.0.0.1:9", "query", "-i", "x", "--filter", "nokey", "q")
     assert code == 2 and "--filter expects key=value pairs" in err
+
+
+def test_a_later_run_sees_documents_written_meanwhile(server: str, tmp_path: Path) -> None:
+    """The same Syncer runs again and again under --watch: a document another client writes between
+    two runs is not taken for the sync's own (neither overwritten nor deleted)."""
+    (tmp_path / "a.md").write_text("# A\n\nFirst.")
+    with RagClient(server) as client:
+        syncer = Syncer(client, "meanwhile", [tmp_path], delete=True)
+        assert syncer.run().added == ["a.md"]
+        client.add_documents("meanwhile", [{"doc_id": "b.md", "text": "Theirs.", "metadata": {"path": "b.md"}}])
+        (tmp_path / "b.md").write_text("# B\n\nMine.")
+        report = syncer.run()
+        assert [p for p, _ in report.failed] == ["b.md"] and report.deleted == []
+    assert docs_of(server, "meanwhile")["b.md"]["text"] == "Theirs."

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli.files import FileSelector, discover
+from app.cli.files import FileSelector, discover, sync_base
 
 
 def names(root: Path, base: Path, **kw) -> list[str]:
@@ -81,7 +81,6 @@ def test_links_leaving_the_root_are_skipped_and_links_inside_followed_once(tmp_p
 
 
 def test_ids_are_relative_to_the_folder_given_from_any_working_directory(tmp_path: Path, monkeypatch) -> None:
-    from app.cli.files import sync_base
 
     for sub in ("alpha", "beta"):
         (tmp_path / "docs" / sub).mkdir(parents=True)
@@ -97,3 +96,22 @@ def test_ids_are_relative_to_the_folder_given_from_any_working_directory(tmp_pat
     assert sync_base([tmp_path / "docs" / "alpha", tmp_path / "docs" / "beta"]) == (tmp_path / "docs").resolve()
     with pytest.raises(ValueError, match="not inside --base"):
         sync_base([tmp_path / "docs"], tmp_path / "elsewhere")
+
+
+def test_a_link_named_as_a_file_is_judged_as_a_link(tmp_path: Path) -> None:
+    """``ragserve ingest docs/*``: the shell names each entry, links included; one leaving its
+    folder is still left out (and listed), one inside is read under the name given."""
+    (tmp_path / "secret.md").write_text("password")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "guide.md").write_text("guide")
+    (docs / "creds.md").symlink_to(tmp_path / "secret.md")
+    (docs / "alias.md").symlink_to("guide.md")
+    outside: list[str] = []
+    roots = sorted(docs.iterdir())
+
+    base = sync_base(roots)
+    assert base == docs.resolve()
+    found = discover(roots, base, FileSelector(), links_outside=outside)
+    assert [(f.rel, f.path.read_text()) for f in found] == [("alias.md", "guide"), ("guide.md", "guide")]
+    assert outside == ["creds.md"]
