@@ -65,6 +65,12 @@ class RagClient:
     ):
         if api_key and not (api_key.isascii() and api_key.isprintable() and " " not in api_key):
             raise ValueError("the API key must be printable ASCII without spaces (check --api-key / RAGSERVE_API_KEY)")
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as e:
+            raise ValueError(f"the server URL {url!r} is not valid: {e} (check --url / RAGSERVE_URL)") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ValueError(f"the server URL must be http://HOST[:PORT] or https://…, got {url!r} (check --url)")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url.rstrip("/")
         self.http = httpx.Client(

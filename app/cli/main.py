@@ -628,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             client = RagClient(url, key, timeout=args.timeout)
-        except ValueError as e:  # an API key that cannot be sent
+        except ValueError as e:  # a URL or an API key that cannot be used
             raise UsageError(str(e)) from None
         with client:
             return int(args.func(args, client, console, out))

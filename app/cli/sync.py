@@ -418,10 +418,10 @@ class Syncer:
             skipped=report.skipped,
             links_outside=report.links_outside,
         )
-        self.load_remote()
-        self.progress.start(len(files), sum(f.size for f in files))
         batch: list[FilePlan] = []
         try:
+            self.load_remote()
+            self.progress.start(len(files), sum(f.size for f in files))
             for plan in self._plans(files, stop):
                 report.warnings += [(plan.file.rel, w) for w in plan.warnings]
                 if plan.status in ("failed", "skipped"):
@@ -443,8 +443,8 @@ class Syncer:
             if not stop.is_set():
                 self._delete_gone({f.rel for f in files}, report)
             self._report_chunks(force=True)
-        except ApiError:
-            pass  # report.fatal says why
+        except ApiError as e:  # the listing, a deletion, or a fatal error of a batch (already recorded)
+            report.fatal = report.fatal or e.message
         finally:
             self.progress.finish()
         recorded = {

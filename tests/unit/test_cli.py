@@ -437,6 +437,30 @@ def test_errors_are_one_line_never_a_traceback(tmp_path: Path, capsys, monkeypat
     assert code == 1 and "cannot reach ragserve" in err and "cannot reach" in json.loads(out)["error"]["message"]
     code, _, err = run(capsys, "--url", "http://127.0.0.1:9", "query", "-i", "x", "--filter", "nokey", "q")
     assert code == 2 and "--filter expects key=value pairs" in err
+    for bad in ("http://[::1", "ftp://host", "localhost:8000"):
+        code, _, err = run(capsys, "--url", bad, "indexes")
+        assert code == 2 and "check --url" in err and "Traceback" not in err, (bad, err)
+
+
+def test_a_failed_listing_or_deletion_is_reported_not_swallowed(server: str, tmp_path: Path) -> None:
+    from app.cli.client import ApiError
+
+    (tmp_path / "a.md").write_text("# A\n\nFirst.")
+    (tmp_path / "b.md").write_text("# B\n\nSecond.")
+    with RagClient(server) as client:
+        syncer = Syncer(client, "denied", [tmp_path], delete=True)
+        assert syncer.run().ok
+        (tmp_path / "b.md").unlink()
+
+        def denied(*args, **kwargs):
+            raise ApiError(403, "this key may not write to index 'denied'")
+
+        client.delete_documents = denied  # type: ignore[method-assign]
+        report = syncer.run()
+        assert not report.ok and report.fatal == "this key may not write to index 'denied'" and report.deleted == []
+        client.iter_documents = denied  # type: ignore[method-assign]
+        report = syncer.run()
+        assert not report.ok and "may not write" in report.fatal and report.not_processed == ["a.md"]
 
 
 def test_a_later_run_sees_documents_written_meanwhile(server: str, tmp_path: Path) -> None:
