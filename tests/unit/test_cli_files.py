@@ -3,6 +3,7 @@ negation, and from the repository's top when a subfolder is given), include/excl
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,20 @@ def test_a_link_named_as_a_file_is_judged_as_a_link(tmp_path: Path) -> None:
     found = discover(roots, base, FileSelector(), links_outside=outside)
     assert [(f.rel, f.path.read_text()) for f in found] == [("alias.md", "guide"), ("guide.md", "guide")]
     assert outside == ["creds.md"]
+
+
+def test_folder_links_inside_the_root_are_walked_once(tmp_path: Path) -> None:
+    """Two links per level to the next level: 2**24 paths, each folder walked once (well under a
+    second), every file given once under its own path."""
+    levels = 24
+    for i in range(levels):
+        (tmp_path / f"l{i}").mkdir()
+        (tmp_path / f"l{i}" / f"f{i}.md").write_text(str(i))
+    for i in range(levels - 1):
+        for name in ("x", "y"):
+            (tmp_path / f"l{i}" / name).symlink_to(tmp_path / f"l{i + 1}")
+        (tmp_path / f"l{i + 1}" / "back").symlink_to(tmp_path)  # and a cycle at every level
+    t0 = time.monotonic()
+    found = names(tmp_path, tmp_path)
+    assert time.monotonic() - t0 < 2.0
+    assert found == sorted(f"l{i}/f{i}.md" for i in range(levels))
