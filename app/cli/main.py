@@ -234,6 +234,7 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         batch_bytes=args.batch_kb * 1024,
         progress=progress,
         checksum=args.checksum,
+        sync_id=args.sync_id,
     )
     stop = threading.Event()
 
@@ -496,6 +497,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def _sync_id(text: str) -> str:
+    if not (1 <= len(text) <= 128 and text.isprintable() and text.strip() == text):
+        raise argparse.ArgumentTypeError("must be 1 to 128 printable characters, without spaces at either end")
+    return text
+
+
 def _not_negative(text: str) -> int:
     try:
         value = int(text)
@@ -559,6 +566,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--base",
         help="folder that document ids are relative to and that names the sync (default: the folder given, "
         "or the deepest folder holding all PATHs)",
+    )
+    p.add_argument(
+        "--sync-id",
+        type=_sync_id,
+        help="the name of this sync, marking its documents (default: a hash of the folder's resolved path); "
+        "give the same one to keep syncing a folder after moving it, or from another machine",
     )
     p.add_argument("--batch-size", type=int, default=16, help="documents per request (at most the server's limit)")
     p.add_argument(

@@ -475,3 +475,21 @@ def test_a_later_run_sees_documents_written_meanwhile(server: str, tmp_path: Pat
         report = syncer.run()
         assert [p for p, _ in report.failed] == ["b.md"] and report.deleted == []
     assert docs_of(server, "meanwhile")["b.md"]["text"] == "Theirs."
+
+
+def test_a_named_sync_follows_its_folder_when_it_moves(server: str, tmp_path: Path, capsys) -> None:
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    (old / "a.md").write_text("# A\n\nFirst.")
+    (old / "b.md").write_text("# B\n\nSecond.")
+    sync = ("--url", server, "ingest", "--index", "moved", "--json", "--delete")
+    assert run(capsys, *sync, str(old), "--sync-id", "handbook")[0] == 0
+    old.rename(new)
+    (new / "b.md").unlink()
+    code, out, _ = run(capsys, *sync, str(new))  # unnamed, the moved folder is another sync: hands off
+    report = json.loads(out)
+    assert code == 1 and [f["path"] for f in report["failed"]] == ["a.md"] and report["deleted"] == []
+    code, out, _ = run(capsys, *sync, str(new), "--sync-id", "handbook")
+    report = json.loads(out)
+    assert code == 0 and report["unchanged"] == 1 and report["deleted"] == ["b.md"]
+    assert docs_of(server, "moved")["a.md"]["metadata"]["sync_root"] == "handbook"
