@@ -182,9 +182,8 @@ def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | N
         console.print(f"  [dim]skipped {escape(path)}: {escape(reason)}[/dim]")
     if report.links_outside:
         shown = ", ".join(report.links_outside[:10]) + (", …" if len(report.links_outside) > 10 else "")
-        console.print(
-            f"  [yellow]skipped {len(report.links_outside)} link(s) leaving the folder: {escape(shown)}[/yellow]"
-        )
+        n = len(report.links_outside)
+        console.print(f"  [yellow]skipped {n} link{'' if n == 1 else 's'} leaving the folder: {escape(shown)}[/yellow]")
     if report.stale:
         console.print(
             f"  [yellow]{len(report.stale)} file(s) are gone from disk but still indexed; "
