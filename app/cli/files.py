@@ -139,7 +139,7 @@ def relative_name(path: Path, base: Path) -> str:
 
 def scope_prefix(root: Path, base: Path) -> str:
     """The id prefix every file under ``root`` has ('' when ``root`` is the base itself)."""
-    return relative_name(root.resolve(), base)
+    return relative_name(located(root), base)
 
 
 class FileSelector:
@@ -170,7 +170,8 @@ def discover(
     """The supported files under ``roots`` (files or directories), sorted by relative path, each once.
     Unsupported files named explicitly, and broken links, are reported in ``skipped`` with the reason;
     links under a root whose target lies outside that root are left out and listed in ``links_outside``
-    (their paths relative to ``base``). A root named on the command line is taken as it resolves."""
+    (their paths relative to ``base``). A folder named on the command line is taken as it resolves,
+    a file where it lies (:func:`located`)."""
     base = base.resolve()
     found: dict[str, LocalFile] = {}
     for root in roots:

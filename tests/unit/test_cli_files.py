@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli.files import FileSelector, discover, sync_base
+from app.cli.files import FileSelector, discover, scope_prefix, sync_base
 
 
 def names(root: Path, base: Path, **kw) -> list[str]:
@@ -116,6 +116,7 @@ def test_a_link_named_as_a_file_is_judged_as_a_link(tmp_path: Path) -> None:
     found = discover(roots, base, FileSelector(), links_outside=outside)
     assert [(f.rel, f.path.read_text()) for f in found] == [("alias.md", "guide"), ("guide.md", "guide")]
     assert outside == ["creds.md"]
+    assert [scope_prefix(r, base) for r in roots] == ["alias.md", "creds.md", "guide.md"]
 
 
 def test_folder_links_inside_the_root_are_walked_once(tmp_path: Path) -> None:
