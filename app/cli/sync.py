@@ -191,7 +191,7 @@ class Syncer:
         batch_documents: int = 16,
         batch_bytes: int = 64 * 1024,
         progress: ProgressSink | None = None,
-        convert_file: Callable[[bytes, str], Converted] = convert,
+        convert_file: Callable[[bytes, str], Converted] | None = None,
         checksum: bool = False,
         sync_id: str | None = None,
     ):
@@ -210,7 +210,7 @@ class Syncer:
         # a single file larger than it still travels whole, up to max_bytes.
         self.batch_bytes = max(1, min(batch_bytes, self.max_bytes))
         self.progress = progress or NoProgress()
-        self.convert_file = convert_file
+        self.convert_file = convert_file or convert  # app.ingest.convert's, shared with the upload route
         self.checksum = checksum  # read every file and compare hashes, even when its mtime is unchanged
         self.remote: dict[str, RemoteDoc] | None = None  # this sync's documents under the roots
         self.foreign: dict[str, str] = {}  # doc_id -> whose, for ids this sync must not write
