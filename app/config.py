@@ -231,6 +231,12 @@ class Settings(BaseSettings):
         "unpack to, by its zip directory, checked before it is unpacked (413); it also may not unpack to more "
         "than 100 times its size.",
     )
+    max_convert_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Time one uploaded file's conversion may take; it runs in a process of its "
+        "own, stopped after this (413).",
+    )
     max_chat_messages: int = Field(default=1000, ge=1, description="Messages in one chat completion request.")
     max_top_k: int = Field(default=100, ge=1, le=1000, description="Largest top_k / max_node_count.")
     max_list_limit: int = Field(default=100, ge=1, le=MAX_LIST_PAGE, description="Largest page of a document listing.")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import io
 import math
+import multiprocessing
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -216,6 +217,62 @@ def convert(data: bytes, filename: str, *, max_unpacked_bytes: int | None = None
         language = CODE_LANGUAGES[PurePath(filename).suffix.lower()]
         return Converted(sections, PurePath(filename).name, "code", language=language)
     return Converted(sections, stem, "text")
+
+
+#: Modules the conversion processes' server imports once, so a conversion pays only for a fork.
+_PRELOAD = ["app.ingest.convert", "bs4", "markdownify", "mammoth", "pptx", "pypdf"]
+_context: Any = None
+
+
+def convert_isolated(data: bytes, filename: str, *, max_unpacked_bytes: int | None, timeout_s: float) -> Converted:
+    """:func:`convert` in a process of its own, stopped after ``timeout_s`` seconds (a
+    ConversionTooLarge naming the limit): the converters' cost is linear in their bounded input, but
+    a thread cannot be stopped, and a slow file must not hold a core (and the GIL) indefinitely.
+    Processes come from a fork server that has the converters imported, so each costs a fork."""
+    global _context
+    if _context is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        _context = ctx
+    receive, send = _context.Pipe(duplex=False)
+    proc = _context.Process(
+        target=_convert_child, args=(send, data, filename, max_unpacked_bytes), name="ragserve-convert", daemon=True
+    )
+    proc.start()
+    send.close()
+    try:
+        if not receive.poll(timeout_s):
+            raise ConversionTooLarge(
+                f"converting the file took longer than {timeout_s:g} s (max_convert_seconds): split the file"
+            )
+        try:
+            status, payload = receive.recv()
+        except EOFError:
+            raise ConversionError(
+                f"the converter stopped without an answer (exit code {proc.exitcode}): the file may need more "
+                "memory than the server allows"
+            ) from None
+    finally:
+        receive.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    if status == "ok":
+        return payload
+    raise (ConversionTooLarge if status == "too large" else ConversionError)(payload)
+
+
+def _convert_child(send: Any, data: bytes, filename: str, max_unpacked_bytes: int | None) -> None:
+    try:
+        result: tuple[str, Any] = ("ok", convert(data, filename, max_unpacked_bytes=max_unpacked_bytes))
+    except ConversionTooLarge as e:
+        result = ("too large", str(e))
+    except ConversionError as e:
+        result = ("error", str(e))
+    except Exception as e:  # a converter's bug must still be an answer, not a lost process
+        result = ("error", f"the file could not be converted: {type(e).__name__}: {e}")
+    send.send(result)
+    send.close()
 
 
 def decode_text(data: bytes) -> str:

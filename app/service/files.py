@@ -22,7 +22,7 @@ from app.ingest.convert import (
     ConversionError,
     ConversionTooLarge,
     Converted,
-    convert,
+    convert_isolated,
     file_documents,
     is_supported,
 )
@@ -86,7 +86,9 @@ def check_mtime(mtime: float | None) -> None:
 def _convert(
     data: bytes, filename: str, rel: str, mtime: float | None, limits: RequestLimits
 ) -> tuple[Converted, list[dict[str, Any]]]:
-    converted = convert(data, filename, max_unpacked_bytes=limits.max_unpacked_bytes)
+    converted = convert_isolated(
+        data, filename, max_unpacked_bytes=limits.max_unpacked_bytes, timeout_s=limits.max_convert_seconds
+    )
     stamp = mtime if mtime is not None else time.time()
     return converted, file_documents(rel, stamp, converted, limits.max_document_chars)
 

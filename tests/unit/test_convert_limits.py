@@ -19,6 +19,7 @@ from app.ingest.convert import (
     ConversionTooLarge,
     clean_title,
     convert,
+    convert_isolated,
     iso_mtime,
     markdown_title,
 )
@@ -193,3 +194,17 @@ def test_iso_mtime_refuses_what_a_date_cannot_hold(value: float) -> None:
     with pytest.raises(ConversionError, match="mtime must be a finite number"):
         iso_mtime(value)
     assert iso_mtime(253_402_300_799) == "9999-12-31T23:59:59Z"
+
+
+def test_isolated_conversion_is_stopped_at_its_time_limit() -> None:
+    """A thread cannot be stopped: the server converts in a process of its own and stops it."""
+    assert convert_isolated(b"# Title\nbody", "a.md", max_unpacked_bytes=None, timeout_s=30).title == "Title"
+    slow = make_docx([("", "a")] * 20_000)  # seconds of mammoth
+    out, seconds = timed(lambda: convert_isolated(slow, "slow.docx", max_unpacked_bytes=None, timeout_s=0.3))
+    assert isinstance(out, ConversionTooLarge) and "max_convert_seconds" in str(out) and seconds < 2.0, (out, seconds)
+    with pytest.raises(ConversionError, match="not a zip archive") as err:
+        convert_isolated(b"garbage", "g.docx", max_unpacked_bytes=None, timeout_s=30)
+    assert not isinstance(err.value, ConversionTooLarge)
+    bomb = _zip({"word/document.xml": b"\0" * 20_000_000})
+    with pytest.raises(ConversionTooLarge, match="max_unpacked_bytes"):
+        convert_isolated(bomb, "b.docx", max_unpacked_bytes=1024 * 1024, timeout_s=30)
