@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from app.cli.client import ApiError, RagClient
 from app.cli.files import FileSelector, LocalFile, discover, scope_prefix
+from app.config import Settings
 from app.ingest.convert import ConversionError, Converted, convert, file_documents, iso_mtime
 from app.ingest.ids import content_hash
 
@@ -48,6 +49,7 @@ class Limits:
     max_request_bytes: int = 32 * 1024 * 1024
     max_document_chars: int = 1_000_000
     max_list_limit: int = 100
+    max_unpacked_bytes: int = Settings.model_fields["max_unpacked_bytes"].default  # defined once, in Settings
 
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> Limits:
@@ -175,7 +177,7 @@ class Syncer:
         batch_documents: int = 16,
         batch_bytes: int = 64 * 1024,
         progress: ProgressSink | None = None,
-        convert_file: Callable[[bytes, str], Converted] = convert,
+        convert_file: Callable[[bytes, str], Converted] | None = None,
         checksum: bool = False,
     ):
         self.client = client
@@ -192,7 +194,9 @@ class Syncer:
         # a single file larger than it still travels whole, up to max_bytes.
         self.batch_bytes = max(1, min(batch_bytes, self.max_bytes))
         self.progress = progress or NoProgress()
-        self.convert_file = convert_file
+        # Office files bounded by the server's limit before they are unpacked, as an upload is.
+        bounded = functools.partial(convert, max_unpacked_bytes=self.limits.max_unpacked_bytes)
+        self.convert_file = convert_file or bounded
         self.checksum = checksum  # read every file and compare hashes, even when its mtime is unchanged
         self.remote: dict[str, RemoteDoc] | None = None
         self._last_chunks = 0.0

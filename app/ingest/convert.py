@@ -492,24 +492,23 @@ def split_text(text: str, max_chars: int) -> list[str]:
     if max_chars < 1:
         raise ValueError("max_chars must be positive")
     parts: list[str] = []
-    rest = text
-    while len(rest) > max_chars:
-        window = rest[:max_chars]
+    start, end = 0, len(text)
+    while end - start > max_chars:  # by index: slicing off the rest each time was quadratic
+        stop = start + max_chars
         cut = -1
         for sep in ("\n\n", "\n", " "):
-            cut = window.rfind(sep)
-            if cut > max_chars // 2:
-                cut += len(sep)
+            at = text.rfind(sep, start, stop)
+            if at - start > max_chars // 2:
+                cut = at + len(sep)
                 break
-            cut = -1
-        if cut <= 0:
-            cut = max_chars
-        part = rest[:cut].strip()
+        if cut <= start:
+            cut = stop
+        part = text[start:cut].strip()
         if part:
             parts.append(part)
-        rest = rest[cut:]
-    if rest.strip():
-        parts.append(rest.strip())
+        start = cut
+    if text[start:].strip():
+        parts.append(text[start:].strip())
     return parts
 
 

@@ -22,6 +22,7 @@ from app.ingest.convert import (
     convert_isolated,
     iso_mtime,
     markdown_title,
+    split_text,
 )
 from tests.filemakers import make_docx, make_pptx
 
@@ -208,3 +209,11 @@ def test_isolated_conversion_is_stopped_at_its_time_limit() -> None:
     bomb = _zip({"word/document.xml": b"\0" * 20_000_000})
     with pytest.raises(ConversionTooLarge, match="max_unpacked_bytes"):
         convert_isolated(bomb, "b.docx", max_unpacked_bytes=1024 * 1024, timeout_s=30)
+
+
+def test_split_text_is_linear() -> None:
+    """A large text in small parts: slicing the rest off at each cut was quadratic."""
+    text = ("word " * 19 + "end.\n") * 100_000  # 10 MB
+    parts, seconds = timed(lambda: split_text(text, 1000))
+    assert seconds < BOUND_S and len(parts) >= 10_000 and all(len(p) <= 1000 for p in parts)
+    assert "".join(parts).replace(" ", "").replace("\n", "") == text.replace(" ", "").replace("\n", "")
