@@ -438,7 +438,9 @@ def _docx(data: bytes, stem: str) -> Converted:
     no_images = mammoth.images.img_element(lambda image: {"src": ""})  # images are dropped: never read them
     try:
         html = mammoth.convert_to_html(io.BytesIO(data), convert_image=no_images).value
-    except Exception as e:  # a damaged file; RecursionError for XML nested thousands deep
+    except RecursionError as e:  # mammoth reads the XML tree recursively
+        raise ConversionError("unreadable DOCX: its elements are nested too deeply to convert") from e
+    except Exception as e:  # a damaged file
         raise ConversionError(f"unreadable DOCX: {e}") from e
     md, title = _html_to_markdown(f"<html><body>{html}</body></html>")
     if not md:

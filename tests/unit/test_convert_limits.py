@@ -217,3 +217,45 @@ def test_split_text_is_linear() -> None:
     parts, seconds = timed(lambda: split_text(text, 1000))
     assert seconds < BOUND_S and len(parts) >= 10_000 and all(len(p) <= 1000 for p in parts)
     assert "".join(parts).replace(" ", "").replace("\n", "") == text.replace(" ", "").replace("\n", "")
+
+
+def _patched(data: bytes, part: str, edit: Callable[[bytes], bytes]) -> bytes:
+    with zipfile.ZipFile(io.BytesIO(data)) as src:
+        return _zip({i.filename: edit(src.read(i)) if i.filename == part else src.read(i) for i in src.infolist()})
+
+
+def test_office_files_nested_thousands_deep_are_a_conversion_error() -> None:
+    """mammoth reads recursively, python-pptx's lxml stops at depth 256: a 4xx, never a crash."""
+    n = 5_000
+    docx = make_docx([("", "MARK")])
+    deep = {
+        "links.docx": _patched(
+            docx,
+            "word/document.xml",
+            lambda b: b.replace(b"<w:r><w:t>MARK", b"<w:hyperlink>" * n + b"<w:r><w:t>MARK").replace(
+                b"</w:t></w:r>", b"</w:t></w:r>" + b"</w:hyperlink>" * n
+            ),
+        ),
+        "tables.docx": _patched(
+            docx,
+            "word/document.xml",
+            lambda b: b.replace(b"<w:body>", b"<w:body>" + b"<w:tbl><w:tr><w:tc>" * n).replace(
+                b"</w:body>", b"</w:tc></w:tr></w:tbl>" * n + b"</w:body>"
+            ),
+        ),
+        "groups.pptx": _patched(
+            make_pptx([("T", "MARK")]),
+            "ppt/slides/slide1.xml",
+            lambda b: b.replace(
+                b"<p:spTree>",
+                b"<p:spTree>"
+                + b'<p:grpSp><p:nvGrpSpPr><p:cNvPr id="99" name="g"/><p:cNvGrpSpPr/><p:nvPr/></p:nvGrpSpPr>'
+                b"<p:grpSpPr/>" * n + b"</p:grpSp>" * n,
+                1,
+            ),
+        ),
+    }
+    for name, data in deep.items():
+        out, seconds = timed(lambda: convert(data, name, max_unpacked_bytes=64 * 1024 * 1024))  # noqa: B023
+        assert isinstance(out, ConversionError) and "unreadable" in str(out) and seconds < BOUND_S, (name, out)
+    assert "nested too deeply" in str(timed(lambda: convert(deep["links.docx"], "l.docx"))[0])
