@@ -118,6 +118,18 @@ _RATIO_FLOOR = 1024 * 1024
 #: HTML elements nested deeper than this are replaced by their text: markdownify converts
 #: recursively (three Python frames a level), so a page nested thousands deep would exhaust the stack.
 MAX_HTML_DEPTH = 64
+#: pypdf's per-stream output bounds (its Configuration), lowered to max_unpacked_bytes.
+_PDF_STREAM_BOUNDS = (
+    "maximum_declared_stream_length",
+    "array_based_stream_maximum_output_length",
+    "jbig2_maximum_output_length",
+    "lzw_maximum_output_length",
+    "run_length_maximum_output_length",
+    "zlib_maximum_output_length",
+    "brotli_maximum_output_length",
+    "image_maximum_buffer_size",
+    "stream_decoding_work_maximum_length",
+)
 #: File modification times a document can record, in Unix seconds: what a datetime holds, up to
 #: 9999-12-31T23:59:59Z (uploads also refuse times before 1970).
 MIN_MTIME = -62_135_596_800.0
@@ -202,7 +214,7 @@ def convert(data: bytes, filename: str, *, max_unpacked_bytes: int | None = None
     if kind in ZIP_KINDS:
         check_archive(data, kind.upper(), max_unpacked_bytes)
     if kind == "pdf":
-        return _pdf(data, stem)
+        return _pdf(data, stem, max_unpacked_bytes)
     if kind == "docx":
         return _docx(data, stem)
     if kind == "pptx":
@@ -408,21 +420,31 @@ def _html(text: str, stem: str) -> Converted:
     return Converted([Section(md)], title or stem, "html")
 
 
-def _pdf(data: bytes, stem: str) -> Converted:
+def _pdf(data: bytes, stem: str, max_unpacked_bytes: int | None = None) -> Converted:
     pypdf = _require("pypdf", "pypdf")
+    defaults = pypdf.get_configuration()  # pypdf's own bounds (75 MB a stream), lowered to ours
+    bounds = {
+        name: min(getattr(defaults, name), max_unpacked_bytes) for name in _PDF_STREAM_BOUNDS if max_unpacked_bytes
+    }
     try:
-        reader = pypdf.PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise ConversionError("the PDF is encrypted with a password")
-        sections = []
-        for number, page in enumerate(reader.pages, start=1):
-            text = _tidy(page.extract_text() or "")
-            if text:
-                sections.append(Section(text, page=number))
-        pages = len(reader.pages)
-        meta_title = (reader.metadata.title if reader.metadata else None) or ""
+        with pypdf.apply_configuration(**bounds):
+            reader = pypdf.PdfReader(io.BytesIO(data))
+            if reader.is_encrypted and not reader.decrypt(""):
+                raise ConversionError("the PDF is encrypted with a password")
+            sections = []
+            for number, page in enumerate(reader.pages, start=1):
+                text = _tidy(page.extract_text() or "")
+                if text:
+                    sections.append(Section(text, page=number))
+            pages = len(reader.pages)
+            meta_title = (reader.metadata.title if reader.metadata else None) or ""
     except ConversionError:
         raise
+    except pypdf.errors.LimitReachedError as e:
+        raise ConversionTooLarge(
+            f"the PDF goes beyond a bound of its reader (a stream may unpack to at most {max_unpacked_bytes} "
+            f"bytes, max_unpacked_bytes): {e}"
+        ) from e
     except Exception as e:  # pypdf raises many kinds of errors for a damaged file
         raise ConversionError(f"unreadable PDF: {e}") from e
     if not sections:

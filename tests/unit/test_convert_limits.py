@@ -24,7 +24,7 @@ from app.ingest.convert import (
     markdown_title,
     split_text,
 )
-from tests.filemakers import make_docx, make_pptx
+from tests.filemakers import make_docx, make_pdf, make_pptx
 
 MB = 1_000_000
 BOUND_S = 3.0  # generous: each of these takes well under a second on an idle core
@@ -259,3 +259,13 @@ def test_office_files_nested_thousands_deep_are_a_conversion_error() -> None:
         out, seconds = timed(lambda: convert(data, name, max_unpacked_bytes=64 * 1024 * 1024))  # noqa: B023
         assert isinstance(out, ConversionError) and "unreadable" in str(out) and seconds < BOUND_S, (name, out)
     assert "nested too deeply" in str(timed(lambda: convert(deep["links.docx"], "l.docx"))[0])
+
+
+def test_a_pdf_stream_is_bounded_while_it_is_unpacked() -> None:
+    """pypdf's per-stream bounds (75 MB) lowered to max_unpacked_bytes: a 413, not 20 MB of spaces read."""
+    bomb = make_pdf(["pumps"], padding=20_000_000)
+    assert len(bomb) < 100_000
+    out, seconds = timed(lambda: convert(bomb, "bomb.pdf", max_unpacked_bytes=10 * 1024 * 1024))
+    assert isinstance(out, ConversionTooLarge) and "max_unpacked_bytes" in str(out) and seconds < BOUND_S, out
+    small = convert(make_pdf(["pumps"], padding=1000), "small.pdf", max_unpacked_bytes=10 * 1024 * 1024)
+    assert small.sections[0].text == "pumps"
