@@ -183,6 +183,7 @@ def test_titles_are_bounded_on_every_path() -> None:
         (f"<h1>{long}</h1><p>body</p>".encode(), "d.html"),
         (make_docx([("Heading1", long), ("", "body")]), "e.docx"),
         (make_pptx([(long, "body")]), "f.pptx"),
+        (make_pdf(["body"], title=long), "g.pdf"),
     ):
         title = convert(data, name, max_unpacked_bytes=64 * 1024 * 1024).title
         assert 0 < len(title) <= MAX_TITLE_CHARS and title.startswith("word word") and title.endswith("\u2026"), name
