@@ -237,6 +237,12 @@ class Settings(BaseSettings):
         description="Time one uploaded file's conversion may take; it runs in a process of its "
         "own, stopped after this (413).",
     )
+    max_convert_memory_bytes: int = Field(
+        default=2 * 1024 * 1024 * 1024,
+        ge=64 * 1024 * 1024,
+        description="Memory one uploaded file's conversion may take beyond what its process "
+        "starts with (its address space is bounded; 413).",
+    )
     max_chat_messages: int = Field(default=1000, ge=1, description="Messages in one chat completion request.")
     max_top_k: int = Field(default=100, ge=1, le=1000, description="Largest top_k / max_node_count.")
     max_list_limit: int = Field(default=100, ge=1, le=MAX_LIST_PAGE, description="Largest page of a document listing.")

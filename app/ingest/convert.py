@@ -236,11 +236,14 @@ _PRELOAD = ["app.ingest.convert", "bs4", "markdownify", "mammoth", "pptx", "pypd
 _context: Any = None
 
 
-def convert_isolated(data: bytes, filename: str, *, max_unpacked_bytes: int | None, timeout_s: float) -> Converted:
-    """:func:`convert` in a process of its own, stopped after ``timeout_s`` seconds (a
-    ConversionTooLarge naming the limit): the converters' cost is linear in their bounded input, but
-    a thread cannot be stopped, and a slow file must not hold a core (and the GIL) indefinitely.
-    Processes come from a fork server that has the converters imported, so each costs a fork."""
+def convert_isolated(
+    data: bytes, filename: str, *, max_unpacked_bytes: int | None, timeout_s: float, memory_bytes: int | None = None
+) -> Converted:
+    """:func:`convert` in a process of its own, stopped after ``timeout_s`` seconds and allowed
+    ``memory_bytes`` more address space than it starts with (each a ConversionTooLarge naming the
+    limit): the converters' cost is linear in their bounded input, but a thread cannot be stopped,
+    and XML parsed into objects takes tens of times its size. Processes come from a fork server
+    that has the converters imported, so each costs a fork."""
     global _context
     if _context is None:
         ctx = multiprocessing.get_context("forkserver")
@@ -248,7 +251,10 @@ def convert_isolated(data: bytes, filename: str, *, max_unpacked_bytes: int | No
         _context = ctx
     receive, send = _context.Pipe(duplex=False)
     proc = _context.Process(
-        target=_convert_child, args=(send, data, filename, max_unpacked_bytes), name="ragserve-convert", daemon=True
+        target=_convert_child,
+        args=(send, data, filename, max_unpacked_bytes, memory_bytes),
+        name="ragserve-convert",
+        daemon=True,
     )
     proc.start()
     send.close()
@@ -274,17 +280,39 @@ def convert_isolated(data: bytes, filename: str, *, max_unpacked_bytes: int | No
     raise (ConversionTooLarge if status == "too large" else ConversionError)(payload)
 
 
-def _convert_child(send: Any, data: bytes, filename: str, max_unpacked_bytes: int | None) -> None:
+def _convert_child(
+    send: Any, data: bytes, filename: str, max_unpacked_bytes: int | None, memory_bytes: int | None
+) -> None:
+    if memory_bytes:
+        _limit_memory(memory_bytes)
+    too_much = f"converting the file needs more than {memory_bytes} bytes of memory (max_convert_memory_bytes)"
     try:
         result: tuple[str, Any] = ("ok", convert(data, filename, max_unpacked_bytes=max_unpacked_bytes))
+    except MemoryError:
+        result = ("too large", too_much)
     except ConversionTooLarge as e:
         result = ("too large", str(e))
-    except ConversionError as e:
-        result = ("error", str(e))
+    except ConversionError as e:  # a converter that wraps every error wraps a MemoryError too
+        result = ("too large", too_much) if isinstance(e.__cause__, MemoryError) else ("error", str(e))
     except Exception as e:  # a converter's bug must still be an answer, not a lost process
         result = ("error", f"the file could not be converted: {type(e).__name__}: {e}")
     send.send(result)
     send.close()
+
+
+def _limit_memory(memory_bytes: int) -> None:
+    """This process's address space: what it holds now plus ``memory_bytes`` (Linux; else no bound)."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            now = int(f.read().split()[0]) * resource.getpagesize()
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = now + memory_bytes
+        if hard == resource.RLIM_INFINITY or limit < hard:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 def decode_text(data: bytes) -> str:

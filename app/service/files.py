@@ -87,7 +87,11 @@ def _convert(
     data: bytes, filename: str, rel: str, mtime: float | None, limits: RequestLimits
 ) -> tuple[Converted, list[dict[str, Any]]]:
     converted = convert_isolated(
-        data, filename, max_unpacked_bytes=limits.max_unpacked_bytes, timeout_s=limits.max_convert_seconds
+        data,
+        filename,
+        max_unpacked_bytes=limits.max_unpacked_bytes,
+        timeout_s=limits.max_convert_seconds,
+        memory_bytes=limits.max_convert_memory_bytes,
     )
     stamp = mtime if mtime is not None else time.time()
     return converted, file_documents(rel, stamp, converted, limits.max_document_chars)

@@ -23,6 +23,7 @@ class RequestLimits:
     max_document_chars: int
     max_unpacked_bytes: int
     max_convert_seconds: float
+    max_convert_memory_bytes: int
     max_chat_messages: int
     max_top_k: int
     max_list_limit: int

@@ -270,3 +270,15 @@ def test_a_pdf_stream_is_bounded_while_it_is_unpacked() -> None:
     assert isinstance(out, ConversionTooLarge) and "max_unpacked_bytes" in str(out) and seconds < BOUND_S, out
     small = convert(make_pdf(["pumps"], padding=1000), "small.pdf", max_unpacked_bytes=10 * 1024 * 1024)
     assert small.sections[0].text == "pumps"
+
+
+def test_isolated_conversion_is_bounded_in_memory() -> None:
+    """XML parsed into objects takes tens of times its size: the process's address space is bounded."""
+    xml_heavy = make_docx([("", "a")] * 60_000)  # 2 MB of XML, hundreds of MB as mammoth's DOM
+    out, seconds = timed(
+        lambda: convert_isolated(xml_heavy, "m.docx", max_unpacked_bytes=None, timeout_s=30, memory_bytes=48 << 20)
+    )
+    assert isinstance(out, ConversionTooLarge) and "max_convert_memory_bytes" in str(out), out
+    assert seconds < BOUND_S
+    small = make_docx([("", "a")] * 100)
+    assert convert_isolated(small, "s.docx", max_unpacked_bytes=None, timeout_s=30, memory_bytes=256 << 20).sections
