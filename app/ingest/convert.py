@@ -16,6 +16,12 @@ Choices and why:
 
 The converter libraries are imported when a file of their kind is converted, so reading markdown
 never pays for them and a missing one is an error naming the package, not an import failure.
+
+Hostile files (issue 21): every step is linear in its input (no backtracking pattern; HTML deeper
+than MAX_HTML_DEPTH flattened before markdownify's recursion); an Office file is bounded by its zip
+directory before it is unpacked and a PDF stream while it is unpacked (``max_unpacked_bytes``); a
+title is one bounded line (``clean_title``). The server converts in a process of its own, bounded in
+time and memory (``convert_isolated``).
 """
 
 from __future__ import annotations
