@@ -224,6 +224,25 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Request body size (413).")
     max_documents_per_request: int = Field(default=1000, ge=1, description="Documents per /index or update call.")
     max_document_chars: int = Field(default=1_000_000, ge=1, description="Characters of one document's text.")
+    max_unpacked_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="What an uploaded or ingested Office file (DOCX, PPTX: zip archives) may "
+        "unpack to, by its zip directory, checked before it is unpacked (413); it also may not unpack to more "
+        "than 100 times its size.",
+    )
+    max_convert_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Time one uploaded file's conversion may take; it runs in a process of its "
+        "own, stopped after this (413).",
+    )
+    max_convert_memory_bytes: int = Field(
+        default=2 * 1024 * 1024 * 1024,
+        ge=64 * 1024 * 1024,
+        description="Memory one uploaded file's conversion may take beyond what its process "
+        "starts with (its address space is bounded; 413).",
+    )
     max_chat_messages: int = Field(default=1000, ge=1, description="Messages in one chat completion request.")
     max_top_k: int = Field(default=100, ge=1, le=1000, description="Largest top_k / max_node_count.")
     max_list_limit: int = Field(default=100, ge=1, le=MAX_LIST_PAGE, description="Largest page of a document listing.")

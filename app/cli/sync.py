@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from app.cli.client import ApiError, RagClient
 from app.cli.files import FileSelector, LocalFile, discover, scope_prefix, sync_base
+from app.config import Settings
 from app.ingest.convert import ConversionError, Converted, convert, file_documents, iso_mtime
 from app.ingest.ids import content_hash
 
@@ -61,6 +62,7 @@ class Limits:
     max_request_bytes: int = 32 * 1024 * 1024
     max_document_chars: int = 1_000_000
     max_list_limit: int = 100
+    max_unpacked_bytes: int = Settings.model_fields["max_unpacked_bytes"].default  # defined once, in Settings
 
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> Limits:
@@ -210,7 +212,10 @@ class Syncer:
         # a single file larger than it still travels whole, up to max_bytes.
         self.batch_bytes = max(1, min(batch_bytes, self.max_bytes))
         self.progress = progress or NoProgress()
-        self.convert_file = convert_file or convert  # app.ingest.convert's, shared with the upload route
+        # app.ingest.convert's, shared with the upload route: Office files bounded by the server's
+        # limit before they are unpacked, as an upload is.
+        bounded = functools.partial(convert, max_unpacked_bytes=self.limits.max_unpacked_bytes)
+        self.convert_file = convert_file or bounded
         self.checksum = checksum  # read every file and compare hashes, even when its mtime is unchanged
         self.remote: dict[str, RemoteDoc] | None = None  # this sync's documents under the roots
         self.foreign: dict[str, str] = {}  # doc_id -> whose, for ids this sync must not write

@@ -16,13 +16,22 @@ Choices and why:
 
 The converter libraries are imported when a file of their kind is converted, so reading markdown
 never pays for them and a missing one is an error naming the package, not an import failure.
+
+Hostile files (issue 21): every step is linear in its input (no backtracking pattern; HTML deeper
+than MAX_HTML_DEPTH flattened before markdownify's recursion); an Office file is bounded by its zip
+directory before it is unpacked and a PDF stream while it is unpacked (``max_unpacked_bytes``); a
+title is one bounded line (``clean_title``). The server converts in a process of its own, bounded in
+time and memory (``convert_isolated``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import math
+import multiprocessing
 import re
+import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import PurePath
@@ -102,12 +111,43 @@ TEXT_EXTENSIONS = frozenset(
 TEXT_FILENAMES = frozenset({"readme", "license", "changelog", "makefile", "dockerfile", "notice", "authors"})
 HTML_EXTENSIONS = frozenset({".html", ".htm", ".xhtml"})
 BINARY_KINDS = {".pdf": "pdf", ".docx": "docx", ".pptx": "pptx"}
+ZIP_KINDS = frozenset({"docx", "pptx"})  # Office files are zip archives: bounded before they are unpacked
 _BINARY_CHECK = 8192
 MAX_DOC_ID = 256  # app.api.documents.Document.doc_id
+#: A title longer than this is cut (at a space when there is one) and ends with an ellipsis: it is
+#: shown to people and stored as metadata, whose strings are bounded (app.api.values.MAX_VALUE_CHARS).
+MAX_TITLE_CHARS = 512
+#: An archive may unpack to at most this many times its own size (beyond _RATIO_FLOOR bytes):
+#: Office XML compresses 5-20x, a zip bomb 1000x. The absolute bound is a setting (max_unpacked_bytes).
+MAX_UNPACK_RATIO = 100
+_RATIO_FLOOR = 1024 * 1024
+#: HTML elements nested deeper than this are replaced by their text: markdownify converts
+#: recursively (three Python frames a level), so a page nested thousands deep would exhaust the stack.
+MAX_HTML_DEPTH = 64
+#: pypdf's per-stream output bounds (its Configuration), lowered to max_unpacked_bytes.
+_PDF_STREAM_BOUNDS = (
+    "maximum_declared_stream_length",
+    "array_based_stream_maximum_output_length",
+    "jbig2_maximum_output_length",
+    "lzw_maximum_output_length",
+    "run_length_maximum_output_length",
+    "zlib_maximum_output_length",
+    "brotli_maximum_output_length",
+    "image_maximum_buffer_size",
+    "stream_decoding_work_maximum_length",
+)
+#: File modification times a document can record, in Unix seconds: what a datetime holds, up to
+#: 9999-12-31T23:59:59Z (uploads also refuse times before 1970).
+MIN_MTIME = -62_135_596_800.0
+MAX_MTIME = 253_402_300_799.0
 
 
 class ConversionError(ValueError):
     """The file cannot be turned into text; the message says why (a client mistake, never a crash)."""
+
+
+class ConversionTooLarge(ConversionError):
+    """The file would unpack to, or cost, more than the limits allow (a 413, not a 400)."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +168,9 @@ class Converted:
     language: str | None = None  # the code chunker's language, for code files
     pages: int | None = None  # pages in the file (PDF), including those without text
     warnings: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.title = clean_title(self.title)
 
     @property
     def text_chars(self) -> int:
@@ -155,14 +198,29 @@ def is_supported(filename: str) -> bool:
     return file_kind(filename) is not None
 
 
-def convert(data: bytes, filename: str) -> Converted:
-    """Convert the bytes of ``filename`` (its extension decides how). Raises ConversionError."""
+def clean_title(title: str) -> str:
+    """One line of at most MAX_TITLE_CHARS characters: whitespace runs (newlines included) become
+    one space, control characters and lone surrogates go, a longer title is cut at a space."""
+    title = "".join(c for c in title if c.isprintable() or c.isspace())
+    title = " ".join(title.encode("utf-8", "replace").decode("utf-8").split())
+    if len(title) <= MAX_TITLE_CHARS:
+        return title
+    cut = title.rfind(" ", MAX_TITLE_CHARS // 2, MAX_TITLE_CHARS)
+    return title[: cut if cut > 0 else MAX_TITLE_CHARS - 1].rstrip() + "\u2026"
+
+
+def convert(data: bytes, filename: str, *, max_unpacked_bytes: int | None = None) -> Converted:
+    """Convert the bytes of ``filename`` (its extension decides how). Raises ConversionError, and
+    ConversionTooLarge when an Office file (a zip archive) would unpack to more than
+    ``max_unpacked_bytes`` (None: no absolute bound) or to more than MAX_UNPACK_RATIO times its size."""
     kind = file_kind(filename)
     stem = PurePath(filename).stem or PurePath(filename).name
     if kind is None:
         raise ConversionError(f"unsupported file type: {PurePath(filename).suffix or PurePath(filename).name!r}")
+    if kind in ZIP_KINDS:
+        check_archive(data, kind.upper(), max_unpacked_bytes)
     if kind == "pdf":
-        return _pdf(data, stem)
+        return _pdf(data, stem, max_unpacked_bytes)
     if kind == "docx":
         return _docx(data, stem)
     if kind == "pptx":
@@ -177,6 +235,90 @@ def convert(data: bytes, filename: str) -> Converted:
         language = CODE_LANGUAGES[PurePath(filename).suffix.lower()]
         return Converted(sections, PurePath(filename).name, "code", language=language)
     return Converted(sections, stem, "text")
+
+
+#: Modules the conversion processes' server imports once, so a conversion pays only for a fork.
+_PRELOAD = ["app.ingest.convert", "bs4", "markdownify", "mammoth", "pptx", "pypdf"]
+_context: Any = None
+
+
+def convert_isolated(
+    data: bytes, filename: str, *, max_unpacked_bytes: int | None, timeout_s: float, memory_bytes: int | None = None
+) -> Converted:
+    """:func:`convert` in a process of its own, stopped after ``timeout_s`` seconds and allowed
+    ``memory_bytes`` more address space than it starts with (each a ConversionTooLarge naming the
+    limit): the converters' cost is linear in their bounded input, but a thread cannot be stopped,
+    and XML parsed into objects takes tens of times its size. Processes come from a fork server
+    that has the converters imported, so each costs a fork."""
+    global _context
+    if _context is None:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        _context = ctx
+    receive, send = _context.Pipe(duplex=False)
+    proc = _context.Process(
+        target=_convert_child,
+        args=(send, data, filename, max_unpacked_bytes, memory_bytes),
+        name="ragserve-convert",
+        daemon=True,
+    )
+    proc.start()
+    send.close()
+    try:
+        if not receive.poll(timeout_s):
+            raise ConversionTooLarge(
+                f"converting the file took longer than {timeout_s:g} s (max_convert_seconds): split the file"
+            )
+        try:
+            status, payload = receive.recv()
+        except EOFError:
+            raise ConversionError(
+                f"the converter stopped without an answer (exit code {proc.exitcode}): the file may need more "
+                "memory than the server allows"
+            ) from None
+    finally:
+        receive.close()
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    if status == "ok":
+        return payload
+    raise (ConversionTooLarge if status == "too large" else ConversionError)(payload)
+
+
+def _convert_child(
+    send: Any, data: bytes, filename: str, max_unpacked_bytes: int | None, memory_bytes: int | None
+) -> None:
+    if memory_bytes:
+        _limit_memory(memory_bytes)
+    too_much = f"converting the file needs more than {memory_bytes} bytes of memory (max_convert_memory_bytes)"
+    try:
+        result: tuple[str, Any] = ("ok", convert(data, filename, max_unpacked_bytes=max_unpacked_bytes))
+    except MemoryError:
+        result = ("too large", too_much)
+    except ConversionTooLarge as e:
+        result = ("too large", str(e))
+    except ConversionError as e:  # a converter that wraps every error wraps a MemoryError too
+        result = ("too large", too_much) if isinstance(e.__cause__, MemoryError) else ("error", str(e))
+    except Exception as e:  # a converter's bug must still be an answer, not a lost process
+        result = ("error", f"the file could not be converted: {type(e).__name__}: {e}")
+    send.send(result)
+    send.close()
+
+
+def _limit_memory(memory_bytes: int) -> None:
+    """This process's address space: what it holds now plus ``memory_bytes`` (Linux; else no bound)."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            now = int(f.read().split()[0]) * resource.getpagesize()
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = now + memory_bytes
+        if hard == resource.RLIM_INFINITY or limit < hard:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, ValueError):
+        pass
 
 
 def decode_text(data: bytes) -> str:
@@ -198,17 +340,56 @@ def decode_text(data: bytes) -> str:
             return data.decode("latin-1")
 
 
-_ATX = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
-_FRONT_TITLE = re.compile(r"\A---\s*\n(?:.*\n)*?title:\s*[\"']?(.+?)[\"']?\s*\n(?:.*\n)*?---", re.M)
-
-
 def markdown_title(text: str) -> str | None:
-    """The front-matter ``title:`` or the first ATX heading (usually the document's ``# Title``)."""
-    m = _FRONT_TITLE.match(text)
-    if m:
-        return m.group(1).strip()
-    m = _ATX.search(text)
-    return m.group(1).strip() if m else None
+    """The front-matter ``title:`` or the first ATX heading (usually the document's ``# Title``).
+
+    String methods, line by line, not regular expressions: a heading line of 64 KB of spaces made
+    the backtracking patterns this replaced take tens of seconds. Linear in the text's length."""
+    lines = text.split("\n")
+    if lines[0].rstrip() == "---":  # front matter: its title: line counts once the closing --- is found
+        found = None
+        for line in lines[1:]:
+            if line.startswith("---"):
+                if found:
+                    return found
+                break
+            if found is None and line.startswith("title:"):
+                value = line[len("title:") :].strip()
+                value = value[1:] if value[:1] in ("'", '"') else value
+                found = clean_title(value[:-1] if value[-1:] in ("'", '"') else value)
+    for line in lines:
+        if not line.startswith("#"):
+            continue
+        hashes = len(line) - len(line.lstrip("#"))
+        if hashes <= 6 and line[hashes : hashes + 1] in (" ", "\t"):
+            title = line[hashes:].strip().rstrip("#").strip()
+            if title and (title := clean_title(title)):
+                return title
+    return None
+
+
+def check_archive(data: bytes, what: str, max_unpacked_bytes: int | None) -> None:
+    """Refuse an Office file before it is unpacked: not a zip archive (ConversionError), or entries
+    that add up, by the archive's central directory, to more than ``max_unpacked_bytes`` or to more
+    than MAX_UNPACK_RATIO times the file's size (ConversionTooLarge). A header that lies about an
+    entry's size cannot get past this: ``zipfile``, which mammoth and python-pptx read with, never
+    returns more bytes than the directory declares (it stops there, and the CRC check fails)."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
+        raise ConversionError(f"not a {what} file: it is not a zip archive ({e})") from e
+    total = sum(max(info.file_size, 0) for info in infos)
+    if max_unpacked_bytes is not None and total > max_unpacked_bytes:
+        raise ConversionTooLarge(
+            f"the {what} file unpacks to {total} bytes; at most {max_unpacked_bytes} are accepted "
+            "(max_unpacked_bytes): split the document"
+        )
+    if total > _RATIO_FLOOR and total > MAX_UNPACK_RATIO * len(data):
+        raise ConversionTooLarge(
+            f"the {what} file unpacks to {total} bytes, {total // max(len(data), 1)} times its size; at most "
+            f"{MAX_UNPACK_RATIO} times is accepted (a compression bomb?)"
+        )
 
 
 def _tidy(text: str) -> str:
@@ -241,8 +422,29 @@ def _html_to_markdown(html: str) -> tuple[str, str | None]:
     ):
         tag.decompose()
     body = soup.body or soup
-    text = markdownify.MarkdownConverter(heading_style="ATX", bullets="-", strip=["img"]).convert_soup(body)
-    return _tidy(text), title
+    _flatten_deep(bs4, body)
+    # wrap=True without a width: whitespace runs in text become one space, as a browser shows them;
+    # without it markdownify normalises them with a pattern that is quadratic on a long run of spaces.
+    # strip_pre="strip_one" for the same reason: the default strips <pre> text with another one.
+    converter = markdownify.MarkdownConverter(
+        heading_style="ATX", bullets="-", strip=["img"], wrap=True, wrap_width=None, strip_pre="strip_one"
+    )
+    return _tidy(converter.convert_soup(body)), title
+
+
+def _flatten_deep(bs4: Any, root: Any) -> None:
+    """Replace every element MAX_HTML_DEPTH levels below ``root`` by its text (bs4 walks a tree
+    without recursion, markdownify does not), so any nesting depth converts."""
+    stack = [(root, 0)]
+    while stack:
+        tag, depth = stack.pop()
+        for child in list(tag.children):
+            if not isinstance(child, bs4.Tag):
+                continue
+            if depth + 1 >= MAX_HTML_DEPTH:
+                child.replace_with(bs4.NavigableString(child.get_text(" ")))
+            else:
+                stack.append((child, depth + 1))
 
 
 def _html(text: str, stem: str) -> Converted:
@@ -252,21 +454,31 @@ def _html(text: str, stem: str) -> Converted:
     return Converted([Section(md)], title or stem, "html")
 
 
-def _pdf(data: bytes, stem: str) -> Converted:
+def _pdf(data: bytes, stem: str, max_unpacked_bytes: int | None = None) -> Converted:
     pypdf = _require("pypdf", "pypdf")
+    defaults = pypdf.get_configuration()  # pypdf's own bounds (75 MB a stream), lowered to ours
+    bounds = {
+        name: min(getattr(defaults, name), max_unpacked_bytes) for name in _PDF_STREAM_BOUNDS if max_unpacked_bytes
+    }
     try:
-        reader = pypdf.PdfReader(io.BytesIO(data))
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise ConversionError("the PDF is encrypted with a password")
-        sections = []
-        for number, page in enumerate(reader.pages, start=1):
-            text = _tidy(page.extract_text() or "")
-            if text:
-                sections.append(Section(text, page=number))
-        pages = len(reader.pages)
-        meta_title = (reader.metadata.title if reader.metadata else None) or ""
+        with pypdf.apply_configuration(**bounds):
+            reader = pypdf.PdfReader(io.BytesIO(data))
+            if reader.is_encrypted and not reader.decrypt(""):
+                raise ConversionError("the PDF is encrypted with a password")
+            sections = []
+            for number, page in enumerate(reader.pages, start=1):
+                text = _tidy(page.extract_text() or "")
+                if text:
+                    sections.append(Section(text, page=number))
+            pages = len(reader.pages)
+            meta_title = (reader.metadata.title if reader.metadata else None) or ""
     except ConversionError:
         raise
+    except pypdf.errors.LimitReachedError as e:
+        raise ConversionTooLarge(
+            f"the PDF goes beyond a bound of its reader (a stream may unpack to at most {max_unpacked_bytes} "
+            f"bytes, max_unpacked_bytes): {e}"
+        ) from e
     except Exception as e:  # pypdf raises many kinds of errors for a damaged file
         raise ConversionError(f"unreadable PDF: {e}") from e
     if not sections:
@@ -279,9 +491,12 @@ def _pdf(data: bytes, stem: str) -> Converted:
 
 def _docx(data: bytes, stem: str) -> Converted:
     mammoth = _require("mammoth", "mammoth")
+    no_images = mammoth.images.img_element(lambda image: {"src": ""})  # images are dropped: never read them
     try:
-        html = mammoth.convert_to_html(io.BytesIO(data)).value
-    except Exception as e:
+        html = mammoth.convert_to_html(io.BytesIO(data), convert_image=no_images).value
+    except RecursionError as e:  # mammoth reads the XML tree recursively
+        raise ConversionError("unreadable DOCX: its elements are nested too deeply to convert") from e
+    except Exception as e:  # a damaged file
         raise ConversionError(f"unreadable DOCX: {e}") from e
     md, title = _html_to_markdown(f"<html><body>{html}</body></html>")
     if not md:
@@ -294,9 +509,14 @@ def _pptx(data: bytes, stem: str) -> Converted:
     from pptx import Presentation
 
     try:
-        deck = Presentation(io.BytesIO(data))
-    except Exception as e:
+        return _pptx_text(Presentation(io.BytesIO(data)), stem)
+    except ConversionError:
+        raise
+    except Exception as e:  # a damaged file, at opening or while its slides are read
         raise ConversionError(f"unreadable PPTX: {e}") from e
+
+
+def _pptx_text(deck: Any, stem: str) -> Converted:
     parts: list[str] = []
     first_title = None
     for number, slide in enumerate(deck.slides, start=1):
@@ -330,30 +550,32 @@ def split_text(text: str, max_chars: int) -> list[str]:
     if max_chars < 1:
         raise ValueError("max_chars must be positive")
     parts: list[str] = []
-    rest = text
-    while len(rest) > max_chars:
-        window = rest[:max_chars]
+    start, end = 0, len(text)
+    while end - start > max_chars:  # by index: slicing off the rest each time was quadratic
+        stop = start + max_chars
         cut = -1
         for sep in ("\n\n", "\n", " "):
-            cut = window.rfind(sep)
-            if cut > max_chars // 2:
-                cut += len(sep)
+            at = text.rfind(sep, start, stop)
+            if at - start > max_chars // 2:
+                cut = at + len(sep)
                 break
-            cut = -1
-        if cut <= 0:
-            cut = max_chars
-        part = rest[:cut].strip()
+        if cut <= start:
+            cut = stop
+        part = text[start:cut].strip()
         if part:
             parts.append(part)
-        rest = rest[cut:]
-    if rest.strip():
-        parts.append(rest.strip())
+        start = cut
+    if text[start:].strip():
+        parts.append(text[start:].strip())
     return parts
 
 
 def iso_mtime(mtime: float) -> str:
     """UTC ISO 8601, to the microsecond when the file system gives one: a sync skips a file whose
-    recorded mtime is unchanged, so a whole-second mtime would miss an edit made in the same second."""
+    recorded mtime is unchanged, so a whole-second mtime would miss an edit made in the same second.
+    Raises ConversionError for a time that is not finite or not within MIN_MTIME..MAX_MTIME."""
+    if not (math.isfinite(mtime) and MIN_MTIME <= mtime <= MAX_MTIME):
+        raise ConversionError(f"mtime must be a finite number of seconds from 0 to {MAX_MTIME:.0f}, got {mtime!r}")
     dt = datetime.fromtimestamp(mtime, tz=timezone.utc)
     return dt.isoformat(timespec="microseconds" if dt.microsecond else "seconds").replace("+00:00", "Z")
 

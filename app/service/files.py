@@ -5,16 +5,27 @@ one, pages that are gone included. Also the settings the playground may show."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from pydantic import ValidationError
+
 from app.api.documents import Document
 from app.api.files import UploadResponse
 from app.config import Settings
-from app.errors import BadRequestError, UnsupportedMediaTypeError
-from app.ingest.convert import ConversionError, convert, file_documents, is_supported
+from app.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from app.ingest.convert import (
+    MAX_MTIME,
+    ConversionError,
+    ConversionTooLarge,
+    Converted,
+    convert_isolated,
+    file_documents,
+    is_supported,
+)
 from app.service.documents import DocumentService
 from app.service.limits import RequestLimits
 
@@ -63,6 +74,35 @@ def _upload_path(filename: str, path: str | None) -> str:
     return pure.as_posix()
 
 
+def check_mtime(mtime: float | None) -> None:
+    """An upload's ``mtime``: a finite number of Unix seconds that a date can hold (else a 400)."""
+    if mtime is not None and not (math.isfinite(mtime) and 0 <= mtime <= MAX_MTIME):
+        raise BadRequestError(
+            f"mtime must be a finite number of Unix seconds from 0 to {MAX_MTIME:.0f} (9999-12-31), got {mtime!r}",
+            param="mtime",
+        )
+
+
+def _convert(
+    data: bytes, filename: str, rel: str, mtime: float | None, limits: RequestLimits
+) -> tuple[Converted, list[dict[str, Any]]]:
+    converted = convert_isolated(
+        data,
+        filename,
+        max_unpacked_bytes=limits.max_unpacked_bytes,
+        timeout_s=limits.max_convert_seconds,
+        memory_bytes=limits.max_convert_memory_bytes,
+    )
+    stamp = mtime if mtime is not None else time.time()
+    return converted, file_documents(rel, stamp, converted, limits.max_document_chars)
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(x) for x in err.get("loc", ()))
+    return f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid"))
+
+
 def _safe_url(url: str | None) -> str | None:
     """A URL without its user:password part (credentials are sometimes written into one)."""
     if not url:
@@ -91,13 +131,15 @@ async def index_file(
             "HTML, PDF, DOCX or PPTX",
             param="filename",
         )
+    check_mtime(mtime)
     if not data:
         raise BadRequestError("the request body is empty: send the file's bytes", param="body")
-    try:
-        converted = await asyncio.to_thread(convert, data, filename)
+    try:  # CPU work off the event loop
+        converted, new = await asyncio.to_thread(_convert, data, filename, rel, mtime, limits)
+    except ConversionTooLarge as e:
+        raise PayloadTooLargeError(f"{filename}: {e}", param="body") from e
     except ConversionError as e:
         raise BadRequestError(f"{filename}: {e}", param="body") from e
-    new = file_documents(rel, mtime if mtime is not None else time.time(), converted, limits.max_document_chars)
     if not new:
         raise BadRequestError(f"{filename}: the file has no text to index", param="body")
     limits.documents([d["text"] for d in new])
@@ -112,7 +154,11 @@ async def index_file(
             offset += page.count
             if not page.count or offset >= page.total_items:
                 break
-    records = await docs.add_documents(index, [Document(**d) for d in new])
+    try:
+        documents = [Document(**d) for d in new]
+    except ValidationError as e:  # what the file holds breaks a document rule (metadata, text)
+        raise BadRequestError(f"{filename}: {_first_error(e)}", param="body") from e
+    records = await docs.add_documents(index, documents)
     keep = {d["doc_id"] for d in new}
     stale = [i for i in old if i not in keep]
     if stale:

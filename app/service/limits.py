@@ -21,6 +21,9 @@ class RequestLimits:
     max_request_bytes: int
     max_documents_per_request: int
     max_document_chars: int
+    max_unpacked_bytes: int
+    max_convert_seconds: float
+    max_convert_memory_bytes: int
     max_chat_messages: int
     max_top_k: int
     max_list_limit: int

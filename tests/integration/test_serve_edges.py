@@ -147,3 +147,26 @@ def test_streamed_answer_arrives_whole_and_metrics_count_it(base: str) -> None:
             return
         time.sleep(1)
     pytest.fail("ragserve_requests never appeared in /metrics")
+
+
+def test_uploads_convert_in_a_process_of_their_own_inside_the_replica(base: str) -> None:
+    """The upload route converts in a process from a fork server (``convert_isolated``): it must
+    work inside a Serve replica, and a bounded file still be a 4xx there."""
+    import io
+    import zipfile
+
+    from tests.filemakers import make_docx
+
+    def up(body: bytes, filename: str) -> httpx.Response:
+        return httpx.post(
+            f"{base}/indexes/files-kb/files", params={"filename": filename}, content=body, headers=auth(), timeout=60
+        )
+
+    r = up(make_docx([("Heading1", "Shift plan"), ("", "Night shift starts at ten.")]), "plan.docx")
+    assert r.status_code == 200 and r.json()["title"] == "Shift plan", r.text
+    assert up(b"# Notes\nValves are checked weekly.", "notes.md").status_code == 200
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("word/document.xml", b"\0" * 2_000_000)  # ~2 KB: fits the 4096-byte body limit
+    r = up(buf.getvalue(), "bomb.docx")
+    assert r.status_code == 413 and "times its size" in r.json()["detail"], r.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -132,9 +133,12 @@ def test_ingest_then_sync_updates_skips_and_deletes(server: str, tmp_path: Path,
 def test_failures_are_reported_and_exit_non_zero(server: str, tmp_path: Path, capsys) -> None:
     (tmp_path / "good.md").write_text("# Good\n\nA fine document about turbines.")
     (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.4 garbage")
+    with zipfile.ZipFile(tmp_path / "bomb.docx", "w", zipfile.ZIP_DEFLATED) as z:  # 100 MB of zeros in ~100 KB
+        z.writestr("word/document.xml", b"\0" * 100_000_000)
     code, out, _ = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "mixed", "--base", str(tmp_path))
     assert code == 1
-    assert "1 added" in out and "1 failed" in out and "broken.pdf: unreadable PDF" in out
+    assert "1 added" in out and "2 failed" in out and "broken.pdf: unreadable PDF" in out
+    assert "bomb.docx: the DOCX file unpacks to 100000000 bytes" in out  # the server's limit, before unpacking
     code, _, err = run(capsys, "--url", server, "ingest", str(tmp_path / "nope"), "--index", "mixed")
     assert code == 2 and "no such file" in err
     code, _, err = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "bad name")

@@ -112,3 +112,60 @@ def test_upload_converts_replaces_and_refuses_mistakes(client: TestClient) -> No
 def test_stats_of_missing_index_is_404(client: TestClient) -> None:
     r = client.get("/indexes/missing/stats", headers=AUTH)
     assert r.status_code == 404 and r.json() == {"detail": "No such index: 'missing' exists."}
+
+
+def test_upload_mtime_must_be_a_finite_time_a_date_can_hold(client: TestClient) -> None:
+    """1e20 and inf overflowed the date conversion (a 500): a 422 that says the range."""
+    for value in ("1e20", "inf", "-inf", "nan", "253402300800", "-1"):
+        r = client.post(
+            "/indexes/up/files", params={"filename": "t.md", "mtime": value}, content=b"# T\nbody", headers=AUTH
+        )
+        assert r.status_code == 422, (value, r.text)
+        assert "mtime" in r.text
+    r = client.post(
+        "/indexes/up/files", params={"filename": "t.md", "mtime": "253402300799"}, content=b"# T\nx", headers=AUTH
+    )
+    assert r.status_code == 200 and r.json()["title"] == "T"
+
+
+def test_upload_as_a_multipart_form_is_refused_with_how_to_send_it(client: TestClient) -> None:
+    """curl -F stored the multipart envelope as the file's text (a 200): a 415 saying how to send it."""
+    r = client.post(
+        "/indexes/up/files", params={"filename": "doc.md"}, files={"file": ("doc.md", b"# Doc\ntext")}, headers=AUTH
+    )
+    assert r.status_code == 415 and "--data-binary" in r.json()["detail"]
+    listing = client.get(
+        "/indexes/up/documents", params={"metadata_filter": '{"path": "uploads/doc.md"}'}, headers=AUTH
+    )
+    assert listing.status_code == 404 or listing.json()["total_items"] == 0  # nothing stored
+
+
+def test_upload_of_hostile_files_is_a_4xx_and_stores_nothing(client: TestClient) -> None:
+    import io
+    import zipfile
+
+    def up(body: bytes, filename: str):
+        return client.post("/indexes/hostile/files", params={"filename": filename}, content=body, headers=AUTH)
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("word/document.xml", b"\0" * 200_000_000)
+    bomb = buf.getvalue()
+    r = up(bomb, "bomb.docx")
+    assert r.status_code == 413 and "max_unpacked_bytes" in r.json()["detail"] and str(64 * 1024 * 1024) in r.text
+    assert up(bomb, "bomb.pptx").status_code == 413
+    assert up(bomb, "bomb.pdf").status_code == 400  # not a PDF
+    assert up(b"\x00garbage" * 100, "garbage.docx").status_code == 400
+    assert up(b"\x00garbage" * 100, "garbage.pptx").status_code == 400
+    deep = b"<div>" * 20_000 + b"<p>deep text</p>"
+    r = up(deep, "deep.html")
+    assert r.status_code == 200, r.text
+    long = "word " * 20_000  # a 100,000-character title: over the metadata's 65,536 (was a 500)
+    for body, name in (
+        (f"# {long}\ntext".encode(), "long.md"),
+        (f"<title>{long}</title><p>x</p>".encode(), "long.html"),
+    ):
+        r = up(body, name)
+        assert r.status_code == 200, r.text
+        assert 0 < len(r.json()["title"]) <= 512
+    assert client.get("/indexes/hostile/stats", headers=AUTH).json()["documents"] == 3  # deep, long.md, long.html

@@ -13,8 +13,10 @@ from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.api.files import UiConfig, UploadResponse
+from app.errors import UnsupportedMediaTypeError
 from app.http.errors import DOCUMENT_ERRORS
 from app.http.routes.common import allow, checked_index
+from app.ingest.convert import MAX_MTIME
 from app.service.access import Role
 from app.service.files import index_file, public_settings
 from app.service.wiring import Services
@@ -57,11 +59,24 @@ def playground_router(services: Services) -> APIRouter:
         path: str | None = Query(
             None, max_length=1024, description="Metadata path (and id prefix); default uploads/<filename>."
         ),
-        mtime: float | None = Query(None, ge=0, description="The file's modification time (Unix seconds)."),
+        mtime: float | None = Query(
+            None,
+            ge=0,
+            le=MAX_MTIME,
+            allow_inf_nan=False,
+            description="The file's modification time (Unix seconds, up to 9999-12-31).",
+        ),
     ) -> UploadResponse:
         """Index one file sent as the raw request body; a new version of a file replaces the old one."""
         name = checked_index(index_name)
         allow(request, Role.WRITE, name)
+        if request.headers.get("content-type", "").lstrip().lower().startswith("multipart/"):
+            raise UnsupportedMediaTypeError(
+                "send the file's bytes as the request body, not a multipart form: "
+                "curl --data-binary @doc.pdf -H 'Content-Type: application/octet-stream' "
+                "'.../indexes/NAME/files?filename=doc.pdf'",
+                param="body",
+            )
         result = await index_file(docs, limits, name, filename, await request.body(), path, mtime)
         services.telemetry.indexed(len(result.doc_ids))
         return result
