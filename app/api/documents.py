@@ -11,7 +11,8 @@ from app.api.values import INT64_MAX, INT64_MIN, check_filter, check_metadata, c
 from app.config import RetrievalMode
 from app.engines.sampling import SamplingParams
 
-INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+#: Matched whole with ``fullmatch`` (``$`` would also match before a trailing newline).
+INDEX_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 INDEX_NAME_RULE = "index names are 1-128 characters: letters, digits, '_', '-' and '.', starting with a letter or digit"
 
 #: Flat metadata, checked by :func:`app.api.values.check_metadata`.
@@ -22,7 +23,7 @@ Text = Annotated[str, Field(min_length=1), AfterValidator(lambda v: check_text(v
 
 def validate_index_name(name: str) -> str:
     """Raise ``ValueError`` with the rule when ``name`` is not a valid index name."""
-    if not INDEX_NAME_RE.match(name) or name in {".", ".."}:
+    if not INDEX_NAME_RE.fullmatch(name) or name in {".", ".."}:
         raise ValueError(f"invalid index name {name!r}: {INDEX_NAME_RULE}")
     return name
 
