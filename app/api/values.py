@@ -9,20 +9,27 @@ those can hold are refused here, with a message naming the field, instead of fai
 * integers must fit 64 bits (SQLite's integer);
 * strings must be valid Unicode text: no lone surrogates (``"\\ud800"``), which UTF-8 cannot encode;
 * metadata is flat: a value is a scalar (string, number, boolean, null) or a list of scalars, with
-  bounded key count, key length, list length and string length; a filter is ``{key: scalar}``.
+  bounded key count, key length, list length and string length; a filter is ``{key: scalar}``;
+* JSON, in a body or a query string, nests at most ``MAX_JSON_DEPTH`` arrays and objects: checked
+  by a linear scan before it is parsed, since parsing, validating and forwarding it all recurse.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
+
+import numpy as np
 
 MAX_METADATA_KEYS = 128
 MAX_KEY_CHARS = 256
 MAX_LIST_ITEMS = 1024
 MAX_VALUE_CHARS = 65_536
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Arrays and objects inside one another in a request's JSON (a tool's JSON schema needs a few dozen).
+MAX_JSON_DEPTH = 64
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -105,3 +112,47 @@ def check_filter(flt: Any) -> dict[str, Any] | None:
             raise ValueError(f"metadata_filter[{key!r}] must be a string, number, boolean or null")
         _check_scalar(value, f"metadata_filter[{key!r}]")
     return flt
+
+
+_DEPTH_BLOCK = 1 << 20
+
+
+def json_depth(text: str) -> int:
+    """How deep arrays and objects nest in ``text`` (JSON, valid or not), found without parsing it,
+    in linear time and without recursion: escaped backslashes and quotes are dropped, so that every
+    quote left opens or closes a string, and the depth is the highest running count of the openings
+    over the closings outside strings (numpy, a block at a time)."""
+    data = text.encode("utf-8", "surrogatepass").replace(b"\\\\", b"").replace(b'\\"', b"")
+    deepest = level = quotes = 0
+    for start in range(0, len(data), _DEPTH_BLOCK):
+        block = np.frombuffer(data, np.uint8, count=min(_DEPTH_BLOCK, len(data) - start), offset=start)
+        is_quote = block == ord('"')
+        outside = (np.cumsum(is_quote, dtype=np.int64) + quotes) % 2 == 0  # right for all but quotes
+        quotes += int(is_quote.sum())
+        opens = outside & ((block == ord("[")) | (block == ord("{")))
+        closes = outside & ((block == ord("]")) | (block == ord("}")))
+        levels = np.cumsum(opens.astype(np.int64) - closes.astype(np.int64)) + level
+        deepest, level = max(deepest, int(levels.max())), int(levels[-1])
+    return deepest
+
+
+def check_json_depth(text: str, where: str, limit: int = MAX_JSON_DEPTH) -> None:
+    """``ValueError`` naming ``where`` when ``text`` nests arrays and objects deeper than ``limit``."""
+    depth = json_depth(text)
+    if depth > limit:
+        raise ValueError(f"{where} nests arrays and objects {depth} levels deep; at most {limit} levels are accepted")
+
+
+def json_error_message(error: json.JSONDecodeError) -> str:
+    """What is wrong with a JSON text and where: ``invalid JSON at line 1, column 15: Expecting ','``."""
+    return f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+
+
+def parse_json(text: str, where: str) -> Any:
+    """``text`` parsed as JSON once its depth is known to be bounded, else ``ValueError`` naming
+    ``where`` and saying what is wrong and where."""
+    check_json_depth(text, where)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: {json_error_message(e)}") from e

@@ -4,12 +4,17 @@ shards and embedder; the LLM is the fake upstream."""
 
 from __future__ import annotations
 
+import json
+import random
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app.api.documents import validate_index_name
+from app.api.values import MAX_JSON_DEPTH, json_depth
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.inprocess import inprocess_app
 
@@ -63,3 +68,123 @@ def test_an_index_name_in_the_path_with_a_trailing_newline_is_refused(client: Te
         client.post("/indexes/kb%0A/documents/delete", json={"doc_ids": ["a"]}),
     ):
         assert r.status_code == 400 and "index names are" in r.text, r.text
+
+
+# --- JSON nesting depth, in bodies and query strings ------------------------------------------
+
+
+def _nested(depth: int, shape: str) -> str:
+    if shape == "list":
+        return "[" * depth + "]" * depth
+    return '{"a":' * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize("depth", [300, 5000])
+@pytest.mark.parametrize("shape", ["list", "object"])
+def test_json_nested_deeper_than_the_limit_is_a_400_saying_it(client: TestClient, depth: int, shape: str) -> None:
+    deep = _nested(depth, shape)
+    in_url = _nested(min(depth, 2000), shape)  # what a URL holds
+    r = client.get("/indexes/kb/documents", params={"metadata_filter": in_url})
+    assert r.status_code == 400 and f"at most {MAX_JSON_DEPTH} levels" in r.text, r.text
+    chat = '{"index_name": "kb", "messages": [{"role": "user", "content": "What is KAITO?"}], '
+    for path, body in [
+        ("/v1/chat/completions", chat + '"response_format": DEEP}'),
+        ("/v1/chat/completions", chat + '"tools": [DEEP]}'),
+        ("/v1/chat/completions", chat + '"metadata_filter": {"a": DEEP}}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi", "x": DEEP}]}'),
+        ("/v1/embeddings", '{"input": "hello", "user": DEEP}'),
+        ("/retrieve", '{"index_name": "kb", "query": "KAITO", "metadata_filter": DEEP}'),
+        ("/query", '{"index_name": "kb", "query": "KAITO", "metadata_filter": DEEP}'),
+        ("/index", '{"index_name": "kb", "documents": [{"text": "t", "metadata": {"a": DEEP}}]}'),
+        ("/indexes/kb/documents", '{"documents": [{"doc_id": "a", "text": "t", "metadata": DEEP}]}'),
+        ("/indexes/kb/documents/delete", '{"doc_ids": DEEP}'),
+    ]:
+        r = raw_post(client, path, body.replace("DEEP", deep))
+        assert r.status_code == 400, (path, r.text)
+        message = r.json()["error"]["message"] if path.startswith("/v1/") else r.json()["detail"]
+        assert f"at most {MAX_JSON_DEPTH} levels are accepted" in message, (path, message)
+    assert client.get("/indexes/kb/documents").json()["total_items"] == 1
+
+
+def test_json_within_the_depth_limit_is_served(client: TestClient, fake: FakeOpenAI) -> None:
+    schema = _nested(MAX_JSON_DEPTH - 3, "object")  # the body and response_format's own levels
+    r = raw_post(
+        client,
+        "/v1/chat/completions",
+        '{"index_name": "kb", "messages": [{"role": "user", "content": "What is KAITO?"}], '
+        f'"response_format": {schema}}}',
+    )
+    assert r.status_code == 200, r.text
+    assert fake.requests[-1]["response_format"] == json.loads(schema)
+
+
+def test_json_depth_is_linear_on_a_megabyte_of_worst_shapes() -> None:
+    for shape in ("[", "{", '"[', "\\", '\\"', '"', '[1,"\\"],', '{"a":'):
+        text = shape * (2**20 // len(shape))
+        t0 = time.perf_counter()
+        json_depth(text)
+        assert time.perf_counter() - t0 < 0.5, shape
+
+
+def _real_depth(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_real_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_real_depth, value.values()), default=0)
+    return 0
+
+
+def test_json_depth_is_the_nesting_of_the_parsed_value() -> None:
+    rng = random.Random(21)
+    alphabet = '[]{}"\\a,: é\n'
+
+    def text() -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+
+    def value(level: int) -> Any:
+        r = rng.random()
+        if level > 6 or r < 0.3:
+            return rng.choice([text(), 1, None, True, 2.5])
+        if r < 0.65:
+            return [value(level + 1) for _ in range(rng.randint(0, 3))]
+        return {text(): value(level + 1) for _ in range(rng.randint(0, 3))}
+
+    for _ in range(3000):
+        v = value(0)
+        dumped = json.dumps(v, ensure_ascii=rng.random() < 0.5, indent=rng.choice([None, 1]))
+        assert json_depth(dumped) == _real_depth(v), dumped
+
+
+# --- malformed bodies: what is wrong and where -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/chat/completions", "/v1/embeddings", "/index", "/retrieve", "/query", "/indexes/kb/documents/delete"]
+)
+def test_a_malformed_json_body_says_what_is_wrong_and_where(client: TestClient, path: str) -> None:
+    r = raw_post(client, path, '{"messages": [{"role": "user"\n  "content": "x"}]}')
+    assert 400 <= r.status_code < 500, r.text
+    if path.startswith("/v1/"):
+        error = r.json()["error"]
+        assert error["param"] is None
+        message = error["message"]
+    else:
+        message = r.json()["detail"]
+    assert message == "invalid JSON at line 2, column 3: Expecting ',' delimiter", message
+
+
+def test_a_body_that_is_not_utf8_is_a_400_in_the_route_shape(client: TestClient) -> None:
+    bad = b'{"input": "caf\xe9"}'
+    r = client.post("/v1/embeddings", content=bad, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid UTF-8 (byte 14)" in r.json()["error"]["message"], r.text
+    r = client.post("/retrieve", content=bad, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid UTF-8" in r.json()["detail"], r.text
+
+
+def test_framework_errors_on_openai_routes_are_openai_errors(client: TestClient) -> None:
+    r = client.get("/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "Not Found", r.text
+    r = client.get("/v1/chat/completions")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    r = client.get("/nothing-here")
+    assert r.status_code == 404 and r.json() == {"detail": "Not Found"}

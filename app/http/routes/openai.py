@@ -22,6 +22,7 @@ from app.api.openai import (
 )
 from app.errors import EngineError, ServiceError
 from app.http.errors import OPENAI_ERRORS, error_event
+from app.http.json_body import CheckedJSONRoute
 from app.http.routes.common import allow, report_latencies
 from app.http.server_timing import server_timing
 from app.service.access import Role
@@ -50,7 +51,7 @@ def _sse_error(error: ServiceError) -> str:
 
 
 def openai_router(services: Services) -> APIRouter:
-    router = APIRouter(tags=["openai"], responses=OPENAI_ERRORS)
+    router = APIRouter(tags=["openai"], responses=OPENAI_ERRORS, route_class=CheckedJSONRoute)
     chat, limits, tel = services.chat, services.limits, services.telemetry
 
     @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_CHAT_RESPONSES)
