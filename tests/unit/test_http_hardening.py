@@ -188,3 +188,100 @@ def test_framework_errors_on_openai_routes_are_openai_errors(client: TestClient)
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error", r.text
     r = client.get("/nothing-here")
     assert r.status_code == 404 and r.json() == {"detail": "Not Found"}
+
+
+# --- lone surrogates, in every string of every request -----------------------------------------
+
+SURROGATE = '"\\ud800"'
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/indexes/kb/documents/delete", '{"doc_ids": ["a", S]}', "doc_ids[1]"),
+        ("/v1/embeddings", '{"input": S}', "input"),
+        ("/v1/embeddings", '{"input": ["fine", S]}', "input[1]"),
+        ("/v1/embeddings", '{"input": "fine", "model": S}', "model"),
+        ("/v1/embeddings", '{"input": "fine", "user": S}', "user"),
+        ("/v1/chat/completions", '{"model": S, "messages": [{"role": "user", "content": "hi"}]}', "model"),
+        ("/v1/chat/completions", '{"user": S, "messages": [{"role": "user", "content": "hi"}]}', "user"),
+        (
+            "/v1/chat/completions",
+            '{"index_name": "kb", "model": S, "messages": [{"role": "user", "content": "hi"}]}',
+            "model",
+        ),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi", "name": S}]}', "name"),
+        ("/v1/chat/completions", '{"messages": [{"role": S, "content": "hi"}]}', "role"),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi", "x": [S]}]}', "x[0]"),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "stop": ["a", S]}', "stop[1]"),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": S}]}',
+            "tools[0]['type']",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": S}}',
+            "response_format['type']",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "hi"}], "seed_text": {S: 1}}',
+            "seed_text key",
+        ),
+        ("/query", '{"index_name": "kb", "query": "KAITO", "llm_params": {"stop": S}}', "stop"),
+        ("/query", '{"index_name": "kb", "query": "KAITO", "llm_params": {"stop": ["a", S]}}', "stop[1]"),
+        ("/retrieve", '{"index_name": "kb", "query": "KAITO", "metadata_filter": {"a": S}}', "metadata_filter['a']"),
+        (
+            "/indexes/kb/documents",
+            '{"documents": [{"doc_id": "a", "text": "new", "metadata": {"k": [S]}}]}',
+            "metadata['k'][0]",
+        ),
+    ],
+)
+def test_a_lone_surrogate_in_any_string_is_a_4xx_naming_the_field(
+    client: TestClient, fake: FakeOpenAI, path: str, body: str, field: str
+) -> None:
+    before = len(fake.requests)
+    r = raw_post(client, path, body.replace("S", SURROGATE))
+    assert r.status_code == (400 if path.startswith("/v1/") else 422), r.text
+    message = r.json()["error"]["message"] if path.startswith("/v1/") else r.json()["detail"]
+    assert f"{field} contains a lone surrogate (\\ud800)" in message, message
+    assert len(fake.requests) == before  # nothing reached the engine
+    listed = client.get("/indexes/kb/documents").json()
+    assert listed["total_items"] == 1 and listed["documents"][0]["text"] == DOC["text"]
+
+
+def test_every_request_model_checks_its_strings() -> None:
+    """Every model a route reads a body into is a RequestModel (and so is every model inside one)."""
+    import app.api.documents as documents
+    import app.api.openai as openai
+    from app.api.values import RequestModel
+
+    requests = [documents.IndexRequest, documents.UpdateDocumentsRequest, documents.DeleteDocumentsRequest]
+    requests += [
+        documents.QueryRequest,
+        documents.RetrieveRequest,
+        openai.ChatCompletionRequest,
+        openai.EmbeddingRequest,
+    ]
+    seen: set[type] = set()
+    while requests:
+        model = requests.pop()
+        if model in seen:
+            continue
+        seen.add(model)
+        assert issubclass(model, RequestModel), model
+        for info in model.model_fields.values():
+            requests += [t for t in _models_in(info.annotation) if t not in seen]
+    assert len(seen) >= 11
+
+
+def _models_in(annotation: Any) -> list[type]:
+    from typing import get_args
+
+    from pydantic import BaseModel
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
