@@ -9,12 +9,14 @@ import random
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import quote, unquote
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app.api.documents import validate_index_name
 from app.api.values import MAX_JSON_DEPTH, json_depth
+from app.http.headers import MAX_QUERY_HEADER_BYTES, query_headers
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.inprocess import inprocess_app
 
@@ -285,3 +287,56 @@ def _models_in(annotation: Any) -> list[type]:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+# --- response headers built from client input are bounded -------------------------------------
+
+LONG_CJK_QUESTION = "KAITO 是什么？它如何在 Kubernetes 上运行模型推理" * 80  # ~2,300 characters
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_long_query_gives_a_bounded_x_rag_query_that_says_it_was_cut(client: TestClient, stream: bool) -> None:
+    r = client.post(
+        "/v1/chat/completions",
+        json={"index_name": "kb", "stream": stream, "messages": [{"role": "user", "content": LONG_CJK_QUESTION}]},
+    )
+    assert r.status_code == 200 and r.headers["x-rag-mode"] == "rag", r.text
+    header = r.headers["x-rag-query"]
+    assert len(header) <= MAX_QUERY_HEADER_BYTES and r.headers["x-rag-query-truncated"] == "true"
+    assert LONG_CJK_QUESTION.startswith(unquote(header, errors="strict"))  # cut between characters
+    assert sum(len(k) + len(v) for k, v in r.headers.items()) < 4096  # fits any proxy's header buffer
+    if stream:
+        first = json.loads(r.text.split("\n\n")[0].removeprefix("data: "))
+        assert first["rag"]["query"] == LONG_CJK_QUESTION
+    else:
+        assert r.json()["rag"]["query"] == LONG_CJK_QUESTION
+
+
+def test_a_short_query_is_sent_whole_and_not_marked(client: TestClient) -> None:
+    r = client.post(
+        "/v1/chat/completions",
+        json={"index_name": "kb", "messages": [{"role": "user", "content": "What is KAITO?\r\n"}]},
+    )
+    assert r.headers["x-rag-query"] == "What%20is%20KAITO%3F%0D%0A" and "x-rag-query-truncated" not in r.headers
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 8, 9, 10, 1000])
+def test_query_headers_cut_at_character_boundaries(length: int) -> None:
+    for text in ("a" * 2000, "é" * 2000, "😀" * 2000, "a😀" * 1000):
+        headers = query_headers(text, limit=length)
+        value = headers["X-RAG-Query"]
+        assert len(value) <= length and text.startswith(unquote(value, errors="strict"))
+        assert headers.get("X-RAG-Query-Truncated") == "true"
+        assert len(value) > length - len(quote("😀", safe=""))  # as much as fits
+
+
+def test_headers_from_a_huge_request_stay_small(client: TestClient) -> None:
+    """Every header a response builds (mode, reason, query, timings) stays small whatever was sent."""
+    huge = "KAITO operator " * 300  # 4,500 characters that fit the window
+    for r in (
+        client.post("/v1/chat/completions", json={"index_name": "kb", "messages": [{"role": "user", "content": huge}]}),
+        client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": huge}]}),
+        client.post("/retrieve", json={"index_name": "kb", "query": huge}),
+    ):
+        assert r.status_code == 200, r.text
+        assert sum(len(k) + len(v) for k, v in r.headers.items()) < 4096, dict(r.headers)
