@@ -14,9 +14,10 @@ from urllib.parse import quote, unquote
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.documents import validate_index_name
+from app.api.documents import NodeWithScore, validate_index_name
 from app.api.values import MAX_JSON_DEPTH, json_depth
 from app.http.headers import MAX_QUERY_HEADER_BYTES, query_headers
+from app.retrieval.citations import _MARKER, parse_citations
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.inprocess import inprocess_app
 
@@ -340,3 +341,56 @@ def test_headers_from_a_huge_request_stay_small(client: TestClient) -> None:
     ):
         assert r.status_code == 200, r.text
         assert sum(len(k) + len(v) for k, v in r.headers.items()) < 4096, dict(r.headers)
+
+
+# --- citations: [n] in code is code --------------------------------------------------------------
+
+SOURCES = [NodeWithScore(doc_id=f"d{i}", node_id=f"n{i}", text="t", score=1.0) for i in range(1, 4)]
+
+
+@pytest.mark.parametrize(
+    ("answer", "cited"),
+    [
+        ("Index it with `a[1]` then read [2].", [2]),
+        ("Use ``x`[1]`` or `y[3]` [2].", [2]),
+        ("Before [1].\n```python\nvalues[2] = 3\n```\nAfter [3].", [1, 3]),
+        ("Before [1].\n~~~\nvalues[2]\n```\nstill code [3]\n~~~\nAfter [1].", [1, 1]),
+        ("Before [1].\n```\nnever closed [2] [3]", [1]),
+        ("Before [1].\n   ````\nv[2]\n```\nstill v[3]\n````\n[2]", [1, 2]),
+        ("An unmatched ` backtick is literal [1], and so is `` this [2].", [1, 2]),
+        ("Inline `spans\nmay cross lines [1]` [3].", [3]),
+    ],
+)
+def test_markers_inside_code_are_not_citations(answer: str, cited: list[int]) -> None:
+    valid, invalid = parse_citations(answer, SOURCES)
+    assert [c.marker for c in valid] == cited and invalid == []
+
+
+def test_a_marker_in_code_is_not_reported_over_http(client: TestClient, fake: FakeOpenAI) -> None:
+    fake.answer = "Call `nodes[9]` or:\n```python\nnodes[3]\n```\nKAITO runs models [1]."
+    try:
+        r = client.post(
+            "/v1/chat/completions",
+            json={"index_name": "kb", "messages": [{"role": "user", "content": "What is KAITO?"}]},
+        )
+    finally:
+        fake.answer = "KAITO runs models [1]."
+    body = r.json()
+    assert [c["marker"] for c in body["citations"]] == [1] and body["invalid_citations"] == [], body
+
+
+@pytest.mark.parametrize(
+    "shape", ["[1,", "[", "[1 ", "[1, ", "`", "` ", "```\n", "`a[1]` ", "~~~\n[1]\n", "[1]\n```\n", "\\[1"]
+)
+def test_citation_parsing_is_linear_on_a_megabyte_of_worst_shapes(shape: str) -> None:
+    from app.retrieval.citations import code_regions
+
+    text = shape * (2**20 // len(shape))
+    t0 = time.perf_counter()
+    code_regions(text)
+    list(_MARKER.finditer(text))
+    assert time.perf_counter() - t0 < 2.0, shape
+    if shape in ("`", "` ", "```\n", "`a[1]` "):  # every marker in code: the whole parse, skipping them
+        t0 = time.perf_counter()
+        parse_citations(text, SOURCES)
+        assert time.perf_counter() - t0 < 2.0, shape
