@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -394,3 +395,46 @@ def test_citation_parsing_is_linear_on_a_megabyte_of_worst_shapes(shape: str) ->
         t0 = time.perf_counter()
         parse_citations(text, SOURCES)
         assert time.perf_counter() - t0 < 2.0, shape
+
+
+# --- a max_tokens that leaves no room for the sources -------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_max_tokens_that_leaves_no_room_for_sources_is_a_400_saying_what_to_lower(
+    client: TestClient, fake: FakeOpenAI, field: str, stream: bool
+) -> None:
+    question = {"index_name": "kb", "stream": stream, "messages": [{"role": "user", "content": "What is KAITO?"}]}
+    before = len(fake.requests)
+    r = client.post("/v1/chat/completions", json={**question, field: 4000})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "context_budget" and error["param"] == field
+    assert "tokens are left for sources" in error["message"] and "no_context" not in r.text
+    assert len(fake.requests) == before  # not answered without its sources
+    room = int(re.search(rf"lower {field} \(now 4000\) to at most about (\d+)", error["message"]).group(1))
+    r = client.post("/v1/chat/completions", json={**question, field: room})
+    assert r.status_code == 200 and r.headers["x-rag-mode"] == "rag", r.text
+    assert "KAITO is a Kubernetes operator" in json.dumps(fake.requests[-1]["messages"])
+
+
+def test_query_with_a_max_tokens_that_leaves_no_room_for_sources_is_a_400(client: TestClient) -> None:
+    r = client.post("/query", json={"index_name": "kb", "query": "What is KAITO?", "llm_params": {"max_tokens": 4000}})
+    assert r.status_code == 400 and "lower llm_params.max_tokens (now 4000)" in r.json()["detail"], r.text
+
+
+def test_nothing_relevant_is_still_the_no_context_passthrough(client: TestClient) -> None:
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "index_name": "kb",
+            "max_tokens": 4000,
+            "similarity_threshold": 0.99,
+            "messages": [{"role": "user", "content": "What is KAITO?"}],
+        },
+    )
+    assert r.status_code == 200 and (r.headers["x-rag-mode"], r.headers["x-rag-reason"]) == (
+        "passthrough",
+        "no_context",
+    )
