@@ -9,7 +9,7 @@ those can hold are refused here, with a message naming the field, instead of fai
 * integers must fit 64 bits (SQLite's integer);
 * strings must be valid Unicode text: no lone surrogates (``"\\ud800"``), which UTF-8 cannot encode,
   anywhere in a request: every request model is a :class:`RequestModel`, which checks every string
-  of every field (list items, object keys and values, extra fields) and names the field;
+  and number of every field (list items, object keys and values, extra fields) and names the field;
 * metadata is flat: a value is a scalar (string, number, boolean, null) or a list of scalars, with
   bounded key count, key length, list length and string length; a filter is ``{key: scalar}``;
 * JSON, in a body or a query string, nests at most ``MAX_JSON_DEPTH`` arrays and objects: checked
@@ -48,16 +48,20 @@ def check_text(value: str, where: str) -> str:
     return value
 
 
-def check_strings(value: Any, where: str) -> None:
-    """:func:`check_text` on every string in ``value``: itself, or the items, keys and values of the
-    lists and objects it holds (a walk without recursion; models inside checked themselves)."""
+def check_values(value: Any, where: str) -> None:
+    """Every string in ``value`` valid Unicode (:func:`check_text`) and every number finite: the
+    value itself, or the items, keys and values of the lists and objects it holds (a walk without
+    recursion; models inside it checked themselves)."""
     stack: list[tuple[Any, str]] = [(value, where)]
     while stack:
         item, at = stack.pop()
         if isinstance(item, str):
             check_text(item, at)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(f"{at}: {item} is not a finite number (NaN and Infinity are not JSON)")
         elif isinstance(item, list | tuple):
-            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(item) if not isinstance(x, int | float | None))
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(item) if not isinstance(x, int | None))
         elif isinstance(item, dict):
             for key, x in item.items():
                 if isinstance(key, str):
@@ -67,19 +71,21 @@ def check_strings(value: Any, where: str) -> None:
 
 class RequestModel(BaseModel):
     """A request body (or a part of one): no string anywhere in it holds a lone surrogate, which
-    storage, tokenizers, encoders and upstream servers cannot take (a 4xx naming the field)."""
+    storage, tokenizers, encoders and upstream servers cannot take, and no number is NaN or
+    Infinity, which a field typed ``Any`` (or an extra field) would forward upstream as invalid
+    JSON (a 4xx naming the field)."""
 
     @field_validator("*", mode="after")
     @classmethod
     def _valid_unicode(cls, value: Any, info: ValidationInfo) -> Any:
-        check_strings(value, info.field_name or "value")
+        check_values(value, info.field_name or "value")
         return value
 
     @model_validator(mode="after")
     def _valid_unicode_extra(self) -> RequestModel:
         for key, value in (self.model_extra or {}).items():
             check_text(key, "a field name")
-            check_strings(value, key)
+            check_values(value, key)
         return self
 
 

@@ -80,11 +80,20 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     for err in exc.errors()[:5]:
         if err.get("type") == "json_invalid":  # FastAPI's: loc is ("body", offset), the doc exc.body
             return _json_error(exc.body, err), None
-        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path")]
+        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path") and not _union_tag(x)]
         where = ".".join(loc) or "body"
         param = param or where
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request", param
+
+
+#: What pydantic puts in an error's location for the member of a union that failed (``str``,
+#: ``list[ContentPart]``, ``function-after[...]``): not a field, so not shown.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
+
+
+def _union_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part)
 
 
 def _json_error(doc: Any, err: dict[str, Any]) -> str:

@@ -438,3 +438,38 @@ def test_nothing_relevant_is_still_the_no_context_passthrough(client: TestClient
         "passthrough",
         "no_context",
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "foo": NaN}', "foo: nan"),
+        (
+            "/v1/chat/completions",
+            '{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"1": Infinity}}',
+            "logit_bias['1']: inf",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"index_name": "kb", "messages": [{"role": "user", "content": "hi", "x": [-Infinity]}]}',
+            "x[0]: -inf",
+        ),
+        ("/v1/embeddings", '{"input": "hi", "foo": {"bar": NaN}}', "foo['bar']: nan"),
+    ],
+)
+def test_nan_and_infinity_anywhere_are_refused_not_forwarded(
+    client: TestClient, fake: FakeOpenAI, path: str, body: str, says: str
+) -> None:
+    before = len(fake.requests)
+    r = raw_post(client, path, body)
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+    assert "is not a finite number" in r.text and len(fake.requests) == before
+
+
+def test_a_union_mismatch_names_fields_not_pydantic_types(client: TestClient) -> None:
+    r = client.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
+    )
+    message = r.json()["error"]["message"]
+    assert r.status_code == 400 and message.startswith("messages.0.content: Input should be a valid string"), message
+    assert "messages.0.content.0.text: Input should be a valid string" in message and "[" not in message
