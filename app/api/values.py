@@ -61,7 +61,17 @@ def check_values(value: Any, where: str) -> None:
             if not math.isfinite(item):
                 raise ValueError(f"{at}: {item} is not a finite number (NaN and Infinity are not JSON)")
         elif isinstance(item, list | tuple):
-            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(item) if not isinstance(x, int | None))
+            for i, x in enumerate(item):  # scalars in place: a list may hold millions of them
+                if x is None or isinstance(x, int):
+                    continue
+                if isinstance(x, float):
+                    if not math.isfinite(x):
+                        stack.append((x, f"{at}[{i}]"))
+                elif isinstance(x, str):
+                    if _SURROGATE.search(x) is not None:
+                        stack.append((x, f"{at}[{i}]"))
+                else:
+                    stack.append((x, f"{at}[{i}]"))
         elif isinstance(item, dict):
             for key, x in item.items():
                 if isinstance(key, str):
