@@ -82,7 +82,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
             return _json_error(exc.body, err), None
         loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path") and not _union_tag(x)]
         where = ".".join(loc) or "body"
-        param = param or where
+        param = param or (".".join(loc) or None)  # a field, or none for the body as a whole
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request", param
 

@@ -466,6 +466,14 @@ def test_nan_and_infinity_anywhere_are_refused_not_forwarded(
     assert "is not a finite number" in r.text and len(fake.requests) == before
 
 
+def test_a_body_that_is_not_an_object_says_so_with_no_param(client: TestClient) -> None:
+    for body in ("[]", '"x"', "null", "3"):
+        r = raw_post(client, "/v1/chat/completions", body)
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] is None, r.text
+        assert error["message"].startswith("body: Input should be a valid dictionary"), r.text
+
+
 def test_a_union_mismatch_names_fields_not_pydantic_types(client: TestClient) -> None:
     r = client.post(
         "/v1/chat/completions", json={"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}
