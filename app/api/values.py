@@ -31,7 +31,7 @@ MAX_KEY_CHARS = 256
 MAX_LIST_ITEMS = 1024
 MAX_VALUE_CHARS = 65_536
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-#: Arrays and objects inside one another in a request's JSON (a tool's JSON schema needs a few dozen).
+#: Arrays and objects inside one another in a request's JSON (a tool's JSON schema rarely needs 20).
 MAX_JSON_DEPTH = 64
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -87,12 +87,12 @@ class RequestModel(BaseModel):
 
     @field_validator("*", mode="after")
     @classmethod
-    def _valid_unicode(cls, value: Any, info: ValidationInfo) -> Any:
+    def _valid_values(cls, value: Any, info: ValidationInfo) -> Any:
         check_values(value, info.field_name or "value")
         return value
 
     @model_validator(mode="after")
-    def _valid_unicode_extra(self) -> RequestModel:
+    def _valid_extra_values(self) -> RequestModel:
         for key, value in (self.model_extra or {}).items():
             check_text(key, "a field name")
             check_values(value, key)
