@@ -481,3 +481,9 @@ def test_a_union_mismatch_names_fields_not_pydantic_types(client: TestClient) ->
     message = r.json()["error"]["message"]
     assert r.status_code == 400 and message.startswith("messages.0.content: Input should be a valid string"), message
     assert "messages.0.content.0.text: Input should be a valid string" in message and "[" not in message
+
+
+def test_a_malformed_metadata_filter_in_the_query_string_says_where(client: TestClient) -> None:
+    r = client.get("/indexes/kb/documents", params={"metadata_filter": '{"topic": kaito}'})
+    assert r.status_code == 400, r.text
+    assert r.json()["detail"] == "metadata_filter: invalid JSON at line 1, column 11: Expecting value"
