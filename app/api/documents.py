@@ -7,22 +7,23 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from app.api.values import INT64_MAX, INT64_MIN, check_filter, check_metadata, check_text
+from app.api.values import INT64_MAX, INT64_MIN, RequestModel, check_filter, check_metadata
 from app.config import RetrievalMode
 from app.engines.sampling import SamplingParams
 
-INDEX_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+#: Matched whole with ``fullmatch`` (``$`` would also match before a trailing newline).
+INDEX_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 INDEX_NAME_RULE = "index names are 1-128 characters: letters, digits, '_', '-' and '.', starting with a letter or digit"
 
 #: Flat metadata, checked by :func:`app.api.values.check_metadata`.
 Metadata = Annotated[dict[str, Any], AfterValidator(check_metadata)]
-#: Document and query text: valid Unicode (no lone surrogates).
-Text = Annotated[str, Field(min_length=1), AfterValidator(lambda v: check_text(v, "text"))]
+#: Document and query text (valid Unicode, as every string of a :class:`RequestModel`).
+Text = Annotated[str, Field(min_length=1)]
 
 
 def validate_index_name(name: str) -> str:
     """Raise ``ValueError`` with the rule when ``name`` is not a valid index name."""
-    if not INDEX_NAME_RE.match(name) or name in {".", ".."}:
+    if not INDEX_NAME_RE.fullmatch(name) or name in {".", ".."}:
         raise ValueError(f"invalid index name {name!r}: {INDEX_NAME_RULE}")
     return name
 
@@ -32,7 +33,7 @@ def validate_metadata_filter(flt: Any) -> dict[str, Any] | None:
     return check_filter(flt)
 
 
-class Document(BaseModel):
+class Document(RequestModel):
     """A document to index: text plus optional metadata and client-chosen id."""
 
     model_config = ConfigDict(extra="forbid")
@@ -40,10 +41,8 @@ class Document(BaseModel):
     metadata: Metadata = Field(default_factory=dict)
     doc_id: str | None = Field(default=None, min_length=1, max_length=256)
 
-    _check_id = field_validator("doc_id")(lambda cls, v: v if v is None else check_text(v, "doc_id"))
 
-
-class IndexRequest(BaseModel):
+class IndexRequest(RequestModel):
     """``POST /index``: create an index or extend it with documents."""
 
     model_config = ConfigDict(extra="forbid")
@@ -69,14 +68,14 @@ class ListDocumentsResponse(BaseModel):
     total_items: int
 
 
-class UpdateDocument(BaseModel):
+class UpdateDocument(RequestModel):
     model_config = ConfigDict(extra="ignore")  # KAITO clients send hash_value back; it is recomputed
     doc_id: str = Field(min_length=1)
     text: Text
     metadata: Metadata | None = None  # omitted: keep the stored metadata
 
 
-class UpdateDocumentsRequest(BaseModel):
+class UpdateDocumentsRequest(RequestModel):
     """``POST /indexes/{name}/documents``: new text (and metadata) for documents by id."""
 
     model_config = ConfigDict(extra="forbid")
@@ -91,7 +90,7 @@ class UpdateDocumentsResponse(BaseModel):
     not_found_documents: list[UpdateDocument] = Field(description="No such doc_id in the index (as sent).")
 
 
-class DeleteDocumentsRequest(BaseModel):
+class DeleteDocumentsRequest(RequestModel):
     """``POST /indexes/{name}/documents/delete``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -136,7 +135,7 @@ class NodeWithScore(BaseModel):
     )
 
 
-class _RetrievalRequest(BaseModel):
+class _RetrievalRequest(RequestModel):
     """The fields ``/query`` and ``/retrieve`` share: which index, what to look for, how relevant."""
 
     model_config = ConfigDict(extra="forbid")
@@ -152,7 +151,7 @@ class _RetrievalRequest(BaseModel):
     _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
 
 
-class LLMParams(BaseModel):
+class LLMParams(RequestModel):
     """``/query``'s ``llm_params``: the sampling fields the engines serve, strictly typed (a string
     where a number belongs is the client's mistake to hear about, not the engine's to choke on);
     any other key is refused by name rather than dropped."""

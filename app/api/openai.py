@@ -10,10 +10,10 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.api.documents import NodeWithScore, validate_index_name, validate_metadata_filter
-from app.api.values import INT64_MAX, INT64_MIN, check_text
+from app.api.values import INT64_MAX, INT64_MIN, RequestModel
 from app.config import QueryRewrite, RetrievalMode
 from app.engines.sampling import SamplingParams, extra_fields
 
@@ -32,7 +32,7 @@ RAG_FIELDS = frozenset(
 )
 
 
-class ContentPart(BaseModel):
+class ContentPart(RequestModel):
     """One part of an array-valued message content (text, image_url, input_audio, ...)."""
 
     model_config = ConfigDict(extra="allow")
@@ -40,7 +40,7 @@ class ContentPart(BaseModel):
     text: str | None = None
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(RequestModel):
     """A chat message. Role and content are checked by ``app.chat``, not here, so that a
     malformed message gets a message-specific 400 instead of a generic schema error."""
 
@@ -48,16 +48,6 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
-
-    @model_validator(mode="after")
-    def _valid_text(self) -> ChatMessage:
-        if isinstance(self.content, str):
-            check_text(self.content, "content")
-        elif self.content is not None:
-            for i, part in enumerate(self.content):
-                if part.text is not None:
-                    check_text(part.text, f"content[{i}].text")
-        return self
 
     def text(self) -> str:
         """The message's text: the string, or its text parts joined by newlines."""
@@ -68,7 +58,7 @@ class ChatMessage(BaseModel):
         return "\n".join(p.text or "" for p in self.content if p.type == "text")
 
 
-class ChatCompletionRequest(BaseModel):
+class ChatCompletionRequest(RequestModel):
     """``POST /v1/chat/completions``: the OpenAI body plus the RAG extensions."""
 
     model_config = ConfigDict(extra="allow")
@@ -118,8 +108,6 @@ class ChatCompletionRequest(BaseModel):
     def _stop_list_size(cls, v: str | list[str] | None) -> str | list[str] | None:
         if isinstance(v, list) and len(v) > 4:
             raise ValueError("at most 4 stop sequences")
-        for s in [v] if isinstance(v, str) else v or []:
-            check_text(s, "stop")
         return v
 
     def requested_max_tokens(self) -> int | None:
@@ -270,7 +258,7 @@ class ChatCompletionChunk(_CompletionBody):
     choices: list[ChatCompletionChunkChoice]
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(RequestModel):
     """``POST /v1/embeddings``."""
 
     model_config = ConfigDict(extra="allow")

@@ -7,22 +7,32 @@ those can hold are refused here, with a message naming the field, instead of fai
 
 * numbers must be finite (``NaN``/``Infinity`` are not JSON and break filtered lists and responses);
 * integers must fit 64 bits (SQLite's integer);
-* strings must be valid Unicode text: no lone surrogates (``"\\ud800"``), which UTF-8 cannot encode;
+* strings must be valid Unicode text: no lone surrogates (``"\\ud800"``), which UTF-8 cannot encode,
+  anywhere in a request: every request model is a :class:`RequestModel`, which checks every string
+  and number of every field (list items, object keys and values, extra fields) and names the field;
 * metadata is flat: a value is a scalar (string, number, boolean, null) or a list of scalars, with
-  bounded key count, key length, list length and string length; a filter is ``{key: scalar}``.
+  bounded key count, key length, list length and string length; a filter is ``{key: scalar}``;
+* JSON, in a body or a query string, nests at most ``MAX_JSON_DEPTH`` arrays and objects: checked
+  by a linear scan before it is parsed, since parsing, validating and forwarding it all recurse.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ValidationInfo, field_validator, model_validator
 
 MAX_METADATA_KEYS = 128
 MAX_KEY_CHARS = 256
 MAX_LIST_ITEMS = 1024
 MAX_VALUE_CHARS = 65_536
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Arrays and objects inside one another in a request's JSON (a tool's JSON schema rarely needs 20).
+MAX_JSON_DEPTH = 64
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -36,6 +46,57 @@ def check_text(value: str, where: str) -> str:
             f"{match.start()}: send valid UTF-8 text"
         )
     return value
+
+
+def check_values(value: Any, where: str) -> None:
+    """Every string in ``value`` valid Unicode (:func:`check_text`) and every number finite: the
+    value itself, or the items, keys and values of the lists and objects it holds (a walk without
+    recursion; models inside it checked themselves)."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, str):
+            check_text(item, at)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise ValueError(f"{at}: {item} is not a finite number (NaN and Infinity are not JSON)")
+        elif isinstance(item, list | tuple):
+            for i, x in enumerate(item):  # scalars in place: a list may hold millions of them
+                if x is None or isinstance(x, int):
+                    continue
+                if isinstance(x, float):
+                    if not math.isfinite(x):
+                        stack.append((x, f"{at}[{i}]"))
+                elif isinstance(x, str):
+                    if _SURROGATE.search(x) is not None:
+                        stack.append((x, f"{at}[{i}]"))
+                else:
+                    stack.append((x, f"{at}[{i}]"))
+        elif isinstance(item, dict):
+            for key, x in item.items():
+                if isinstance(key, str):
+                    check_text(key, f"{at} key")
+                stack.append((x, f"{at}[{key!r}]"))
+
+
+class RequestModel(BaseModel):
+    """A request body (or a part of one): no string anywhere in it holds a lone surrogate, which
+    storage, tokenizers, encoders and upstream servers cannot take, and no number is NaN or
+    Infinity, which a field typed ``Any`` (or an extra field) would forward upstream as invalid
+    JSON (a 4xx naming the field)."""
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_values(cls, value: Any, info: ValidationInfo) -> Any:
+        check_values(value, info.field_name or "value")
+        return value
+
+    @model_validator(mode="after")
+    def _valid_extra_values(self) -> RequestModel:
+        for key, value in (self.model_extra or {}).items():
+            check_text(key, "a field name")
+            check_values(value, key)
+        return self
 
 
 def _check_scalar(value: Any, where: str) -> None:
@@ -105,3 +166,47 @@ def check_filter(flt: Any) -> dict[str, Any] | None:
             raise ValueError(f"metadata_filter[{key!r}] must be a string, number, boolean or null")
         _check_scalar(value, f"metadata_filter[{key!r}]")
     return flt
+
+
+_DEPTH_BLOCK = 1 << 20
+
+
+def json_depth(text: str) -> int:
+    """How deep arrays and objects nest in ``text`` (JSON, valid or not), found without parsing it,
+    in linear time and without recursion: escaped backslashes and quotes are dropped, so that every
+    quote left opens or closes a string, and the depth is the highest running count of the openings
+    over the closings outside strings (numpy, a block at a time)."""
+    data = text.encode("utf-8", "surrogatepass").replace(b"\\\\", b"").replace(b'\\"', b"")
+    deepest = level = quotes = 0
+    for start in range(0, len(data), _DEPTH_BLOCK):
+        block = np.frombuffer(data, np.uint8, count=min(_DEPTH_BLOCK, len(data) - start), offset=start)
+        is_quote = block == ord('"')
+        outside = (np.cumsum(is_quote, dtype=np.int64) + quotes) % 2 == 0  # right for all but quotes
+        quotes += int(is_quote.sum())
+        opens = outside & ((block == ord("[")) | (block == ord("{")))
+        closes = outside & ((block == ord("]")) | (block == ord("}")))
+        levels = np.cumsum(opens.astype(np.int64) - closes.astype(np.int64)) + level
+        deepest, level = max(deepest, int(levels.max())), int(levels[-1])
+    return deepest
+
+
+def check_json_depth(text: str, where: str, limit: int = MAX_JSON_DEPTH) -> None:
+    """``ValueError`` naming ``where`` when ``text`` nests arrays and objects deeper than ``limit``."""
+    depth = json_depth(text)
+    if depth > limit:
+        raise ValueError(f"{where} nests arrays and objects {depth} levels deep; at most {limit} levels are accepted")
+
+
+def json_error_message(error: json.JSONDecodeError) -> str:
+    """What is wrong with a JSON text and where: ``invalid JSON at line 1, column 15: Expecting ','``."""
+    return f"invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}"
+
+
+def parse_json(text: str, where: str) -> Any:
+    """``text`` parsed as JSON once its depth is known to be bounded, else ``ValueError`` naming
+    ``where`` and saying what is wrong and where."""
+    check_json_depth(text, where)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: {json_error_message(e)}") from e

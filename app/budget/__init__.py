@@ -1,6 +1,6 @@
 """Token budget: counters, context windows, and fitting a request into the window (docs/architecture.md §5)."""
 
-from app.budget.fit import FitResult, PromptTooLongError, fit, fit_passthrough
+from app.budget.fit import ContextBudgetError, FitResult, PromptTooLongError, fit, fit_passthrough
 from app.budget.tokenizers import (
     ApproxTokenCounter,
     HFTokenCounter,
@@ -14,6 +14,7 @@ from app.budget.windows import KNOWN_CONTEXT_WINDOWS, lookup_context_window, res
 __all__ = [
     "KNOWN_CONTEXT_WINDOWS",
     "ApproxTokenCounter",
+    "ContextBudgetError",
     "FitResult",
     "HFTokenCounter",
     "PromptTooLongError",

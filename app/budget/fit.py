@@ -39,6 +39,27 @@ class PromptTooLongError(BadRequestError):
         self.window = window
 
 
+class ContextBudgetError(BadRequestError):
+    """Relevant sources were retrieved but none fits what the window leaves for them, most often
+    because ``max_tokens`` takes the rest (400, ``context_budget``). Answering without them would not
+    be the grounded answer asked for, and calling that ``no_context`` would not be true."""
+
+    def __init__(self, fitted: FitResult, *, param: str, requested_max_tokens: int | None):
+        lower = ""
+        if requested_max_tokens is not None and fitted.max_tokens_for_sources:
+            lower = f"lower {param} (now {requested_max_tokens}) to at most about {fitted.max_tokens_for_sources}, or "
+        super().__init__(
+            f"No retrieved source fits the prompt: {fitted.relevant_sources} relevant source(s) were found, "
+            f"but {fitted.context_budget} tokens are left for sources and the smallest needs "
+            f"{fitted.smallest_source_tokens}. To answer from the index, {lower}shorten the messages or the "
+            "system prompt; a request without index_name is answered without sources.",
+            param=param if requested_max_tokens is not None else "messages",
+            code="context_budget",
+        )
+        self.context_budget = fitted.context_budget
+        self.smallest_source_tokens = fitted.smallest_source_tokens
+
+
 @dataclass
 class FitResult:
     messages: list[Message]
@@ -52,6 +73,12 @@ class FitResult:
     history_tokens: int = 0
     window: int = 0
     exact: bool = True
+    #: Nodes that reached the threshold, the tokens left for them, and when none fitted: what the
+    #: cheapest one needs and about the largest max_tokens that would leave room for it (None: none).
+    relevant_sources: int = 0
+    context_budget: int = 0
+    smallest_source_tokens: int = 0
+    max_tokens_for_sources: int | None = None
 
 
 def _message_cost(counter: TokenCounter, message: Message, empty: int) -> int:
@@ -76,7 +103,7 @@ def fit(
     history_min_messages: int = 0,
     history_max_messages: int = 200,
 ) -> FitResult:
-    candidates = relevant(nodes, similarity_threshold)
+    candidates = found = relevant(nodes, similarity_threshold)
     min_completion = min(min_completion_tokens, requested_max_tokens or min_completion_tokens)
 
     # 1. the required part: system + query (+ the context framing when context will be used)
@@ -148,6 +175,13 @@ def fit(
         else:
             raise PromptTooLongError(prompt, min_completion, window)
 
+    smallest, room = 0, None
+    if found and not selected:  # what it would take to fit one (the caller says so: ContextBudgetError)
+        smallest = min(node_cost(n) for n in found)
+        if framing:  # else the system prompt and query leave no room for a source at all
+            room = window - required - math.ceil(smallest / max(context_ratio * safety, 1e-9)) - 1
+            room = room if room >= min_completion else None
+
     return FitResult(
         messages=messages,
         nodes_used=selected,
@@ -160,6 +194,10 @@ def fit(
         history_tokens=sum(_message_cost(counter, m, empty) for m in kept),
         window=window,
         exact=counter.exact,
+        relevant_sources=len(found),
+        context_budget=context_budget,
+        smallest_source_tokens=smallest,
+        max_tokens_for_sources=room,
     )
 
 

@@ -105,7 +105,7 @@ KNOWN_CONTEXT_WINDOWS: dict[str, int] = {
 
 def _normalise(model: str) -> str:
     name = model.strip().lower().rsplit("/", 1)[-1]  # "meta-llama/Llama-3.1-8B" -> "llama-3.1-8b"
-    return re.sub(r"\.gguf$", "", name)
+    return re.sub(r"\.gguf\Z", "", name)
 
 
 def lookup_context_window(model: str | None) -> int | None:

@@ -9,14 +9,17 @@ their bodies with :func:`error_bytes`, so their shape is the same.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.errors import DetailResponse, ErrorResponse, error_model, is_openai_path
+from app.api.values import json_error_message
 from app.errors import EngineError, ServiceError
 from app.telemetry import Telemetry
 
@@ -75,11 +78,31 @@ def error_event(error: ServiceError) -> ErrorResponse:
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, param = [], None
     for err in exc.errors()[:5]:
-        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path")]
+        if err.get("type") == "json_invalid":  # FastAPI's: loc is ("body", offset), the doc exc.body
+            return _json_error(exc.body, err), None
+        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path") and not _union_tag(x)]
         where = ".".join(loc) or "body"
-        param = param or where
+        param = param or (".".join(loc) or None)  # a field, or none for the body as a whole
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request", param
+
+
+#: What pydantic puts in an error's location for the member of a union that failed (``str``,
+#: ``list[ContentPart]``, ``function-after[...]``): not a field, so not shown.
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "bytes"})
+
+
+def _union_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part)
+
+
+def _json_error(doc: Any, err: dict[str, Any]) -> str:
+    """Where a body is not JSON, as line and column, and what is wrong there."""
+    why = str((err.get("ctx") or {}).get("error", "not JSON"))
+    offset = next((x for x in err.get("loc", ()) if isinstance(x, int)), None)
+    if isinstance(doc, str) and offset is not None:
+        return json_error_message(json.JSONDecodeError(why, doc, offset))
+    return f"invalid JSON: {why}"
 
 
 def install_error_handlers(app: FastAPI, telemetry: Telemetry) -> None:
@@ -90,6 +113,13 @@ def install_error_handlers(app: FastAPI, telemetry: Telemetry) -> None:
         return error_response(
             request, ServiceError(message, status=400 if openai else 422, param=param, type_="invalid_request_error")
         )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # The framework's own (no such route, method not allowed), in the route's error shape.
+        type_ = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        body = error_model(route_path(request.scope), str(exc.detail), type_=type_)
+        return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(ServiceError)
     async def _on_service_error(request: Request, exc: ServiceError) -> JSONResponse:

@@ -25,7 +25,7 @@ from app.api.openai import (
     ResponseMessage,
     new_completion_id,
 )
-from app.budget import FitResult, fit, fit_passthrough
+from app.budget import ContextBudgetError, FitResult, fit, fit_passthrough
 from app.budget.tokenizers import Message, TokenCounter
 from app.chat import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
 from app.chat.followup import REWRITE_MAX_TOKENS, joined_query, previous_user_turns, rewrite_messages
@@ -125,6 +125,7 @@ class ChatService:
             requested=req.llm_params.max_tokens,
             threshold=threshold,
             ratio=None,
+            max_tokens_param="llm_params.max_tokens",
         )
         answer = await self.llm.chat(result.messages, req.llm_params.to_sampling_params(result.max_tokens))
         used = result.nodes_used
@@ -197,11 +198,14 @@ class ChatService:
         requested: int | None,
         threshold: float,
         ratio: float | None,
+        max_tokens_param: str,
     ) -> FitResult:
+        """The request fitted into the window; ``ContextBudgetError`` when relevant nodes were
+        retrieved but none fits (``max_tokens_param`` names the field to lower)."""
         counter = await self.llm.token_counter()
         window = await self.llm.context_window()
         s = self.settings
-        return fit(
+        result = fit(
             counter=counter,
             window=window,
             system=system,
@@ -217,6 +221,9 @@ class ChatService:
             history_min_messages=s.history_min_messages,
             history_max_messages=s.history_max_messages,
         )
+        if result.relevant_sources and not result.nodes_used:
+            raise ContextBudgetError(result, param=max_tokens_param, requested_max_tokens=requested)
+        return result
 
     async def _rag(self, p: RagPlan, request: ChatCompletionRequest) -> ChatOutcome:
         k = p.params.top_k or await self._chat_top_k(p, request)
@@ -240,12 +247,9 @@ class ChatService:
             requested=request.requested_max_tokens(),
             threshold=threshold,
             ratio=p.params.context_token_ratio,
+            max_tokens_param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
         )
         timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
-        if not result.nodes_used:  # relevant nodes existed but none fitted the budget
-            return self._with_rag(
-                await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings), rag
-            )
         sampling = request.to_sampling_params(result.max_tokens)
         footer = (
             self.settings.sources_in_content if p.params.sources_in_content is None else p.params.sources_in_content

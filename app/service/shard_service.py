@@ -174,13 +174,14 @@ class ShardService:
             return 0
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "shard": self.shard_index,
-            "indexes": {
-                name: {"documents": self._shard.count_documents(name), "chunks": self._shard.count_chunks(name)}
-                for name in self.list_indexes()
-            },
-        }
+        """Documents and chunks of each index (the shard metrics), each index's counts taken
+        together (``Shard.index_stats``); an index dropped meanwhile is left out."""
+        indexes: dict[str, dict[str, int]] = {}
+        for name in self.list_indexes():
+            counts = self._shard.index_stats(name)
+            if counts is not None:
+                indexes[name] = {"documents": counts["documents"], "chunks": counts["chunks"]}
+        return {"shard": self.shard_index, "indexes": indexes}
 
     # --- documents ----------------------------------------------------------------------------
     def find_by_hash(self, index: str, hashes: list[str]) -> dict[str, str]:

@@ -1005,23 +1005,26 @@ class Shard:
     # --- statistics (GET /indexes/{name}/stats) -----------------------------------------------
     def index_stats(self, index: str) -> dict[str, Any] | None:
         """Documents, chunks, UTF-8 bytes of document text and FAISS vectors of ``index`` in this
-        shard, or None when the shard has no such index. The SQLite counts come from one snapshot."""
-        dim = self._dims.get(index)
-        if dim is None:
-            return None
-        db = self._reader()
-        db.execute("BEGIN")
-        try:
-            documents, text_bytes = db.execute(
-                "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(text AS BLOB))), 0) FROM documents WHERE index_name = ?",
-                (index,),
-            ).fetchone()
-            chunks = db.execute("SELECT COUNT(*) FROM chunks WHERE index_name = ?", (index,)).fetchone()[0]
-        finally:
-            db.execute("COMMIT")
-        with self._faiss_lock:
-            fidx = self._faiss.get(index)
-            vectors = int(fidx.ntotal) if fidx is not None else 0
+        shard, or None when the shard has no such index. Counted together under the write lock: a
+        write holds it from its SQLite transaction until FAISS has its vectors, so the counts are
+        never those of a half-applied write (its rows committed, its vectors not yet added)."""
+        with self._write_lock:
+            dim = self._dims.get(index)
+            if dim is None:
+                return None
+            db = self._reader()
+            db.execute("BEGIN")
+            try:
+                documents, text_bytes = db.execute(
+                    "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(text AS BLOB))), 0) FROM documents WHERE index_name = ?",
+                    (index,),
+                ).fetchone()
+                chunks = db.execute("SELECT COUNT(*) FROM chunks WHERE index_name = ?", (index,)).fetchone()[0]
+            finally:
+                db.execute("COMMIT")
+            with self._faiss_lock:
+                fidx = self._faiss.get(index)
+                vectors = int(fidx.ntotal) if fidx is not None else 0
         return {
             "documents": int(documents),
             "chunks": int(chunks),

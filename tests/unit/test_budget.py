@@ -9,6 +9,7 @@ import pytest
 
 from app.api.documents import NodeWithScore
 from app.budget import (
+    ContextBudgetError,
     PromptTooLongError,
     fit,
     fit_passthrough,
@@ -17,6 +18,7 @@ from app.budget import (
 )
 from app.budget.tokenizers import message_text
 from app.retrieval import build_rag_messages
+from app.retrieval.prompt import format_source
 
 
 class WordCounter:
@@ -221,3 +223,29 @@ def test_window_precedence() -> None:
     assert resolve_context_window(configured=None, engine=32768, model="gpt-4") == 32768
     assert resolve_context_window(configured=None, engine=None, model="gpt-4") == 8192
     assert resolve_context_window(configured=None, engine=None, model="unknown") == 8192
+
+
+@pytest.mark.parametrize("ratio", [0.2, 0.5, 0.8])
+@pytest.mark.parametrize("safety", [1.0, 0.8])
+def test_a_max_tokens_that_starves_the_sources_says_how_much_room_a_source_needs(ratio: float, safety: float) -> None:
+    nodes = [node(1, 0.9, words=40), node(2, 0.8, words=60), node(3, 0.1, words=5)]
+    kw = base_kwargs(window=1000, nodes=nodes, context_ratio=ratio, safety_ratio=safety)
+    starved = fit(**{**kw, "requested_max_tokens": 990})
+    assert starved.nodes_used == [] and starved.relevant_sources == 2  # node 3 is below the threshold
+    assert starved.smallest_source_tokens == C.count_text("\n\n" + format_source(9, nodes[0]))
+    assert starved.context_budget < starved.smallest_source_tokens
+    room = starved.max_tokens_for_sources
+    assert room is not None and 10 <= room < 990
+    assert [n.doc_id for n in fit(**{**kw, "requested_max_tokens": room}).nodes_used] == ["d1"]  # it is enough
+    error = ContextBudgetError(starved, param="max_tokens", requested_max_tokens=990)
+    assert error.status == 400 and error.code == "context_budget" and error.param == "max_tokens"
+    assert f"lower max_tokens (now 990) to at most about {room}" in error.message
+    assert f"{starved.context_budget} tokens are left for sources" in error.message
+
+
+def test_no_max_tokens_helps_when_the_prompt_leaves_no_room_for_a_source() -> None:
+    prompt = C.count_messages(build_rag_messages([{"role": "system", "content": "be brief"}], [], "what is it", []))
+    r = fit(**base_kwargs(window=prompt + 12, requested_max_tokens=100, nodes=[node(1, 0.9)]))
+    assert r.relevant_sources == 1 and r.max_tokens_for_sources is None
+    error = ContextBudgetError(r, param="max_tokens", requested_max_tokens=100)
+    assert "lower max_tokens" not in error.message and "shorten the messages" in error.message

@@ -96,7 +96,16 @@ def test_rag_answer_forwards_context_and_returns_sources(env) -> None:
             },
             "non_text_content",
         ),
-        ({"index_name": "kb", "similarity_threshold": 0.99}, "no_context"),
+        # nothing relevant (the default question matches a document word for word, so it is relevant
+        # whatever the threshold, and max_tokens=100_000 leaves it no room: a 400 context_budget)
+        (
+            {
+                "index_name": "kb",
+                "similarity_threshold": 0.99,
+                "messages": [{"role": "user", "content": "How do penguins keep warm?"}],
+            },
+            "no_context",
+        ),
     ],
 )
 def test_passthrough_forwards_body_without_rag_fields_and_with_clamped_max_tokens(env, extra, reason) -> None:

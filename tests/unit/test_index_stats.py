@@ -3,6 +3,8 @@ UTF-8 bytes of the text, and the service sums the shards and says when no shard 
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -69,3 +71,43 @@ async def test_service_sums_the_shards(tmp_path: Path) -> None:
             await docs.stats("nope")
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_stats_during_a_write_never_count_rows_without_their_vectors(tmp_path: Path, monkeypatch, kind: str) -> None:
+    """A stats read while a write has committed its rows but not yet added their vectors to FAISS
+    saw vectors != chunks; it now waits for the write and counts both after it."""
+    shard = ShardService(tmp_path, 0, 1, faiss_kind=kind)
+    store = shard._shard
+    try:
+        shard.upsert_documents("kb", [write("a", "first", 2)])
+        real = store._apply_faiss
+        committed = threading.Event()
+
+        def slow_apply(*args, **kwargs):  # type: ignore[no-untyped-def]
+            committed.set()  # the rows are committed; FAISS does not have them yet
+            time.sleep(0.3)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(store, "_apply_faiss", slow_apply)
+        writer = threading.Thread(target=shard.upsert_documents, args=("kb", [write("b", "second", 5)]))
+        writer.start()
+        assert committed.wait(10)
+        during = shard.index_stats("kb")
+        writer.join(10)
+        assert (during["documents"], during["chunks"], during["vectors"]) == (2, 7, 7), during
+    finally:
+        shard.close()
+
+
+def test_shard_metrics_skip_an_index_dropped_while_they_are_counted(tmp_path: Path, monkeypatch) -> None:
+    shard = ShardService(tmp_path, 0, 1)
+    try:
+        shard.upsert_documents("kb", [write("a", "first", 2)])
+        shard.upsert_documents("gone", [write("b", "second", 1)])
+        listed = shard.list_indexes()
+        monkeypatch.setattr(shard, "list_indexes", lambda: listed)
+        shard._shard.drop_index("gone")  # after the list was taken
+        assert shard.stats()["indexes"] == {"kb": {"documents": 1, "chunks": 2}}
+    finally:
+        shard.close()

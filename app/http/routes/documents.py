@@ -3,8 +3,6 @@ index, list, update, delete, drop, persist, load, query, retrieve. Errors are ``
 
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, Query, Request, Response
 
 from app.api.documents import (
@@ -23,9 +21,11 @@ from app.api.documents import (
     validate_metadata_filter,
 )
 from app.api.stats import IndexStats
+from app.api.values import parse_json
 from app.config import MAX_LIST_PAGE
 from app.errors import BadRequestError
 from app.http.errors import DOCUMENT_ERRORS
+from app.http.json_body import CheckedJSONRoute
 from app.http.routes.common import allow, checked_index, report_latencies
 from app.http.server_timing import server_timing
 from app.service.access import Role
@@ -33,7 +33,7 @@ from app.service.wiring import Services
 
 
 def documents_router(services: Services) -> APIRouter:
-    router = APIRouter(tags=["documents"], responses=DOCUMENT_ERRORS)
+    router = APIRouter(tags=["documents"], responses=DOCUMENT_ERRORS, route_class=CheckedJSONRoute)
     docs, chat, limits, tel = services.documents, services.chat, services.limits, services.telemetry
 
     @router.post("/index")
@@ -67,11 +67,9 @@ def documents_router(services: Services) -> APIRouter:
         flt = None
         if metadata_filter:
             try:
-                flt = validate_metadata_filter(json.loads(metadata_filter))
-            except (ValueError, TypeError) as e:
-                raise BadRequestError(
-                    f"metadata_filter must be a JSON object of key: value pairs: {e}", param="metadata_filter"
-                ) from e
+                flt = validate_metadata_filter(parse_json(metadata_filter, "metadata_filter"))
+            except ValueError as e:
+                raise BadRequestError(str(e), param="metadata_filter") from e
         return await docs.list_documents(
             name, limit=limit, offset=offset, max_text_length=max_text_length, metadata_filter=flt
         )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -22,6 +21,8 @@ from app.api.openai import (
 )
 from app.errors import EngineError, ServiceError
 from app.http.errors import OPENAI_ERRORS, error_event
+from app.http.headers import query_headers
+from app.http.json_body import CheckedJSONRoute
 from app.http.routes.common import allow, report_latencies
 from app.http.server_timing import server_timing
 from app.service.access import Role
@@ -50,14 +51,15 @@ def _sse_error(error: ServiceError) -> str:
 
 
 def openai_router(services: Services) -> APIRouter:
-    router = APIRouter(tags=["openai"], responses=OPENAI_ERRORS)
+    router = APIRouter(tags=["openai"], responses=OPENAI_ERRORS, route_class=CheckedJSONRoute)
     chat, limits, tel = services.chat, services.limits, services.telemetry
 
     @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_CHAT_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI chat completions; with `index_name`, answered from the index (RAG). The response
         says which with `X-RAG-Mode` (and `X-RAG-Reason` for a passthrough), and the query retrieval
-        used with `X-RAG-Query` (URL-encoded)."""
+        used with `X-RAG-Query` (URL-encoded, at most 1024 bytes: a longer one is cut and
+        `X-RAG-Query-Truncated: true` says so; the body's `rag` has it whole)."""
         allow(request, Role.READ, body.index_name)
         t0 = time.perf_counter()
         limits.messages(len(body.messages))
@@ -67,7 +69,7 @@ def openai_router(services: Services) -> APIRouter:
         if outcome.reason:
             headers["X-RAG-Reason"] = outcome.reason
         if outcome.rag is not None:  # the query retrieval searched with (a follow-up's may differ)
-            headers["X-RAG-Query"] = quote(outcome.rag.query, safe="")
+            headers.update(query_headers(outcome.rag.query))
         if outcome.stream is None:
             assert outcome.response is not None
             _report_chat(tel, outcome, time.perf_counter() - t0)

@@ -1,0 +1,53 @@
+"""JSON request bodies, checked before FastAPI parses them (docs/architecture.md, "API decisions").
+
+Parsing JSON, validating it and forwarding it upstream all recurse, so a body nesting arrays or
+objects thousands deep would end in a ``RecursionError`` somewhere (a 500, or FastAPI's bare
+"There was an error parsing the body" in the wrong error shape). :class:`CheckedJSONRoute` reads
+the body first and refuses, with a 400 that says what to fix, one that nests deeper than
+``MAX_JSON_DEPTH`` (a linear scan, :func:`app.api.values.json_depth`) or is not text JSON can
+hold; FastAPI then parses and validates it as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+from app.api.values import check_json_depth
+from app.errors import BadRequestError
+
+
+def check_json_body(body: bytes) -> None:
+    """:class:`BadRequestError` when ``body`` cannot be JSON text or nests too deep."""
+    encoding = json.detect_encoding(body)  # what json.loads decodes with (UTF-8 unless a BOM says)
+    try:
+        text = body.decode(encoding, "surrogatepass")
+    except UnicodeDecodeError as e:
+        raise BadRequestError(
+            f"the body is not valid {encoding.upper()} (byte {e.start}): send JSON as UTF-8 text", code="invalid_json"
+        ) from e
+    try:
+        check_json_depth(text, "the body")
+    except ValueError as e:
+        raise BadRequestError(str(e), code="json_too_deep") from e
+
+
+class CheckedJSONRoute(APIRoute):
+    """A route whose JSON body is checked by :func:`check_json_body` before it is parsed."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def checked(request: Request) -> Response:
+            body = await request.body()  # kept on the request: the handler reads it from there
+            if body:
+                check_json_body(body)
+            return await handler(request)
+
+        return checked
