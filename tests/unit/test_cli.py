@@ -326,10 +326,10 @@ def test_an_unconvertible_file_fails_alone(server: str, tmp_path: Path, capsys, 
     from app.cli import sync
     from app.ingest.convert import convert
 
-    def choking(data: bytes, filename: str):
+    def choking(data: bytes, filename: str, **limits: int):
         if filename == "deep.html":
             raise RecursionError("maximum recursion depth exceeded")
-        return convert(data, filename)
+        return convert(data, filename, **limits)
 
     monkeypatch.setattr(sync, "convert", choking)
     (tmp_path / "a.md").write_text("# A\n\nFirst file.")
