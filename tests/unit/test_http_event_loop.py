@@ -1,6 +1,6 @@
 """Nothing a client sends blocks the ingress's event loop: while requests of the worst shapes are
 processed (a 1 MB punctuation query to ``/retrieve`` in lexical and hybrid mode, a document of a
-long run of "." to ``/index``), ``/health`` keeps answering within a second. Before, the query
+long run of "." to ``/index``, a 1 MB chat message), ``/health`` keeps answering within a second. Before, the query
 parser's backtracking regex ran on the event loop and held it for tens of seconds; the sentence
 splitter's held the GIL (so every thread, the loop's too) as long."""
 
@@ -41,6 +41,11 @@ def test_health_answers_while_worst_shape_requests_are_processed(tmp_path, embed
             # chunked (the splitter's worst shapes: a run of "." and a run of newlines), then the batch
             # is refused for its empty second document: nothing is embedded or stored
             ("/index", {"index_name": "kb", "documents": [{"text": WORST_DOCUMENT}, {"text": " "}]}),
+            # a chat's messages are counted against the context window (and refused: too long for it)
+            (
+                "/v1/chat/completions",
+                {"model": "fake-model", "messages": [{"role": "user", "content": "! " * 500_000}]},
+            ),
         ]
         statuses: list[int] = []
 
@@ -59,5 +64,5 @@ def test_health_answers_while_worst_shape_requests_are_processed(tmp_path, embed
                 time.sleep(0.02)
         for w in workers:
             w.join()
-        assert sorted(statuses) == [200, 200, 400]
+        assert sorted(statuses) == [200, 200, 400, 400]
         assert slowest < HEALTH_BOUND_S, f"/health took {slowest:.2f} s while the heavy requests ran"
