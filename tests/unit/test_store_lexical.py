@@ -337,3 +337,19 @@ def test_a_shard_with_the_lexical_index_of_schema_3_gets_the_per_index_one_on_op
         assert s.verify() == []
     finally:
         s.close()
+
+
+def test_a_loads_swap_moves_the_lexical_rows_to_the_loaded_name(tmp_path) -> None:
+    """A load imports into a staging index and renames it: the rows' index token follows, so the
+    loaded index finds them lexically, the staging name does not, and the old rows are gone."""
+    s = Shard(tmp_path / "s")
+    try:
+        s.upsert_documents("kb", [doc("old", "the XR-7720 bracket, old text", 1)])
+        s.upsert_documents("staging~kb", [doc("new", "the XR-7720 bracket, new text", 2)])
+        s.replace_index("staging~kb", "kb")
+        assert [h.doc_id for h in s.search_candidates("kb", vec(0), "XR-7720", 5, mode="lexical").lexical] == ["new"]
+        assert s.verify() == []
+        n = s._reader().execute(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH 'xr'").fetchone()[0]
+        assert n == 1
+    finally:
+        s.close()
