@@ -268,11 +268,11 @@ def test_a_huge_hyphenated_word_searches_only_its_first_tokens(tmp_path) -> None
     s = Shard(tmp_path / "s")
     try:
         s.upsert_documents("kb", [doc(f"d{i}", f"qk-{i} qk-qk qk", i) for i in range(300)])
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # CPU seconds of this thread (the search runs in it): not the machine's load
         for mode in ("hybrid", "lexical"):
             hits = s.search_candidates("kb", vec(0), "qk-" * 200_000, 5, mode=mode, max_postings=2000).lexical
             assert hits == []  # no row holds 16 "qk" in a row
-        assert time.perf_counter() - t0 < 2.0
+        assert time.thread_time() - t0 < 2.0
         assert [h.doc_id for h in s.search_candidates("kb", vec(0), "qk-7", 5, mode="lexical").lexical] == ["d7"]
     finally:
         s.close()
