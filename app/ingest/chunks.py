@@ -24,6 +24,36 @@ class ChunkingError(ValueError):
     """A client mistake in how a document asks to be chunked (shown as a 400)."""
 
 
+#: Texts per call of the Rust tokenizer in ``many``: one call holds the GIL (so the event loop) for
+#: as long as it builds its results, about 5 ms per 1000 small texts.
+_BATCH = 1000
+
+
+class _HFTokenCount:
+    """Token counts with a Hugging Face tokenizer (see ``hf_token_counter``); ``many`` counts a list
+    in one call of the Rust tokenizer, when there is one (a chunker counting thousands of small
+    code segments paid about 0.1 ms of Python per call)."""
+
+    def __init__(self, tokenizer: Any):
+        self._own = copy.deepcopy(tokenizer)
+        self._backend = getattr(self._own, "backend_tokenizer", None)
+        if self._backend is not None:  # this copy is ours alone: counts are never cut or padded
+            self._backend.no_truncation()
+            self._backend.no_padding()
+
+    def __call__(self, text: str) -> int:
+        return len(self._own.encode(text, add_special_tokens=False)) if text else 0
+
+    def many(self, texts: list[str]) -> list[int]:
+        if self._backend is None:
+            return [self(t) for t in texts]
+        counts: list[int] = []
+        for i in range(0, len(texts), _BATCH):  # a call holds the GIL while it builds its results
+            part = self._backend.encode_batch(texts[i : i + _BATCH], add_special_tokens=False)
+            counts.extend(len(e.ids) for e in part)
+        return counts
+
+
 def hf_token_counter(tokenizer: Any) -> TokenCount:
     """Token count with a Hugging Face tokenizer (the embedding model's), without special tokens.
 
@@ -32,12 +62,13 @@ def hf_token_counter(tokenizer: Any) -> TokenCount:
     truncation) while another thread encodes with it fails that encode ("Unable to create
     tensor"). ``LocalEmbeddingModel`` locks its own uses; chunking, on worker threads, cannot
     take that lock, so it gets an object of its own."""
-    own = copy.deepcopy(tokenizer)
+    return _HFTokenCount(tokenizer)
 
-    def count(text: str) -> int:
-        return len(own.encode(text, add_special_tokens=False)) if text else 0
 
-    return count
+def count_each(count: TokenCount, texts: list[str]) -> list[int]:
+    """The token count of each of ``texts``: in one batch when ``count`` has one (``many``)."""
+    many = getattr(count, "many", None)
+    return list(many(texts)) if many is not None else [count(t) for t in texts]
 
 
 def number(chunks: list[tuple[int, int]], text: str) -> list[Chunk]:

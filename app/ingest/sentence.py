@@ -12,8 +12,11 @@ import re
 
 from app.ingest.chunks import Chunk, TokenCount, number
 
-# Candidate ends: terminal punctuation (with closing quotes/brackets) before whitespace, or a newline.
-_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s)|\n")
+# Candidate ends: terminal punctuation (with closing quotes/brackets), or a newline; an end of
+# punctuation counts only before whitespace (checked after the match). Every match is the longest
+# at its start and nothing backtracks, so finding them all is linear in the text (the lookahead
+# ``(?=\s)`` this had made a long run of "." quadratic: each of its starts rescanned the run).
+_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*|\n")
 _WORD = re.compile(r"\S+")
 _ABBREVIATIONS = frozenset(
     {
@@ -63,25 +66,42 @@ _ABBREVIATIONS = frozenset(
         "eq",
     }
 )
+# The longest word that can be an abbreviation: the word before a "." is read back this far only.
+_LONGEST_ABBREVIATION = max(len(a) for a in _ABBREVIATIONS)
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
-    """[start, end) spans of sentences and lines; abbreviations and initials do not end sentences."""
+    """[start, end) spans of sentences and lines; abbreviations and initials do not end sentences.
+    Linear in ``len(text)`` for every shape of text: each character is matched once, the word
+    before a "." is read back a bounded distance, and whether a sentence has content yet is kept
+    as it grows instead of being asked again of its whole text."""
     spans: list[tuple[int, int]] = []
     start = 0
+    checked = 0  # text[start:checked] is all whitespace (when checked > start)
+    size = len(text)
     for m in _BOUNDARY.finditer(text):
-        end = m.end()
-        if m.group() != "\n":
-            word = text[start : m.start()].split()[-1:] or [""]
-            stem = word[0].lower().rstrip(".")
-            if m.group().startswith(".") and (stem in _ABBREVIATIONS or (len(stem) == 1 and stem.isalpha())):
+        first, end = m.start(), m.end()
+        if text[first] != "\n":
+            if end == size or not text[end].isspace():
+                continue  # "3.14", "e.g.x", or the very end: not a boundary
+            if text[first] == "." and _is_abbreviation(text, start, first):
                 continue
-        if text[start:end].strip():
+        if checked < end and not text[checked:end].isspace():
             spans.append((start, end))
             start = end
+        checked = end
     if text[start:].strip():
-        spans.append((start, len(text)))
+        spans.append((start, size))
     return spans
+
+
+def _is_abbreviation(text: str, start: int, dot: int) -> bool:
+    """Whether the word of ``text[start:dot]`` that ends at ``dot`` is an abbreviation or an initial
+    (its "." does not end a sentence). Only the last ``_LONGEST_ABBREVIATION + 1`` characters are
+    read: a longer word is neither, and its cut end is still longer than any abbreviation."""
+    words = text[max(start, dot - _LONGEST_ABBREVIATION - 1) : dot].split()
+    stem = words[-1].lower().rstrip(".") if words else ""
+    return stem in _ABBREVIATIONS or (len(stem) == 1 and stem.isalpha())
 
 
 class SentenceChunker:

@@ -7,6 +7,7 @@ and the outcome (a response model, or a stream of chunk models) back into HTTP (
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -149,7 +150,9 @@ class ChatService:
         counter = await self.llm.token_counter()
         window = await self.llm.context_window()
         requested = body.get("max_completion_tokens") or body.get("max_tokens")
-        prompt_tokens, max_tokens = fit_passthrough(
+        # token counting reads the client's messages (up to the request size): on a worker thread
+        prompt_tokens, max_tokens = await asyncio.to_thread(
+            fit_passthrough,
             counter=counter,
             window=window,
             messages=body["messages"],
@@ -205,7 +208,8 @@ class ChatService:
         counter = await self.llm.token_counter()
         window = await self.llm.context_window()
         s = self.settings
-        result = fit(
+        result = await asyncio.to_thread(  # counts the client's messages: on a worker thread
+            fit,
             counter=counter,
             window=window,
             system=system,
@@ -335,7 +339,9 @@ class ChatService:
         attempts.append((p.query, "message"))
         if previous:
             counter = await self.llm.token_counter()
-            joined = joined_query(p.query, previous, counter.count_text, self.settings.followup_max_tokens)
+            joined = await asyncio.to_thread(
+                joined_query, p.query, previous, counter.count_text, self.settings.followup_max_tokens
+            )
             if joined != p.query:
                 attempts.append((joined, "joined"))
         first: tuple[list[NodeWithScore], RagInfo] | None = None

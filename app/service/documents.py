@@ -46,7 +46,7 @@ from app.routing import group_by_shard
 from app.service.pool import ShardPool
 from app.service.shard_service import HOME_SHARD, STAGING_PREFIX
 from app.store import ChunkWrite, DocumentWrite, StoredDocument
-from app.store.lexical import lexical_query
+from app.store.lexical import MAX_QUERY_CHARS, lexical_query
 
 MANIFEST = "manifest.json"
 SNAPSHOTS = "snapshots"  # persist/load paths are relative to <storage_dir>/snapshots
@@ -54,6 +54,10 @@ SNAPSHOT_FORMAT = 1
 LOCK_FILE = ".persist.lock"
 MAX_CONTENT_ID_ATTEMPTS = 16
 _CONTENT_NAMESPACE = uuid.UUID("0b6f1f0e-7c3a-4d52-9b1e-2f8a64c1d9e3")
+
+
+async def _no_tokens() -> int:
+    return 0
 
 
 def content_doc_id(hash_value: str, attempt: int = 0) -> str:
@@ -445,6 +449,11 @@ class DocumentService:
         best ``k`` are kept. The query is embedded in every mode: lexical hits carry their cosine
         score too."""
         mode = mode or self.retrieval.mode
+        # how many tokens the lexical query holds (for keyword_match): parsed on a worker thread, as
+        # everything that reads user text is, beside the embedding (the parser is linear and bounded)
+        query_tokens = asyncio.ensure_future(
+            asyncio.to_thread(lambda: lexical_query(query).tokens) if mode != "dense" else _no_tokens()
+        )
         t0 = time.perf_counter()
         vector = await self.embedder.embed_query(query)  # the search itself tells a missing index
         t1 = time.perf_counter()
@@ -455,7 +464,7 @@ class DocumentService:
             "search_candidates",
             index,
             vector,
-            query,
+            query[: MAX_QUERY_CHARS + 1],  # all the lexical parser reads (the +1 tells a word cut at the end)
             depth,
             mode,
             metadata_filter,
@@ -470,7 +479,7 @@ class DocumentService:
             [p.lexical for p in found],
             depth if self.reranker is not None else k,
             self.retrieval.fusion,
-            lexical_query(query).tokens,
+            await query_tokens,
         )
         t2 = time.perf_counter()
         timings = {"embed": t1 - t0, "search": t2 - t1}

@@ -4,7 +4,8 @@ Chunk ids are AUTOINCREMENT so an id is never reused: it is the FAISS id (and th
 rowid), and the change log can replay adds and deletes after a snapshot without ambiguity.
 
 Versions: 1 chunks and documents; 2 index generations (``indexes.generation``, ``origin``,
-``dropped_indexes``); 3 the lexical index (``chunks_fts``, ``app.store.lexical``).
+``dropped_indexes``); 3 the lexical index (``chunks_fts``, ``app.store.lexical``); 4 its ``idx``
+column (each row's index, so a lexical search walks only its own index's postings).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from app.store.lexical import create_lexical_index
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 log = logging.getLogger("ragserve.store")
 
 DDL = """

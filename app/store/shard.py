@@ -48,7 +48,7 @@ from app.store.faiss_index import (
 )
 from app.store.filters import filter_sql
 from app.store.gpu import GpuMirror, resolve_faiss_device
-from app.store.lexical import FTS_TABLE, LexicalQuery, lexical_problems, lexical_query
+from app.store.lexical import FTS_TABLE, LexicalQuery, in_index, lexical_problems, lexical_query
 from app.store.schema import connect, create_schema
 from app.store.types import (
     DimensionMismatchError,
@@ -822,54 +822,40 @@ class Shard:
         ]
 
     def _lexical(
-        self, index: str, match: str, k: int, metadata_filter: dict[str, Any] | None
+        self, index: str, query: LexicalQuery, k: int, metadata_filter: dict[str, Any] | None
     ) -> list[tuple[int, float]]:
         """(chunk id, BM25 score, higher better) of the top ``k`` lexical matches in ``index``.
 
-        The lexical index spans the shard's indexes (its statistics too), so the fast path asks it
-        for a few more than ``k`` and keeps this index's rows: when ``k`` of them survive they are
-        exactly this index's top ``k`` (any other row of it ranks below all of those asked for).
-        Otherwise (a filter, or a shard shared with larger indexes) one join query ranks this
-        index's matching rows only."""
+        The query is ANDed with the index's own token (``LexicalQuery.match_in``), so FTS5 ranks
+        this index's matching rows only, whatever the other indexes of the shard hold; a metadata
+        filter joins the documents."""
         db = self._reader()
+        match = query.match_in(index)
         if not metadata_filter:
-            wanted = 2 * k + 10
-            found = db.execute(
-                f"SELECT rowid, rank FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? ORDER BY rank LIMIT ?", (match, wanted)
-            ).fetchall()
-            if not found:
-                return []
-            ids = [r[0] for r in found]
-            mine: set[int] = set()
-            for part in _chunks(ids):
-                marks = ",".join("?" * len(part))
-                # "+index_name": look the ids up by rowid, not by scanning the index's rows
-                mine.update(
-                    r[0]
-                    for r in db.execute(
-                        f"SELECT id FROM chunks WHERE id IN ({marks}) AND +index_name = ?", (*part, index)
-                    )
+            return [
+                (int(i), -float(r))
+                for i, r in db.execute(
+                    f"SELECT rowid, rank FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? ORDER BY rank LIMIT ?", (match, k)
                 )
-            kept = [(int(i), -float(r)) for i, r in found if i in mine]
-            if len(kept) >= k or len(found) < wanted:
-                return kept[:k]
+            ]
         cond, args = filter_sql(metadata_filter, "d.metadata")
         return [
             (int(i), -float(r))
             for i, r in db.execute(
                 f"SELECT c.id, {FTS_TABLE}.rank FROM {FTS_TABLE} JOIN chunks c ON c.id = {FTS_TABLE}.rowid "
                 "JOIN documents d ON d.index_name = c.index_name AND d.doc_id = c.doc_id "
-                f"WHERE {FTS_TABLE} MATCH ? AND c.index_name = ? AND {cond} ORDER BY {FTS_TABLE}.rank LIMIT ?",
-                (match, index, *args, k),
+                f"WHERE {FTS_TABLE} MATCH ? AND {cond} ORDER BY {FTS_TABLE}.rank LIMIT ?",
+                (match, *args, k),
             )
         ]
 
-    def _terms_matched(self, query: LexicalQuery, ids: list[int]) -> dict[int, int]:
-        """How many of ``query``'s terms each of ``ids`` contains: one query per term over the
-        rowid range the ids span, kept to the ids here. FTS5 seeks a rowid range in its doclists
-        but runs ``rowid IN (...)`` as one full-text lookup per listed id: with 60 candidates and 3
-        terms that was 2.5 ms a shard, the range 0.08 ms (docs/benchmarks.md). The range walks at
-        most each term's doclist, which the BM25 query over the same terms has just walked."""
+    def _terms_matched(self, index: str, query: LexicalQuery, ids: list[int]) -> dict[int, int]:
+        """How many of ``query``'s terms each of ``ids`` (rows of ``index``) contains: one query per
+        term over the rowid range the ids span, kept to the ids here. FTS5 seeks a rowid range in its
+        doclists but runs ``rowid IN (...)`` as one full-text lookup per listed id: with 60
+        candidates and 3 terms that was 2.5 ms a shard, the range 0.08 ms (docs/benchmarks.md). The
+        range walks at most each term's postings in this index, which the BM25 query over the same
+        terms has just walked."""
         counts = dict.fromkeys(ids, 0)
         if not ids:
             return counts
@@ -877,23 +863,25 @@ class Shard:
         db = self._reader()
         for term in query.terms:
             for (i,) in db.execute(
-                f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid BETWEEN ? AND ?", (term, lo, hi)
+                f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid BETWEEN ? AND ?",
+                (in_index(index, term), lo, hi),
             ):
                 if i in counts:
                     counts[i] += 1
         return counts
 
-    def _selective(self, query: LexicalQuery, max_postings: int) -> tuple[LexicalQuery, int]:
-        """The terms of ``query`` to search with, rarest first while the rows they match add up to at
-        most ``max_postings`` (each count stops at that bound, so counting is cheap too); and how
-        many terms match no row here at all."""
+    def _selective(self, index: str, query: LexicalQuery, max_postings: int) -> tuple[LexicalQuery, int]:
+        """The terms of ``query`` to search ``index`` with, rarest first while the rows of ``index``
+        they match add up to at most ``max_postings`` (each count stops at that bound and walks only
+        this index's postings, so counting is cheap too and another index's rows never count); and
+        how many terms match no row of ``index`` at all."""
         db = self._reader()
         counts: list[tuple[int, int]] = []
         absent = 0
         for pos, term in enumerate(query.terms[:MAX_COUNTED_TERMS]):
             n = db.execute(
                 f"SELECT count(*) FROM (SELECT 1 FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? LIMIT ?)",
-                (term, max_postings + 1),
+                (in_index(index, term), max_postings + 1),
             ).fetchone()[0]
             if n:
                 counts.append((n, pos))
@@ -947,11 +935,11 @@ class Shard:
         lex = lexical_query(text) if mode != "dense" else LexicalQuery(())
         absent = 0  # terms no row here contains: they still count in the share a hit must match
         if lex and max_postings is not None:
-            lex, absent = self._selective(lex, max_postings)
+            lex, absent = self._selective(index, lex, max_postings)
         need = max(1, math.ceil(min_match * (len(lex.terms) + absent) - 1e-9))
-        lexical = self._lexical(index, lex.match, 3 * k if need > 1 else k, metadata_filter) if lex else []
+        lexical = self._lexical(index, lex, 3 * k if need > 1 else k, metadata_filter) if lex else []
         dense_ids = {i for i, _ in dense}
-        matched = self._terms_matched(lex, list(dense_ids | {i for i, _ in lexical})) if lex else {}
+        matched = self._terms_matched(index, lex, list(dense_ids | {i for i, _ in lexical})) if lex else {}
         lexical_scores = dict([(i, s) for i, s in lexical if matched[i] >= need][:k])
         rows = self._rows(list(dense_ids))
         lexical_only = [i for i in lexical_scores if i not in dense_ids]

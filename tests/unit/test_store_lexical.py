@@ -4,12 +4,13 @@ like dense hits, durable through export/import, and built on open for shards wri
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import numpy as np
 import pytest
 
 from app.store import ChunkWrite, DocumentWrite, Shard, read_export
-from app.store.lexical import FTS_TABLE, lexical_query
+from app.store.lexical import FTS_TABLE, MAX_PHRASE_TOKENS, MAX_QUERY_CHARS, MAX_QUERY_TOKENS, lexical_query
 
 TEXTS = {
     "bracket": "The XR-7720 bracket mounts the pump on the frame.",
@@ -80,9 +81,9 @@ def test_no_user_text_is_a_query_syntax_error(shard: Shard, text: str) -> None:
 
 
 def test_query_builder_quotes_every_word_and_drops_what_selects_nothing() -> None:
-    assert lexical_query('the "XR-7720," bracket?').terms == ('"xr-7720"', '"bracket"')
+    assert lexical_query('the "XR-7720," bracket?').terms == ('"xr 7720"', '"bracket"')  # a phrase of its tokens
     assert lexical_query('say "hi"').terms == ('"say"', '"hi"')  # inner quotes stripped at the edges
-    assert lexical_query('a"b').terms == ('"a""b"',)  # a quote inside a word is doubled
+    assert lexical_query('a"b').terms == ('"a b"',)  # a quote inside a word separates tokens, as in FTS5
     assert lexical_query("?!. -- *").terms == ()
     assert not lexical_query("")
     assert lexical_query("How do I install it?").terms == ('"install"',)
@@ -171,7 +172,7 @@ def test_a_shard_from_before_the_lexical_index_gains_it_on_open(tmp_path) -> Non
     db.commit()
     db.close()
     s = Shard(tmp_path / "s")
-    assert s._write.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "3"
+    assert s._write.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "4"
     assert [h.doc_id for h in s.search_candidates("kb", vec(0), "XR-7720", 5, mode="lexical").lexical] == ["bracket"]
     assert s.verify() == []
     s.close()
@@ -215,7 +216,7 @@ def test_terms_are_counted_for_exactly_the_asked_rows(tmp_path):
             text = " ".join(rng.choice(words, size=4))
             s.upsert_documents("kb" if n % 3 else "other", [doc(f"d{n}", text, n)])
         query = lexical_query("pump valve seal gasket")
-        all_ids = [r[0] for r in s._reader().execute("SELECT id FROM chunks ORDER BY id")]
+        all_ids = [r[0] for r in s._reader().execute("SELECT id FROM chunks WHERE index_name = 'kb' ORDER BY id")]
         for ids in (all_ids, all_ids[5:40:3], [all_ids[0], all_ids[-1]], [all_ids[17]], []):
             expected = {
                 i: sum(
@@ -226,8 +227,129 @@ def test_terms_are_counted_for_exactly_the_asked_rows(tmp_path):
                 )
                 for i in ids
             }
-            assert s._terms_matched(query, ids) == expected
+            assert s._terms_matched("kb", query, ids) == expected
             if ids is all_ids:  # the data has rows matching none, some and all of the terms
                 assert {0, 1, 2}.issubset(expected.values())
+    finally:
+        s.close()
+
+
+# Characters FTS5 cannot take inside a quoted phrase (NUL ends its string, an unescaped quote ends
+# the phrase), ones the driver cannot encode (a lone surrogate), and the other control, format and
+# separator characters: a query holding any of them searches its words, never fails.
+ODD_CHARS = ["\x00", "\x01", "\x08", "\x1b", "\x1f", "\x7f", "\x85", "\u200b", "\u2028", "\ufeff", "\ud800", '"']
+
+
+@pytest.mark.parametrize("char", ODD_CHARS)
+@pytest.mark.parametrize("mode", ["hybrid", "lexical"])
+def test_control_and_unencodable_characters_in_a_query_are_word_breaks(shard: Shard, char: str, mode: str) -> None:
+    for text in (f"XR{char}7720", f"{char}XR-7720{char}", f"bracket{char * 50}", char * 1000):
+        hits = shard.search_candidates("kb", vec(0), text, 5, mode=mode, max_postings=2000).lexical
+        assert [h.doc_id for h in hits] == ([] if text == char * 1000 else ["bracket"]), text
+    query = lexical_query(f"xr{char}7720 pump{char}")
+    assert query.terms == (('"xr"', '"7720"') if char.isspace() else ('"xr 7720"',)) + ('"pump"',)
+
+
+def test_a_lexical_query_is_bounded_in_characters_and_tokens() -> None:
+    one_word = lexical_query("qk-" * 200_000)  # 600 KB: one word of 200,000 tokens
+    assert one_word.terms == ('"' + " ".join(["qk"] * MAX_PHRASE_TOKENS) + '"',)
+    many = lexical_query(" ".join(f"w{i}-x{i}" for i in range(5000)))  # every word two tokens
+    assert many.tokens == MAX_QUERY_TOKENS and len(many.terms) == MAX_QUERY_TOKENS // 2
+    past = lexical_query("pump " + " " * MAX_QUERY_CHARS + "zebra")  # only the beginning is read
+    assert past.terms == ('"pump"',)
+    cut = lexical_query("x" * (MAX_QUERY_CHARS - 3) + " pumpkin")  # a word cut at the bound is left out
+    assert cut.terms == ('"' + "x" * (MAX_QUERY_CHARS - 3) + '"',)
+    for query in (one_word, many, lexical_query("a-" * 500_000), lexical_query("\x00a" * 500_000)):
+        assert query.tokens <= MAX_QUERY_TOKENS
+        assert all(len(t[1:-1].split()) <= MAX_PHRASE_TOKENS for t in query.terms)
+
+
+def test_a_huge_hyphenated_word_searches_only_its_first_tokens(tmp_path) -> None:
+    s = Shard(tmp_path / "s")
+    try:
+        s.upsert_documents("kb", [doc(f"d{i}", f"qk-{i} qk-qk qk", i) for i in range(300)])
+        t0 = time.thread_time()  # CPU seconds of this thread (the search runs in it): not the machine's load
+        for mode in ("hybrid", "lexical"):
+            hits = s.search_candidates("kb", vec(0), "qk-" * 200_000, 5, mode=mode, max_postings=2000).lexical
+            assert hits == []  # no row holds 16 "qk" in a row
+        assert time.thread_time() - t0 < 2.0
+        assert [h.doc_id for h in s.search_candidates("kb", vec(0), "qk-7", 5, mode="lexical").lexical] == ["d7"]
+    finally:
+        s.close()
+
+
+def test_another_index_in_the_shard_cannot_crowd_out_lexical_hits(tmp_path) -> None:
+    """``max_postings`` counts the rows of the index searched: another index's 2,500 rows holding
+    the word leave this index's one row found (counted over the shard, the word was past the
+    bound and searched nowhere)."""
+    s = Shard(tmp_path / "s")
+    try:
+        s.upsert_documents("big", [doc(f"b{i}", f"pump note {i}", i) for i in range(2500)])
+        s.upsert_documents("small", [doc("s1", "the pump once", 1), doc("s2", "a valve", 2)])
+        for mode in ("hybrid", "lexical"):
+            hits = s.search_candidates("small", vec(0), "pump", 5, mode=mode, max_postings=2000).lexical
+            assert [h.doc_id for h in hits] == ["s1"] and hits[0].all_terms
+        assert s.search_candidates("big", vec(0), "pump", 5, mode="lexical", max_postings=2000).lexical == []
+        assert len(s.search_candidates("big", vec(0), "pump note", 5, mode="lexical").lexical) == 5
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("names", [("a.b", "a-b"), ("kb", "kb2"), ("x", "X"), ("ä", "a")])
+def test_indexes_whose_names_tokenize_alike_keep_their_rows_apart(tmp_path, names: tuple[str, str]) -> None:
+    s = Shard(tmp_path / "s")
+    try:
+        for n, name in enumerate(names):
+            s.upsert_documents(name, [doc(f"{n}", "the pump", n)])
+        for n, name in enumerate(names):
+            assert [h.doc_id for h in s.search_candidates(name, vec(0), "pump", 5, mode="lexical").lexical] == [f"{n}"]
+        assert s.verify() == []
+    finally:
+        s.close()
+
+
+def test_a_shard_with_the_lexical_index_of_schema_3_gets_the_per_index_one_on_open(tmp_path) -> None:
+    s = Shard(tmp_path / "s")
+    s.upsert_documents("kb", [doc(k, t, i) for i, (k, t) in enumerate(TEXTS.items())])
+    s.upsert_documents("other", [doc("o", "the XR-7720 bracket again", 9)])
+    s.close()
+    db = sqlite3.connect(tmp_path / "s" / "shard.sqlite")  # back to schema version 3's lexical index
+    for trigger in ("chunks_fts_insert", "chunks_fts_delete", "chunks_fts_update"):
+        db.execute(f"DROP TRIGGER {trigger}")
+    db.execute(f"DROP TABLE {FTS_TABLE}")
+    db.executescript(
+        f"""CREATE VIRTUAL TABLE {FTS_TABLE} USING fts5(
+            text, content='chunks', content_rowid='id', tokenize='porter unicode61');
+        CREATE TRIGGER chunks_fts_insert AFTER INSERT ON chunks BEGIN
+            INSERT INTO {FTS_TABLE} (rowid, text) VALUES (new.id, new.text);
+        END;
+        INSERT INTO {FTS_TABLE} ({FTS_TABLE}) VALUES ('rebuild');
+        UPDATE meta SET value = '3' WHERE key = 'schema_version';"""
+    )
+    db.commit()
+    db.close()
+    s = Shard(tmp_path / "s")
+    try:
+        assert s._write.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "4"
+        assert [h.doc_id for h in s.search_candidates("kb", vec(0), "XR-7720", 5, mode="lexical").lexical] == [
+            "bracket"
+        ]
+        assert s.verify() == []
+    finally:
+        s.close()
+
+
+def test_a_loads_swap_moves_the_lexical_rows_to_the_loaded_name(tmp_path) -> None:
+    """A load imports into a staging index and renames it: the rows' index token follows, so the
+    loaded index finds them lexically, the staging name does not, and the old rows are gone."""
+    s = Shard(tmp_path / "s")
+    try:
+        s.upsert_documents("kb", [doc("old", "the XR-7720 bracket, old text", 1)])
+        s.upsert_documents("staging~kb", [doc("new", "the XR-7720 bracket, new text", 2)])
+        s.replace_index("staging~kb", "kb")
+        assert [h.doc_id for h in s.search_candidates("kb", vec(0), "XR-7720", 5, mode="lexical").lexical] == ["new"]
+        assert s.verify() == []
+        n = s._reader().execute(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH 'xr'").fetchone()[0]
+        assert n == 1
     finally:
         s.close()

@@ -1,0 +1,200 @@
+"""Every parser of user text we own is linear: 1 MB of each worst shape (runs of each punctuation
+class, of spaces, of ".", of initials, alternations, hyphenated words, NULs, control characters and
+lone surrogates) takes well under a couple of seconds. The code before took tens of seconds on some
+of these shapes at 20-40 KB (a backtracking regex on the event loop held the whole ingress), so
+the bound is generous and still catches a quadratic path; the sentence splitter is also checked
+to give the same spans as a plain reference on small random texts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.ingest.sentence import SentenceChunker, sentence_spans
+from app.store.lexical import MAX_PHRASE_TOKENS, MAX_QUERY_TOKENS, lexical_query
+
+MB = 1_000_000
+BOUND_S = 2.0
+
+# The units a worst shape repeats: each punctuation class alone, whitespace, the sentence splitter's
+# cases (terminal runs, closers, initials, abbreviations), alternations with letters, hyphenated
+# words, and characters that are special to FTS5, SQLite or UTF-8.
+UNITS = [
+    ".",
+    "!",
+    "?",
+    "…",
+    "。",
+    ",",
+    ";",
+    ":",
+    "-",
+    "_",
+    "*",
+    '"',
+    "'",
+    "”",
+    ")",
+    "]",
+    "(",
+    "[",
+    "/",
+    "\\",
+    " ",
+    "\t",
+    "\n",
+    "\r\n",
+    "\u2028",
+    ". ",
+    ".\n",
+    '."',
+    '." ',
+    ".)",
+    "!?",
+    "A. ",
+    "e.g. ",
+    "Dr. ",
+    "a.",
+    "a. ",
+    "a.b",
+    "a-",
+    "-a",
+    "a_",
+    "a-b ",
+    "1.",
+    "x\n",
+    " \n",
+    "\x00",
+    "a\x00",
+    "\x01",
+    "\x1f",
+    "\x7f",
+    "\u200b",
+    "\ufeff",
+    "\ud800",
+    "a\udfff",
+    "🙂",
+    "é",
+]
+
+
+def timed(fn: Callable[[str], object], text: str) -> float:
+    """CPU seconds of this thread for ``fn(text)``: what the shape costs, however busy the machine."""
+    t0 = time.thread_time()
+    fn(text)
+    return time.thread_time() - t0
+
+
+def of_size(unit: str, size: int = MB) -> str:
+    return unit * (size // len(unit))
+
+
+def layouts(unit: str, size: int = MB) -> list[str]:
+    """The run alone, and inside a word (a backtracking pattern is often quadratic only when the
+    run is followed by something it cannot take)."""
+    run = of_size(unit, size - 2)
+    return [run, "a" + run + "a"]
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=ascii)
+def test_the_lexical_query_parser_is_fast_and_bounded_on_every_shape(unit: str) -> None:
+    for text in layouts(unit):
+        assert timed(lexical_query, text) < BOUND_S
+        query = lexical_query(text)
+        assert query.tokens <= MAX_QUERY_TOKENS
+        assert all(len(t[1:-1].split()) <= MAX_PHRASE_TOKENS for t in query.terms)
+        assert all(c.isalnum() or c == " " for t in query.terms for c in t[1:-1])  # nothing FTS5 could misread
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=ascii)
+def test_sentence_splitting_is_linear_on_every_shape(unit: str) -> None:
+    for text in layouts(unit):
+        assert timed(sentence_spans, text) < BOUND_S
+
+
+@pytest.mark.parametrize("unit", ["A. ", ". ", "! ", ".", "-a", "\n", "a.\n", "e.g. ", "\x00", "\ud800"], ids=ascii)
+def test_sentence_chunking_is_linear_on_the_splitters_worst_shapes(unit: str) -> None:
+    chunker = SentenceChunker(word_count, 256, 32)
+    text = of_size(unit, MB // 2)  # the splitting and packing (with a cheap count): still 10x past quadratic
+    assert timed(chunker.split, text) < BOUND_S
+
+
+shape_units = st.text(
+    alphabet=st.sampled_from(list(".!?\"')] \n\t-_,A\x00\x01\u200b\ud800aé”")), min_size=1, max_size=6
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(unit=shape_units)
+def test_generated_shapes_stay_linear(unit: str) -> None:
+    for text in layouts(unit, MB // 2):
+        assert timed(sentence_spans, text) < BOUND_S
+        assert timed(lexical_query, text) < BOUND_S
+
+
+def reference_spans(text: str) -> list[tuple[int, int]]:
+    """The splitting rule written plainly (quadratic, for small texts): an end is a run of ".!?",
+    then closing quotes or brackets, then whitespace; or a newline. A "." after an abbreviation or
+    a single letter is no end; whitespace-only pieces join the next sentence."""
+    from app.ingest.sentence import _ABBREVIATIONS
+
+    spans, start, i = [], 0, 0
+    while i < len(text):
+        if text[i] == "\n":
+            end = i + 1
+        elif text[i] in ".!?":
+            j = i
+            while j < len(text) and text[j] in ".!?":
+                j += 1
+            while j < len(text) and text[j] in "\"'”’)]":
+                j += 1
+            if j == len(text) or not text[j].isspace():
+                i = j
+                continue
+            end = j
+            words = text[start:i].split()
+            stem = words[-1].lower().rstrip(".") if words else ""
+            if text[i] == "." and (stem in _ABBREVIATIONS or (len(stem) == 1 and stem.isalpha())):
+                i = j
+                continue
+        else:
+            i += 1
+            continue
+        if text[start:end].strip():
+            spans.append((start, end))
+            start = end
+        i = end
+    if text[start:].strip():
+        spans.append((start, len(text)))
+    return spans
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([*".!?\"')]” \n\taAxe", "e.g", "Dr", "approx", "vs"]), max_size=30).map("".join))
+def test_sentence_spans_match_the_plain_rule(text: str) -> None:
+    assert sentence_spans(text) == reference_spans(text)
+
+
+@pytest.mark.parametrize(("language", "unit"), [("c", "a;"), ("python", "["), ("javascript", "{"), ("python", "x=1;")])
+def test_code_chunking_counts_each_segment_once(embedding_model, language: str, unit: str) -> None:
+    """Many tiny statements (or brackets): each segment is counted once, in batches, instead of the
+    growing merged text at every step (100 KB took 13-38 s with the real tokenizer, now about 1)."""
+    from app.ingest.chunks import hf_token_counter
+    from app.ingest.code import CodeChunker
+
+    count = hf_token_counter(embedding_model.tokenizer)
+    chunker = CodeChunker(count, 256, 32)
+    text = of_size(unit, 100_000)
+    t0 = time.thread_time()
+    chunks = chunker.split(text, language)
+    assert time.thread_time() - t0 < 5.0
+    assert "".join(c.text for c in chunks) == text.strip()  # every byte kept, once
+    assert all(count(c.text) <= 256 for c in chunks)
