@@ -112,3 +112,29 @@ def test_upload_converts_replaces_and_refuses_mistakes(client: TestClient) -> No
 def test_stats_of_missing_index_is_404(client: TestClient) -> None:
     r = client.get("/indexes/missing/stats", headers=AUTH)
     assert r.status_code == 404 and r.json() == {"detail": "No such index: 'missing' exists."}
+
+
+def test_the_page_and_its_assets_send_security_headers(client: TestClient) -> None:
+    """CSP without inline script or style (the page has none), no framing, no type sniffing."""
+    import re
+
+    for path in ("/ui", "/ui/", "/ui/static/app.js", "/ui/static/style.css"):
+        r = client.get(path, follow_redirects=False)
+        csp = r.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp, (path, r.headers)
+        assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+        assert r.headers.get("x-frame-options") == "DENY" and r.headers.get("x-content-type-options") == "nosniff"
+    page = client.get("/ui/").text
+    assert not re.search(r"<script(?![^>]*\bsrc=)", page), "inline script would be blocked by the CSP"
+    assert "<style" not in page and not re.search(r"\sstyle=", page) and not re.search(r"\son[a-z]+=", page)
+
+
+def test_the_key_is_written_to_local_storage_only_when_remembered() -> None:
+    """The page's script keeps the API key in sessionStorage, in localStorage only behind the
+    "remember" box (tests/ui/test_playground.py checks it in Chromium)."""
+    from app.http.routes.playground import UI_DIR
+
+    js = (UI_DIR / "app.js").read_text()
+    assert 'id="key-remember"' in (UI_DIR / "index.html").read_text()
+    assert "localStorage.setItem(KEY_STORE" not in js
+    assert "(remember ? localStorage : sessionStorage).setItem(KEY_STORE, key)" in js
