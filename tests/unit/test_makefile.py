@@ -41,3 +41,12 @@ def test_run_installs_only_what_serving_needs_and_test_adds_the_rest(tmp_path: P
     assert '-e ".[cpu]"' not in then_test and "-m venv" not in then_test  # serving's part is there
     stamp(venv / ".installed-test")  # after `make test`
     assert "pip install" not in planned("run", venv) and "pip install" not in planned("test", venv)
+
+
+def test_make_run_port_sets_the_variable_the_server_and_the_cli_read(tmp_path: Path) -> None:
+    from app.ports import PORT_ENV
+
+    venv = tmp_path / "venv"
+    stamp(venv / ".installed-run")
+    assert f"{PORT_ENV}=8123 " in planned("run", venv, PORT="8123")
+    assert PORT_ENV not in planned("run", venv)  # unset: the config's port, or RAGSERVE_PORT from the shell
