@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from app.ports import DEFAULT_PORT, port_from_env
+from app.service.access import is_loopback
 
 SWITCH = "RAGSERVE_HIGH_THROUGHPUT"
 HIGH_THROUGHPUT_VARS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
@@ -248,6 +249,7 @@ def serve_run(argv: list[str]) -> None:
 
 # --- make run: the launcher -----------------------------------------------------------------------
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SINGLE_NODE_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray takes the loopback as the node's address
 STOP_GRACE_S = 90.0  # how long the server may take to shut Serve and Ray down before it is killed
 
 
@@ -266,6 +268,21 @@ def url_of(host: str, port: int) -> str:
     if ":" in shown and not shown.startswith("["):
         shown = f"[{shown}]"
     return f"http://{shown}:{port}"
+
+
+def server_env(host: str, environ: Mapping[str, str], run_dir: str | Path) -> dict[str, str]:
+    """The server's environment: ``environ`` plus, for a server on the loopback, a Ray on the
+    loopback (the node's address is 127.0.0.1, so Ray's own metrics port, which names every index,
+    and its agents listen there, not on every interface; Ray keys this on its "no multi-node
+    cluster" switch), and in the high-throughput mode HAProxy's side ports (free ones on ``host``)
+    and files (in ``run_dir``). A value already in ``environ`` wins."""
+    env = dict(environ)
+    if is_loopback(host) and not env.get("RAY_ADDRESS"):
+        env.setdefault(SINGLE_NODE_VAR, "0")
+    if high_throughput_enabled(env):
+        env.update(private_haproxy_ports(host, env))
+        env.update({k: env.get(k) or v for k, v in haproxy_files(run_dir).items()})
+    return env
 
 
 def find_haproxies(folder: str | Path) -> list[int]:
@@ -320,7 +337,7 @@ def _die_with_parent() -> None:
 
 def _healthy(url: str) -> bool:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
             return bool(resp.status == 200)
     except (OSError, ValueError):
         return False
@@ -356,12 +373,10 @@ def launch(argv: list[str]) -> int:
     try:
         served = run_dir / Path(argv[0]).name
         served.write_text(yaml.safe_dump(config, sort_keys=False))
-        env = dict(os.environ)
+        env = server_env(host, os.environ, run_dir)
         if high_throughput_enabled(env):
-            ports = private_haproxy_ports(host, env)
-            env.update({**ports, **{k: env.get(k) or v for k, v in haproxy_files(run_dir).items()}})
-            stats = url_of(host, int(ports["RAY_SERVE_HAPROXY_STATS_PORT"]))
-            metrics = url_of(host, int(ports["RAY_SERVE_HAPROXY_METRICS_PORT"]))
+            stats = url_of(host, int(env["RAY_SERVE_HAPROXY_STATS_PORT"]))
+            metrics = url_of(host, int(env["RAY_SERVE_HAPROXY_METRICS_PORT"]))
             print(f"ragserve: HAProxy's stats page will be on {stats}/stats, its Prometheus on {metrics}/metrics")
         print(f"ragserve: starting on {url} (the first start takes a minute or more)", flush=True)
         server = subprocess.Popen(
@@ -381,7 +396,7 @@ def launch(argv: list[str]) -> int:
                 ready = True
                 print(f"ragserve ready on {url} (Ctrl-C to stop)", flush=True)
             with suppress(subprocess.TimeoutExpired):
-                server.wait(timeout=0.5 if ready or deadline is not None else 1.0)
+                server.wait(timeout=0.5)
         code = 0 if stopping else server.returncode
     finally:
         if server is not None:

@@ -6,11 +6,13 @@ port is free for the next ``make run``."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -45,6 +47,12 @@ STOPS = {  # how the launcher is stopped: (signal, to its whole process group?)
 }
 
 
+def _loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
 @pytest.mark.parametrize("stop", list(STOPS))
 def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path, stop: str) -> None:
     """Each way of stopping shuts Serve and then Ray down and leaves no HAProxy on the port."""
@@ -73,6 +81,10 @@ def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path
         try:
             base = f"http://127.0.0.1:{port}"
             wait_healthy(base, timeout_s=600)
+            ready = f"ragserve ready on {base} (Ctrl-C to stop)"
+            deadline = time.monotonic() + 60  # the launcher polls /health too, and then says so
+            while ready not in (tmp_path / "server.log").read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
             doc = {"text": "KAITO is a Kubernetes operator that runs AI models.", "metadata": {}}
             assert httpx.post(f"{base}/index", json={"index_name": "kb", "documents": [doc]}, timeout=120).is_success
             if stop == "ctrl-c":
@@ -99,6 +111,16 @@ def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path
             side_ports = {a.port for a in listening} - {port}
             assert not haproxies or len(side_ports) >= 2  # the stats page and Prometheus, on free ports
             assert not side_ports & {8404, 9101}
+            # and so does Ray (its metrics port names every index), but for what Ray hard-codes on
+            # every interface: the replicas' internal gRPC servers ("[::]:0" in ray/serve/_private/replica.py)
+            beyond = [
+                (p.name(), c.laddr)
+                for p in [psutil.Process(launcher.pid), *tree]
+                if not p.name().startswith("ray::ServeRepli")
+                for c in p.net_connections("inet")
+                if c.status == "LISTEN" and not _loopback(c.laddr.ip)
+            ]
+            assert not beyond, beyond
         finally:
             signum, group = STOPS[stop]
             if group:

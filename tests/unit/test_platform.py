@@ -123,3 +123,16 @@ def test_a_left_haproxy_of_this_run_is_stopped_and_no_other(tmp_path) -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_servers_environment(tmp_path) -> None:
+    from deployments.platform import FIXED_PORT_VARS, HAPROXY_FILE_VARS, SINGLE_NODE_VAR, server_env
+
+    env = server_env("127.0.0.1", {"PATH": "/bin", "RAY_SERVE_HAPROXY_STATS_PORT": "18404"}, tmp_path)
+    assert env["PATH"] == "/bin" and env[SINGLE_NODE_VAR] == "0"  # a loopback server: a loopback Ray
+    assert env["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404" and all(var in env for var in FIXED_PORT_VARS)
+    assert all(env[var].startswith(str(tmp_path)) for var in HAPROXY_FILE_VARS)
+    assert SINGLE_NODE_VAR not in server_env("0.0.0.0", {}, tmp_path)  # reachable from elsewhere: as Ray decides
+    assert SINGLE_NODE_VAR not in server_env("127.0.0.1", {"RAY_ADDRESS": "ray://head:10001"}, tmp_path)
+    off = server_env("127.0.0.1", {"RAGSERVE_HIGH_THROUGHPUT": "0"}, tmp_path)
+    assert not any(var in off for var in (*FIXED_PORT_VARS, *HAPROXY_FILE_VARS))
