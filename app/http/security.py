@@ -57,7 +57,9 @@ def bearer_token(scope: Scope) -> str | None:
 
 
 class ApiKeyMiddleware:
-    """Requires ``Authorization: Bearer <key>`` on every HTTP route except :data:`OPEN_PATHS`."""
+    """Requires ``Authorization: Bearer <key>`` on every HTTP route except :data:`OPEN_PATHS`, where
+    a valid key still counts (``/metrics`` shows more to a key for every index) and anything else
+    is :data:`ANONYMOUS`."""
 
     def __init__(
         self, app: ASGIApp, keys: Iterable[tuple[str, Principal]], on_reject: Callable[[str], None] | None = None
