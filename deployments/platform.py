@@ -140,6 +140,32 @@ def side_ports_on_the_frontend_host() -> None:
     for old, new in _SIDE_BINDS.items():
         template = template.replace(old, new)
     haproxy_templates.HAPROXY_CONFIG_TEMPLATE = template
+    _grpc_on_the_loopback()
+
+
+def _grpc_on_the_loopback() -> None:
+    """On a Ray on the loopback (``SINGLE_NODE_VAR``, set by :func:`server_env`), gRPC servers Ray
+    binds to every interface (the Serve replicas' inter-deployment server: ``[::]:0`` in
+    ``ray/serve/_private/replica.py``) bind to the loopback, where everything else of that Ray is
+    and where its peers call them. Ray's own helper is wrapped, and so is the replica module's name
+    for it if that module is imported already."""
+    if os.environ.get(SINGLE_NODE_VAR) != "0":
+        return
+    from ray._common import tls_utils
+
+    original = tls_utils.add_port_to_grpc_server
+    if getattr(original, "ragserve_loopback", False):
+        return
+
+    def add_port(server: Any, address: str) -> Any:
+        host, _, port = address.rpartition(":")
+        return original(server, f"127.0.0.1:{port}" if host in {"[::]", "0.0.0.0", ""} else address)
+
+    add_port.ragserve_loopback = True  # type: ignore[attr-defined]
+    tls_utils.add_port_to_grpc_server = add_port
+    replica = sys.modules.get("ray.serve._private.replica")  # imported already: its own name for it
+    if replica is not None and hasattr(replica, "add_port_to_grpc_server"):
+        setattr(replica, "add_port_to_grpc_server", add_port)  # noqa: B010  (a module mypy does not type)
 
 
 @contextmanager

@@ -111,12 +111,11 @@ def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path
             side_ports = {a.port for a in listening} - {port}
             assert not haproxies or len(side_ports) >= 2  # the stats page and Prometheus, on free ports
             assert not side_ports & {8404, 9101}
-            # and so does Ray (its metrics port names every index), but for what Ray hard-codes on
-            # every interface: the replicas' internal gRPC servers ("[::]:0" in ray/serve/_private/replica.py)
+            # and so does Ray: its metrics port (which names every index), its agents, and the
+            # replicas' gRPC servers, which Ray itself binds on every interface
             beyond = [
                 (p.name(), c.laddr)
                 for p in [psutil.Process(launcher.pid), *tree]
-                if not p.name().startswith("ray::ServeRepli")
                 for c in p.net_connections("inet")
                 if c.status == "LISTEN" and not _loopback(c.laddr.ip)
             ]

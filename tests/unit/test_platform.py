@@ -136,3 +136,31 @@ def test_the_servers_environment(tmp_path) -> None:
     assert SINGLE_NODE_VAR not in server_env("127.0.0.1", {"RAY_ADDRESS": "ray://head:10001"}, tmp_path)
     off = server_env("127.0.0.1", {"RAGSERVE_HIGH_THROUGHPUT": "0"}, tmp_path)
     assert not any(var in off for var in (*FIXED_PORT_VARS, *HAPROXY_FILE_VARS))
+
+
+def test_on_a_loopback_ray_grpc_servers_bind_the_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serve's replicas bind their gRPC server on ``[::]:0``; on a Ray on the loopback the hook
+    makes that the loopback (and leaves an explicit address, and any other Ray, alone)."""
+    from ray._common import tls_utils
+
+    from deployments.platform import SINGLE_NODE_VAR, _grpc_on_the_loopback
+
+    class Server:
+        def __init__(self) -> None:
+            self.addresses: list[str] = []
+
+        def add_insecure_port(self, address: str) -> int:
+            self.addresses.append(address)
+            return 1234
+
+    monkeypatch.setattr(tls_utils, "add_port_to_grpc_server", tls_utils.add_port_to_grpc_server)
+    monkeypatch.delenv(SINGLE_NODE_VAR, raising=False)
+    _grpc_on_the_loopback()  # a Ray as Ray decides: nothing changes
+    server = Server()
+    tls_utils.add_port_to_grpc_server(server, "[::]:0")
+    monkeypatch.setenv(SINGLE_NODE_VAR, "0")
+    _grpc_on_the_loopback()
+    _grpc_on_the_loopback()  # twice (every worker runs the hook once; a second call adds nothing)
+    for address in ("[::]:0", "0.0.0.0:5000", "10.1.2.3:7"):
+        assert tls_utils.add_port_to_grpc_server(server, address) == 1234
+    assert server.addresses == ["[::]:0", "127.0.0.1:0", "127.0.0.1:5000", "10.1.2.3:7"]
