@@ -20,12 +20,23 @@ without Ray installed.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
+import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any
+
+import yaml
+
+from app.ports import DEFAULT_PORT, port_from_env
+from app.service.access import is_loopback
 
 SWITCH = "RAGSERVE_HIGH_THROUGHPUT"
 HIGH_THROUGHPUT_VARS = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED")
@@ -69,9 +80,9 @@ def apply_serve_env(high_throughput: bool | None = None) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host.strip("[]"), 0))
         return int(s.getsockname()[1])
 
 
@@ -84,13 +95,77 @@ FIXED_PORT_VARS = (
     "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
     "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT",
 )
+#: Where HAProxy keeps its files (config, admin and metrics sockets, server state): /tmp/haproxy-serve
+#: for every Ray on the machine unless set. Each run takes a folder of its own (``haproxy_files``),
+#: so two servers never share them and the launcher can find its own HAProxy by its config path.
+HAPROXY_FILE_VARS = {
+    "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": "haproxy.cfg",
+    "RAY_SERVE_HAPROXY_SOCKET_PATH": "admin.sock",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": "",
+    "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": "server-state",
+    "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": "metrics.sock",
+}
 
 
-def private_haproxy_ports() -> dict[str, str]:
-    """Free ports for what the high-throughput mode binds to fixed ones (``FIXED_PORT_VARS``), so a
-    second Ray with HAProxy on the same machine (a test beside a benchmark, two engineers on one
-    host) does not fail with "Address already in use". Private clusters take free ones instead."""
-    return {var: str(_free_port()) for var in FIXED_PORT_VARS}
+def private_haproxy_ports(host: str = "127.0.0.1", environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Free ports on ``host`` for what the high-throughput mode binds to fixed ones
+    (``FIXED_PORT_VARS``), so a second Ray with HAProxy on the same machine (a second ``make run``,
+    a test beside a benchmark) does not fail with "Address already in use". A port already set in
+    ``environ`` is kept."""
+    env = {} if environ is None else environ
+    return {var: env.get(var) or str(_free_port(host)) for var in FIXED_PORT_VARS}
+
+
+def haproxy_files(folder: str | Path) -> dict[str, str]:
+    """The ``HAPROXY_FILE_VARS`` paths inside ``folder`` (one folder per run)."""
+    return {var: str(Path(folder) / name) if name else str(folder) for var, name in HAPROXY_FILE_VARS.items()}
+
+
+SIDE_PORTS_HOOK = "deployments.platform.side_ports_on_the_frontend_host"
+_SIDE_BINDS = {  # Ray 2.60's HAProxy template binds its stats page and Prometheus port on every interface
+    "bind *:{{ config.stats_port }}": "bind {{ config.frontend_host }}:{{ config.stats_port }}",
+    "bind :{{ config.metrics_port }}": "bind {{ config.frontend_host }}:{{ config.metrics_port }}",
+}
+
+
+def side_ports_on_the_frontend_host() -> None:
+    """Make HAProxy's stats page and Prometheus port listen where the application does
+    (``http_options.host``: the loopback for ``make run``) rather than on every interface, which Ray's
+    template hard-codes. A ``worker_process_setup_hook``: it runs in each Ray worker before any
+    actor, so Serve's proxy renders the amended template. The template is plain strings (no import
+    cost); a release whose template lacks these lines is left as it is (test_platform notices)."""
+    from ray.serve._private import haproxy_templates
+
+    template = haproxy_templates.HAPROXY_CONFIG_TEMPLATE
+    for old, new in _SIDE_BINDS.items():
+        template = template.replace(old, new)
+    haproxy_templates.HAPROXY_CONFIG_TEMPLATE = template
+    _grpc_on_the_loopback()
+
+
+def _grpc_on_the_loopback() -> None:
+    """On a Ray on the loopback (``SINGLE_NODE_VAR``, set by :func:`server_env`), gRPC servers Ray
+    binds to every interface (the Serve replicas' inter-deployment server: ``[::]:0`` in
+    ``ray/serve/_private/replica.py``) bind to the loopback, where everything else of that Ray is
+    and where its peers call them. Ray's own helper is wrapped, and so is the replica module's name
+    for it if that module is imported already."""
+    if os.environ.get(SINGLE_NODE_VAR) != "0":
+        return
+    from ray._common import tls_utils
+
+    original = tls_utils.add_port_to_grpc_server
+    if getattr(original, "ragserve_loopback", False):
+        return
+
+    def add_port(server: Any, address: str) -> Any:
+        host, _, port = address.rpartition(":")
+        return original(server, f"127.0.0.1:{port}" if host in {"[::]", "0.0.0.0", ""} else address)
+
+    add_port.ragserve_loopback = True  # type: ignore[attr-defined]
+    tls_utils.add_port_to_grpc_server = add_port
+    replica = sys.modules.get("ray.serve._private.replica")  # imported already: its own name for it
+    if replica is not None and hasattr(replica, "add_port_to_grpc_server"):
+        setattr(replica, "add_port_to_grpc_server", add_port)  # noqa: B010  (a module mypy does not type)
 
 
 @contextmanager
@@ -151,12 +226,15 @@ def init_local_ray(
     if on and private:
         env.update(private_haproxy_ports())
     os.environ.update(env)  # before Ray starts: its processes inherit it
+    runtime_env: dict[str, Any] = {"env_vars": {**OFFLINE_ENV, **env, **(env_vars or {})}}
+    if on:
+        runtime_env["worker_process_setup_hook"] = SIDE_PORTS_HOOK
     with _ray_params(**local_ray_params(on)):
         ray.init(
             num_cpus=num_cpus,
             include_dashboard=False,
             configure_logging=False,
-            runtime_env={"env_vars": {**OFFLINE_ENV, **env, **(env_vars or {})}},
+            runtime_env=runtime_env,
             **kwargs,
         )
     return env
@@ -175,26 +253,195 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def serve_run(argv: list[str]) -> None:
     """``serve run ARGS`` in the configured mode: a local Ray (no dashboard) is started here unless
-    ``RAY_ADDRESS`` names a cluster, whose own pods carry the variables (kuberay/)."""
+    ``RAY_ADDRESS`` names a cluster, whose own pods carry the variables (kuberay/). ``make run``
+    runs this under :func:`launch`, which owns the terminal and the signals."""
     import ray
     from ray.serve.scripts import cli
 
+    # SIGTERM and SIGHUP (a container or service manager, a closed terminal) shut down as Ctrl-C
+    # does: Serve first, then Ray, so nothing is left running.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
     if not os.environ.get("RAY_ADDRESS"):
         init_local_ray(namespace="serve", private=False)
         node = ray._private.worker.global_worker.node
         if node is not None:
             print(f"ragserve: Serve's logs are in {node.get_session_dir_path()}/logs/serve", flush=True)
-    # SIGTERM (a container or service manager stopping it) shuts down as Ctrl-C does: Serve first,
-    # then Ray, so nothing is left running.
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
         cli.main(args=["run", *argv], prog_name="serve")
     finally:
         ray.shutdown()
 
 
+# --- make run: the launcher -----------------------------------------------------------------------
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SINGLE_NODE_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray takes the loopback as the node's address
+STOP_GRACE_S = 90.0  # how long the server may take to shut Serve and Ray down before it is killed
+
+
+def served_config(config: dict[str, Any], environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], str, int]:
+    """The serve config to run, its host and its port: ``RAGSERVE_PORT`` wins over
+    ``http_options.port`` (ValueError naming the variable if it is not a port)."""
+    http = dict(config.get("http_options") or {})
+    port = port_from_env(environ) or int(http.get("port") or DEFAULT_PORT)
+    host = str(http.get("host") or "127.0.0.1")
+    return {**config, "http_options": {**http, "port": port}}, host, port
+
+
+def url_of(host: str, port: int) -> str:
+    """The URL a client on this machine uses for a server listening on ``host``."""
+    shown = "127.0.0.1" if host in {"0.0.0.0", "*", ""} else "[::1]" if host == "::" else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
+def server_env(host: str, environ: Mapping[str, str], run_dir: str | Path) -> dict[str, str]:
+    """The server's environment: ``environ`` plus, for a server on the loopback, a Ray on the
+    loopback (the node's address is 127.0.0.1, so Ray's own metrics port, which names every index,
+    and its agents listen there, not on every interface; Ray keys this on its "no multi-node
+    cluster" switch), and in the high-throughput mode HAProxy's side ports (free ones on ``host``)
+    and files (in ``run_dir``). A value already in ``environ`` wins."""
+    env = dict(environ)
+    if is_loopback(host) and not env.get("RAY_ADDRESS"):
+        env.setdefault(SINGLE_NODE_VAR, "0")
+    if high_throughput_enabled(env):
+        env.update(private_haproxy_ports(host, env))
+        env.update({k: env.get(k) or v for k, v in haproxy_files(run_dir).items()})
+    return env
+
+
+def find_haproxies(folder: str | Path) -> list[int]:
+    """The pids of the HAProxy processes started with a config under ``folder`` (this run's)."""
+    marker = str(folder).encode() + b"/"
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if (
+            argv
+            and b"haproxy" in Path(argv[0].decode(errors="replace")).name.encode()
+            and any(a.startswith(marker) for a in argv)
+        ):
+            found.append(int(proc.name))
+    return found
+
+
+def stop_haproxies(folder: str | Path, timeout_s: float = 10.0) -> list[int]:
+    """End this run's HAProxy processes (SIGTERM, then SIGKILL): a Ray whose processes were killed
+    (a signal to the whole process group, an OOM kill) leaves HAProxy running on the application's
+    port, answering 500. Returns the pids it found."""
+    pids = find_haproxies(folder)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and find_haproxies(folder):
+            time.sleep(0.1)
+        if not find_haproxies(folder):
+            break
+    return pids
+
+
+def _die_with_parent() -> None:
+    """``preexec_fn`` of the server: a session of its own (so a signal to the launcher's process
+    group reaches the launcher only, which stops the server in order), SIGINT as in a terminal, and
+    SIGTERM when the launcher dies, even by SIGKILL (Linux's parent-death signal)."""
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as resp:
+            return bool(resp.status == 200)
+    except (OSError, ValueError):
+        return False
+
+
+def launch(argv: list[str]) -> int:
+    """``make run``: serve ``argv[0]`` (a serve config; the rest are ``serve run`` options) until
+    stopped, then leave nothing behind.
+
+    The server (:func:`serve_run`) runs in a session of its own, so Ray's processes never get the
+    signals sent to the terminal's or a supervisor's process group: Ctrl-C, SIGTERM (to this process
+    or its whole group) and SIGHUP reach this launcher, which asks the server to stop as Ctrl-C
+    does (Serve, then Ray), kills it after ``STOP_GRACE_S``, and ends any HAProxy of this run that
+    is left. HAProxy's side ports are free ones on ``http_options.host`` (printed), its files in a
+    folder of this run, so two servers on one machine do not clash. ``RAGSERVE_PORT`` sets the port."""
+    if not argv:
+        sys.exit("usage: python -m deployments.platform run CONFIG [serve run options]")
+    try:
+        config, host, port = served_config(yaml.safe_load(Path(argv[0]).read_text()) or {})
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        sys.exit(f"ragserve: {e}")
+    url = url_of(host, port)
+    # HAProxy's socket paths are this folder + Ray's 56-character node id + a name, and must stay
+    # under 98 characters: a short folder under /tmp, whatever TMPDIR says.
+    run_dir = Path(tempfile.mkdtemp(prefix="ragserve-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    stopping: list[int] = []
+
+    def stop(signum: int, frame: Any) -> None:
+        stopping.append(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        served = run_dir / Path(argv[0]).name
+        served.write_text(yaml.safe_dump(config, sort_keys=False))
+        env = server_env(host, os.environ, run_dir)
+        if high_throughput_enabled(env):
+            stats = url_of(host, int(env["RAY_SERVE_HAPROXY_STATS_PORT"]))
+            metrics = url_of(host, int(env["RAY_SERVE_HAPROXY_METRICS_PORT"]))
+            print(f"ragserve: HAProxy's stats page will be on {stats}/stats, its Prometheus on {metrics}/metrics")
+        print(f"ragserve: starting on {url} (the first start takes a minute or more)", flush=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "deployments.platform", "serve", str(served), *argv[1:]],
+            env=env,
+            preexec_fn=_die_with_parent,
+        )
+        ready = False
+        deadline: float | None = None
+        while server.poll() is None:
+            if stopping and deadline is None:
+                deadline = time.monotonic() + STOP_GRACE_S
+                server.send_signal(signal.SIGINT)  # as Ctrl-C: Serve, then Ray
+            if deadline is not None and time.monotonic() > deadline:
+                os.killpg(server.pid, signal.SIGKILL)
+            if not ready and deadline is None and _healthy(url):
+                ready = True
+                print(f"ragserve ready on {url} (Ctrl-C to stop)", flush=True)
+            with suppress(subprocess.TimeoutExpired):
+                server.wait(timeout=0.5)
+        code = 0 if stopping else server.returncode
+    finally:
+        if server is not None:
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(server.pid, signal.SIGKILL)  # anything left in the server's session
+        left = stop_haproxies(run_dir)
+        if left:
+            print(f"ragserve: stopped {len(left)} HAProxy process(es) left behind", file=sys.stderr)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print("ragserve: stopped", flush=True)
+    return code
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["run"]:
+        sys.exit(launch(sys.argv[2:]))
+    elif sys.argv[1:2] == ["serve"]:
         serve_run(sys.argv[2:])
     elif sys.argv[1:2] == ["env"]:
         print("\n".join(f"{k}={v}" for k, v in serve_env().items()))

@@ -57,6 +57,7 @@ def inprocess_app(
     *,
     telemetry: Any = None,
     engine: GenerationEngine | None = None,
+    metrics_text: Any = None,
     **settings: Any,
 ) -> Iterator[tuple[FastAPI, Settings]]:
     """Yield ``(app, settings)``; the shards are closed on exit. ``settings`` override Settings fields.
@@ -79,6 +80,7 @@ def inprocess_app(
         embedding_model="all-MiniLM-L6-v2",
         embedding_tokenizer=embedder.model.tokenizer,
         telemetry=telemetry,
+        metrics_text=metrics_text,
     )
     try:
         yield create_app(services), s

@@ -7,15 +7,28 @@ document API, ``error.message`` on ``/v1/*``), so the CLI can print what the ser
 from __future__ import annotations
 
 import json
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+from app.ports import DEFAULT_PORT, port_from_env
+
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+
+
+def default_url(environ: Mapping[str, str] | None = None) -> str:
+    """Where the CLI calls when ``--url`` is not given: ``RAGSERVE_URL``, else the local server on
+    ``RAGSERVE_PORT`` (the variable ``make run PORT=...`` serves on), else :data:`DEFAULT_URL`."""
+    env = os.environ if environ is None else environ
+    if env.get("RAGSERVE_URL"):
+        return env["RAGSERVE_URL"]
+    port = port_from_env(env)
+    return DEFAULT_URL if port is None else f"http://127.0.0.1:{port}"
 
 
 class ApiError(Exception):

@@ -31,7 +31,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
 from rich.table import Table
 
 from app.api.documents import validate_index_name
-from app.cli.client import DEFAULT_URL, ApiError, RagClient
+from app.cli.client import DEFAULT_URL, ApiError, RagClient, default_url
 from app.cli.files import sync_base
 from app.cli.sync import SOURCE, Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
 
@@ -518,7 +518,11 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     their own copy with suppressed defaults, so ``ragserve --json query ...`` keeps ``--json``."""
     common = argparse.ArgumentParser(add_help=False)
     d = (lambda v: v) if defaults else (lambda v: argparse.SUPPRESS)
-    common.add_argument("--url", default=d(None), help=f"server URL (env RAGSERVE_URL; default {DEFAULT_URL})")
+    common.add_argument(
+        "--url",
+        default=d(None),
+        help=f"server URL (env RAGSERVE_URL; default http://127.0.0.1:$RAGSERVE_PORT, else {DEFAULT_URL})",
+    )
     common.add_argument("--api-key", default=d(None), help="API key (env RAGSERVE_API_KEY)")
     common.add_argument("--json", action="store_true", default=d(False), help="machine-readable output on stdout")
     common.add_argument("--timeout", type=float, default=d(600.0), help="seconds per request (600)")
@@ -633,7 +637,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return evaluate(given[1:], prog="ragserve eval")
     args = build_parser().parse_args(given)
-    url = args.url or os.environ.get("RAGSERVE_URL") or DEFAULT_URL
+    try:
+        url = args.url or default_url()
+    except ValueError as e:  # RAGSERVE_PORT is not a port
+        Console(stderr=True).print(f"[red]error:[/red] {e}")
+        return EXIT_USAGE
     key = args.api_key or os.environ.get("RAGSERVE_API_KEY") or None
     console = Console(stderr=True)  # progress, warnings and errors
     out = Console(soft_wrap=True)  # answers, tables and summaries (JSON is written to stdout directly)

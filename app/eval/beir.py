@@ -31,6 +31,8 @@ from typing import Any
 
 import httpx
 
+from app.cli.client import default_url
+
 MODES = ("hybrid", "dense", "lexical")
 DEPTH = 100  # documents ranked per query: recall@100 needs them
 
@@ -186,8 +188,8 @@ def parser(prog: str = "ragserve-eval") -> argparse.ArgumentParser:
     ap.add_argument("data", help="folder with corpus.jsonl, queries.jsonl and qrels/<split>.tsv")
     ap.add_argument(
         "--url",
-        default=os.environ.get("RAGSERVE_URL", "http://127.0.0.1:8000"),
-        help="the server's base URL (env RAGSERVE_URL)",
+        default=None,
+        help="the server's base URL (env RAGSERVE_URL; default http://127.0.0.1:$RAGSERVE_PORT, else port 8000)",
     )
     ap.add_argument(
         "--api-key",
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None, prog: str = "ragserve-eval") -> int:
         data.queries = dict(list(data.queries.items())[: args.max_queries])
     index = args.index or f"eval-{uuid.uuid4().hex[:10]}"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    with httpx.Client(base_url=args.url, headers=headers, timeout=args.timeout) as client:
+    with httpx.Client(base_url=args.url or default_url(), headers=headers, timeout=args.timeout) as client:
         try:
             t0 = time.perf_counter()
             index_corpus(client, index, data, args.batch)

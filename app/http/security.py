@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 
 from app.http.asgi import ASGIApp, Receive, Scope, Send
 from app.http.errors import error_bytes, route_path, send_error
-from app.service.access import FULL_ACCESS, Principal
+from app.service.access import FULL_ACCESS, Principal, Role
 
 PRINCIPAL = "ragserve.principal"  # where the authenticated key's Principal is kept in the request state
 
@@ -20,6 +20,9 @@ PRINCIPAL = "ragserve.principal"  # where the authenticated key's Principal is k
 # playground's page and assets (app/http/routes/playground.py), which ask for a key that its API calls send.
 OPEN_PATHS = frozenset({"/health", "/metrics", "/ui", "/ui/"})
 OPEN_PREFIXES = ("/ui/static/",)
+#: Who calls an open path without a valid key where keys are configured: no index at all (so
+#: ``/metrics`` names none).
+ANONYMOUS = Principal(Role.READ, ())
 
 
 class KeyChecker:
@@ -54,7 +57,9 @@ def bearer_token(scope: Scope) -> str | None:
 
 
 class ApiKeyMiddleware:
-    """Requires ``Authorization: Bearer <key>`` on every HTTP route except :data:`OPEN_PATHS`."""
+    """Requires ``Authorization: Bearer <key>`` on every HTTP route except :data:`OPEN_PATHS`, where
+    a valid key still counts (``/metrics`` shows more to a key for every index) and anything else
+    is :data:`ANONYMOUS`."""
 
     def __init__(
         self, app: ASGIApp, keys: Iterable[tuple[str, Principal]], on_reject: Callable[[str], None] | None = None
@@ -68,11 +73,13 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         path = route_path(scope)
-        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
-            await self.app(scope, receive, send)
-            return
         token = bearer_token(scope)
         principal = self.check(token) if token is not None else None
+        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
+            # open, but what it shows may depend on the key (``/metrics``): a valid one counts
+            scope.setdefault("state", {})[PRINCIPAL] = principal or ANONYMOUS
+            await self.app(scope, receive, send)
+            return
         if principal is not None:
             scope.setdefault("state", {})[PRINCIPAL] = principal
             await self.app(scope, receive, send)

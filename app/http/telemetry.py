@@ -1,10 +1,58 @@
-"""Counting every response for the metrics (docs/architecture.md, "Metrics")."""
+"""Counting every response for the metrics, and what ``GET /metrics`` shows to whom
+(docs/architecture.md, "Observability")."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
 from app.telemetry import Telemetry
+
+#: The label that names an index (``ray_ragserve_shard_documents``/``_chunks``). Index names are
+#: data: the open ``/metrics`` sums their series over it; a key that reaches every index sees them.
+INDEX_LABEL = "index"
+
+
+class _Families:
+    """A prometheus_client collector that yields already-built families (for ``generate_latest``)."""
+
+    def __init__(self, families: Iterable[Metric]):
+        self._families = list(families)
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families
+
+
+def without_index_labels(text: str) -> str:
+    """The Prometheus text ``text`` with every series that carries an :data:`INDEX_LABEL` summed over
+    it (per shard, per stage...: the other labels are kept), so that it names no index. Text without
+    the label comes back unchanged."""
+    if f'{INDEX_LABEL}="' not in text:
+        return text
+    families = []
+    for family in text_string_to_metric_families(text):
+        if not any(INDEX_LABEL in s.labels for s in family.samples):
+            families.append(family)
+            continue
+        merged: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for s in family.samples:
+            key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != INDEX_LABEL)))
+            if key not in merged:
+                merged[key] = s.value
+            elif s.name.endswith("_created"):  # a creation time: the earliest, not a sum
+                merged[key] = min(merged[key], s.value)
+            else:
+                merged[key] += s.value
+        family.samples = [Sample(name, dict(labels), value) for (name, labels), value in merged.items()]
+        families.append(family)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    return generate_latest(registry).decode()
 
 
 class RequestCountingMiddleware:

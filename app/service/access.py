@@ -41,6 +41,11 @@ class Principal:
     def sees(self, index: str) -> bool:
         return any(fnmatch.fnmatchcase(index, pattern) for pattern in self.indexes)
 
+    @property
+    def sees_all(self) -> bool:
+        """Whether the key reaches every index, including one whose name is not known."""
+        return "*" in self.indexes
+
     def require(self, role: Role, index: str | None = None) -> None:
         """Raise :class:`ForbiddenError` unless this key may act as ``role`` (on ``index``)."""
         if self.role < role:
@@ -52,6 +57,27 @@ class Principal:
             raise ForbiddenError(
                 f"this API key does not grant access to index '{index}'", param="index_name", code="index_not_allowed"
             )
+
+    def require_source(self, source: object, what: str) -> None:
+        """Raise :class:`ForbiddenError` unless this key may read the data ``what`` (e.g. "the
+        snapshot at 'P'") that was taken from index ``source``: data copied out of an index is that
+        index's, so a key scoped to some indexes cannot bring another's into one it owns. Data
+        whose source index is not recorded (``source`` not a name) reaches only an unscoped key."""
+        if self.sees_all or (isinstance(source, str) and source and self.sees(source)):
+            return
+        if not isinstance(source, str) or not source:
+            raise ForbiddenError(
+                f"{what} does not record the index it was taken from, and this API key reaches only the "
+                f"indexes {list(self.indexes)}: only a key for every index may use it",
+                param="path",
+                code="source_not_allowed",
+            )
+        raise ForbiddenError(
+            f"{what} was taken from an index this API key does not grant access to (it reaches only "
+            f"{list(self.indexes)}); use a snapshot persisted from one of those indexes",
+            param="path",
+            code="source_not_allowed",
+        )
 
 
 #: No authentication configured (a laptop), or a bare key: everything.

@@ -43,6 +43,7 @@ from app.paths import PathOutsideStorageError, confine
 from app.retrieval.fusion import FusionOptions, fuse_candidates
 from app.retrieval.rerank import Reranker, rerank
 from app.routing import group_by_shard
+from app.service.access import FULL_ACCESS, Principal
 from app.service.pool import ShardPool
 from app.service.shard_service import HOME_SHARD, STAGING_PREFIX
 from app.store import ChunkWrite, DocumentWrite, StoredDocument
@@ -611,7 +612,9 @@ class DocumentService:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
-    async def load(self, index: str, path: str | None = None, overwrite: bool = False) -> str:
+    async def load(
+        self, index: str, path: str | None = None, overwrite: bool = False, principal: Principal = FULL_ACCESS
+    ) -> str:
         """Load a snapshot as ``index``: ``path`` names the snapshot directory relative to
         ``<storage_dir>/snapshots`` (``P/<name>`` after ``persist?path=P``); no path reads
         ``<snapshots>/<index>``. 409 when ``index`` exists and ``overwrite`` is false.
@@ -619,7 +622,10 @@ class DocumentService:
         Nothing changes unless the whole load succeeds: every shard imports its documents into a
         private staging index first; an unreadable or incomplete snapshot is a 400 and the staging
         copies are dropped. Only then is the staging index swapped in, on the home shard first (which
-        checks ``overwrite`` again, atomically) and then on the others."""
+        checks ``overwrite`` again, atomically) and then on the others.
+
+        ``principal`` must also reach the index the snapshot was persisted from (its manifest's
+        ``index_name``): a 403 otherwise, and for a scoped key when the manifest does not say."""
         src = self._confine(path, index)
         shown = self._shown(src)
         if src.exists() and not src.is_dir():
@@ -636,6 +642,8 @@ class DocumentService:
             expected = int(manifest.get("documents", -1))
         except (ValueError, KeyError, TypeError) as e:
             raise BadRequestError(f"snapshot manifest is unreadable: {e}") from e
+        source = manifest.get("index_name") if isinstance(manifest, dict) else None
+        principal.require_source(source, f"the snapshot at {shown!r}")
         for name in names:  # part names are plain file names inside the snapshot directory
             if Path(name).name != name or not (src / name).is_file():
                 raise BadRequestError(f"snapshot part missing or invalid: {name!r}")

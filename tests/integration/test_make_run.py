@@ -1,15 +1,18 @@
 """``make run``'s own launcher end to end (``python -m deployments.platform run CONFIG``): it serves
-the config, starts none of the processes it leaves out on one machine, and Ctrl-C (SIGINT to the
-terminal's process group) or SIGTERM stops the whole tree, HAProxy included, so the port is free for
-the next ``make run``."""
+the config on ``RAGSERVE_PORT``, says when it is ready, starts none of the processes it leaves out on
+one machine, keeps HAProxy's side ports on the loopback, and every way of stopping it (Ctrl-C, SIGTERM
+to the launcher or to its whole process group, SIGHUP) ends the whole tree, HAProxy included, so the
+port is free for the next ``make run``."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -18,7 +21,7 @@ import pytest
 
 from benchmarks.bench_memory import serve_config
 from benchmarks.common import free_port, wait_healthy
-from deployments.platform import high_throughput_enabled, private_haproxy_ports, sigint_as_in_a_terminal
+from deployments.platform import high_throughput_enabled, sigint_as_in_a_terminal
 from tests.fakes.fake_openai import FakeOpenAI
 from tests.integration.conftest import MODEL_CACHE, REPO
 
@@ -36,19 +39,32 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path, stop: signal.Signals) -> None:
-    """Ctrl-C in the terminal (SIGINT to the process group) and a service manager's SIGTERM (to
-    the launcher) both shut Serve and then Ray down."""
+STOPS = {  # how the launcher is stopped: (signal, to its whole process group?)
+    "ctrl-c": (signal.SIGINT, True),  # what Ctrl-C in the terminal sends
+    "sigterm": (signal.SIGTERM, False),  # a service manager stopping the main process
+    "sigterm-group": (signal.SIGTERM, True),  # `make run &` then `kill %1`, or a supervisor's group kill
+    "sighup": (signal.SIGHUP, True),  # the terminal closed
+}
+
+
+def _loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path, stop: str) -> None:
+    """Each way of stopping shuts Serve and then Ray down and leaves no HAProxy on the port."""
     port = free_port()
-    config = serve_config(REPO / "configs" / "remote-llm.yaml", port, tmp_path)
+    config = serve_config(REPO / "configs" / "remote-llm.yaml", free_port(), tmp_path)  # RAGSERVE_PORT wins
     with FakeOpenAI(answer="KAITO runs models on Kubernetes [1].", model="upstream-model") as upstream:
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if not k.startswith("RAY_SERVE_")},
+            "RAGSERVE_PORT": str(port),
             "RAGSERVE_STORAGE_DIR": str(tmp_path / "data"),
             "RAGSERVE_LLM_URL": upstream.url,
             "RAGSERVE_MODEL_CACHE_DIR": str(MODEL_CACHE),
-            **private_haproxy_ports(),  # never the fixed ports of another HAProxy on this machine
         }
         log = open(tmp_path / "server.log", "w")  # noqa: SIM115  (closed below, after the server)
         launcher = subprocess.Popen(
@@ -61,13 +77,20 @@ def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path
             preexec_fn=sigint_as_in_a_terminal,  # a test run in the background inherits it ignored
         )
         tree: list[psutil.Process] = []
+        side_ports: set[int] = set()
         try:
             base = f"http://127.0.0.1:{port}"
             wait_healthy(base, timeout_s=600)
+            ready = f"ragserve ready on {base} (Ctrl-C to stop)"
+            deadline = time.monotonic() + 60  # the launcher polls /health too, and then says so
+            while ready not in (tmp_path / "server.log").read_text() and time.monotonic() < deadline:
+                time.sleep(0.2)
             doc = {"text": "KAITO is a Kubernetes operator that runs AI models.", "metadata": {}}
             assert httpx.post(f"{base}/index", json={"index_name": "kb", "documents": [doc]}, timeout=120).is_success
-            more = [{"text": f"Document {i} is about subject {i} and nothing else."} for i in range(300)]
-            assert httpx.post(f"{base}/index", json={"index_name": "more", "documents": more}, timeout=300).is_success
+            if stop == "ctrl-c":
+                more = [{"text": f"Document {i} is about subject {i} and nothing else."} for i in range(300)]
+                more_body = {"index_name": "more", "documents": more}
+                assert httpx.post(f"{base}/index", json=more_body, timeout=300).is_success
             chat = httpx.post(
                 f"{base}/v1/chat/completions",
                 json={"index_name": "kb", "messages": [{"role": "user", "content": "What is KAITO?"}]},
@@ -82,18 +105,37 @@ def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path
             assert bool([c for c in commands if "log_monitor.py" in c]) is not high_throughput_enabled()
             haproxies = [p for p in tree if p.name() == "haproxy"]
             assert bool(haproxies) is high_throughput_enabled()
+            # HAProxy listens where the application does (the loopback), never on every interface
+            listening = [c.laddr for p in haproxies for c in p.net_connections("inet") if c.status == "LISTEN"]
+            assert {a.ip for a in listening} <= {"127.0.0.1"}, listening
+            side_ports = {a.port for a in listening} - {port}
+            assert not haproxies or len(side_ports) >= 2  # the stats page and Prometheus, on free ports
+            assert not side_ports & {8404, 9101}
+            # and so does Ray: its metrics port (which names every index), its agents, and the
+            # replicas' gRPC servers, which Ray itself binds on every interface
+            beyond = [
+                (p.name(), c.laddr)
+                for p in [psutil.Process(launcher.pid), *tree]
+                for c in p.net_connections("inet")
+                if c.status == "LISTEN" and not _loopback(c.laddr.ip)
+            ]
+            assert not beyond, beyond
         finally:
-            if stop == signal.SIGINT:
-                os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C in the terminal sends
+            signum, group = STOPS[stop]
+            if group:
+                os.killpg(launcher.pid, signum)
             else:
-                launcher.send_signal(signal.SIGTERM)
+                launcher.send_signal(signum)
             try:
                 launcher.wait(timeout=120)
             finally:
                 if launcher.poll() is None:
                     os.killpg(launcher.pid, signal.SIGKILL)
                 log.close()
-    _, survivors = psutil.wait_procs(tree, timeout=30)  # Ray's processes exit as it shuts down
+    _, survivors = psutil.wait_procs(tree, timeout=30)  # Ray's processes and HAProxy, however Ray ended
     assert not survivors, [p.name() for p in survivors]
-    assert _port_is_free(port)
-    assert "Serve's logs are in" in (tmp_path / "server.log").read_text()
+    assert _port_is_free(port) and all(_port_is_free(p) for p in side_ports)
+    output = (tmp_path / "server.log").read_text()
+    assert "Serve's logs are in" in output
+    assert f"ragserve ready on http://127.0.0.1:{port} (Ctrl-C to stop)" in output
+    assert "ragserve: stopped" in output

@@ -87,6 +87,9 @@ def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path
     d.find_element(By.ID, "key-save").click()
     wait.until(lambda _: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
     assert "fake-model" in d.find_element(By.ID, "model-name").text
+    # the key is kept for this tab only: "remember" was not ticked (and the page ran under its CSP)
+    assert d.execute_script("return sessionStorage.getItem('ragserve.apiKey')") == KEY
+    assert d.execute_script("return localStorage.getItem('ragserve.apiKey')") is None
 
     # upload a markdown file and a two-page PDF into a new index
     files = tmp_path / "files"

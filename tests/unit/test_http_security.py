@@ -316,3 +316,58 @@ def test_remote_llm_config_listens_on_the_loopback() -> None:
 
     cfg = yaml.safe_load((REPO / "configs" / "remote-llm.yaml").read_text())
     assert cfg["http_options"]["host"] == "127.0.0.1"
+
+
+# --- a snapshot belongs to the index it was persisted from (issue 21) ---------------------------------
+def test_a_scoped_key_cannot_load_another_indexs_snapshot_into_its_own(scoped: TestClient) -> None:
+    assert scoped.post("/persist/kb", headers=bearer(ADMIN)).status_code == 200  # snapshots/kb, from kb
+    assert scoped.post("/persist/kb?path=shared", headers=bearer(ADMIN)).status_code == 200  # shared/kb
+    for path in ("kb", "shared/kb"):
+        r = scoped.post(f"/load/team-a-docs?path={path}&overwrite=true", headers=bearer(TEAM))
+        assert r.status_code == 403, r.text
+        detail = r.json()["detail"]
+        assert f"snapshot at '{path}'" in detail and "does not grant access" in detail and "team-a*" in detail
+        r = scoped.post(f"/load/team-a-new?path={path}", headers=bearer(TEAM))
+        assert r.status_code == 403, r.text
+    # nothing was loaded: the scoped index still holds its own document, the new one does not exist
+    docs = scoped.get("/indexes/team-a-docs/documents", headers=bearer(TEAM)).json()
+    assert [d["text"] for d in docs["documents"]] == ["KAITO runs models on Kubernetes."]
+    assert scoped.get("/indexes", headers=bearer(TEAM)).json() == ["team-a-docs"]
+    # an unscoped admin may, and a scoped key may load its own index's snapshot under another name
+    assert scoped.post("/load/team-a-copy?path=kb", headers=bearer(ADMIN)).status_code == 200
+    assert scoped.post("/persist/team-a-docs?path=mine", headers=bearer(TEAM)).status_code == 200
+    assert scoped.post("/load/team-a-other?path=mine/team-a-docs", headers=bearer(TEAM)).status_code == 200
+
+
+def test_a_snapshot_without_a_recorded_source_is_refused_to_a_scoped_key(scoped: TestClient, tmp_path) -> None:
+    assert scoped.post("/persist/team-a-docs", headers=bearer(TEAM)).status_code == 200
+    snapshots = [p.parent for p in tmp_path.rglob("snapshots/team-a-docs/manifest.json")]
+    assert len(snapshots) == 1
+    manifest = json.loads((snapshots[0] / "manifest.json").read_text())
+    del manifest["index_name"]  # e.g. a snapshot written by another tool
+    (snapshots[0] / "manifest.json").write_text(json.dumps(manifest))
+    r = scoped.post("/load/team-a-new?path=team-a-docs", headers=bearer(TEAM))
+    assert r.status_code == 403 and "does not record the index" in r.json()["detail"], r.text
+    assert scoped.post("/load/team-a-new?path=team-a-docs", headers=bearer(ADMIN)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("principal", "source", "ok"),
+    [
+        (FULL_ACCESS, "anything", True),
+        (FULL_ACCESS, None, True),
+        (Principal(Role.ADMIN, ("team-a*",)), "team-a-x", True),
+        (Principal(Role.ADMIN, ("team-a*",)), "kb", False),
+        (Principal(Role.ADMIN, ("team-a*",)), None, False),
+        (Principal(Role.ADMIN, ("team-a*",)), "", False),
+        (Principal(Role.ADMIN, ("team-a*",)), ["team-a-x"], False),
+    ],
+)
+def test_require_source(principal: Principal, source: object, ok: bool) -> None:
+    from app.service.access import ForbiddenError
+
+    if ok:
+        principal.require_source(source, "the snapshot at 'p'")
+    else:
+        with pytest.raises(ForbiddenError, match="the snapshot at 'p'"):
+            principal.require_source(source, "the snapshot at 'p'")

@@ -20,3 +20,147 @@ def test_off_is_written_out_so_an_inherited_value_cannot_turn_it_on(monkeypatch:
     monkeypatch.setenv(SWITCH, "0")
     assert serve_env() == dict.fromkeys(HIGH_THROUGHPUT_VARS, "0")
     assert serve_env(high_throughput=True) == {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+
+
+# --- make run: port, side ports, what a stop leaves (issue 21) -------------------------------------
+def test_the_port_comes_from_ragserve_port_over_the_config() -> None:
+    from deployments.platform import served_config, url_of
+
+    config = {"http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600}, "applications": []}
+    assert served_config(config, {}) == (config, "127.0.0.1", 8000)
+    served, host, port = served_config(config, {"RAGSERVE_PORT": "8123"})
+    assert (host, port) == ("127.0.0.1", 8123) and served["http_options"]["port"] == 8123
+    assert served["http_options"]["request_timeout_s"] == 600 and config["http_options"]["port"] == 8000
+    assert served_config({}, {})[1:] == ("127.0.0.1", 8000)
+    for bad in ("http", "0", "70000", "-1"):
+        with pytest.raises(ValueError, match="RAGSERVE_PORT"):
+            served_config(config, {"RAGSERVE_PORT": bad})
+    assert url_of("127.0.0.1", 8123) == "http://127.0.0.1:8123"
+    assert url_of("0.0.0.0", 80) == "http://127.0.0.1:80" and url_of("::1", 80) == "http://[::1]:80"
+
+
+def test_the_cli_calls_the_port_the_server_serves_on() -> None:
+    from app.cli.client import default_url
+
+    assert default_url({}) == "http://127.0.0.1:8000"
+    assert default_url({"RAGSERVE_PORT": "8123"}) == "http://127.0.0.1:8123"
+    assert default_url({"RAGSERVE_PORT": "8123", "RAGSERVE_URL": "http://h:1"}) == "http://h:1"
+
+
+def test_side_ports_are_free_ones_on_the_host_and_a_set_one_is_kept() -> None:
+    import socket
+
+    from deployments.platform import FIXED_PORT_VARS, private_haproxy_ports
+
+    ports = private_haproxy_ports("127.0.0.1", {"RAY_SERVE_HAPROXY_STATS_PORT": "18404"})
+    assert set(ports) == set(FIXED_PORT_VARS) and ports["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
+    assert all(int(p) not in (8404, 9101, 8500, 9500) for k, p in ports.items() if k != "RAY_SERVE_HAPROXY_STATS_PORT")
+    for var, port in ports.items():  # each can be listened on now
+        if var != "RAY_SERVE_HAPROXY_STATS_PORT":
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", int(port)))
+
+
+def test_haproxy_side_ports_listen_on_the_frontend_host() -> None:
+    """Ray's template binds the stats page and the Prometheus port on every interface; the hook
+    moves them to ``http_options.host`` (fails when a Ray release changes those lines)."""
+    import importlib
+
+    from ray.serve._private import haproxy_templates
+
+    from deployments.platform import SIDE_PORTS_HOOK, side_ports_on_the_frontend_host
+
+    original = haproxy_templates.HAPROXY_CONFIG_TEMPLATE
+    try:
+        side_ports_on_the_frontend_host()
+        template = haproxy_templates.HAPROXY_CONFIG_TEMPLATE
+        assert "bind {{ config.frontend_host }}:{{ config.stats_port }}" in template
+        assert "bind {{ config.frontend_host }}:{{ config.metrics_port }}" in template
+        binds = [line.strip() for line in template.splitlines() if line.strip().startswith("bind ")]
+        assert binds and all(
+            b.startswith(("bind {{ config.frontend_host }}", "bind {{ config.grpc_frontend_host }}")) for b in binds
+        )
+        module, _, name = SIDE_PORTS_HOOK.rpartition(".")
+        assert getattr(importlib.import_module(module), name) is side_ports_on_the_frontend_host
+    finally:
+        haproxy_templates.HAPROXY_CONFIG_TEMPLATE = original
+
+
+def test_each_run_keeps_haproxys_files_in_its_own_folder(tmp_path) -> None:
+    from deployments.platform import HAPROXY_FILE_VARS, haproxy_files
+
+    files = haproxy_files(tmp_path / "haproxy")
+    assert set(files) == set(HAPROXY_FILE_VARS)
+    assert all(p == str(tmp_path / "haproxy") or p.startswith(f"{tmp_path / 'haproxy'}/") for p in files.values())
+
+
+def test_a_left_haproxy_of_this_run_is_stopped_and_no_other(tmp_path) -> None:
+    """What a killed Ray leaves: an haproxy whose config is in this run's folder. Another run's
+    survives."""
+    import subprocess
+    import sys
+    import time
+
+    from deployments.platform import find_haproxies, stop_haproxies
+
+    fake = tmp_path / "bin" / "haproxy"  # a process named haproxy, as Ray starts it: haproxy -db -f CFG
+    fake.parent.mkdir()
+    fake.symlink_to(sys.executable)
+    ours, theirs = tmp_path / "run-a", tmp_path / "run-b"
+    procs = [
+        subprocess.Popen([str(fake), "-c", "import time; time.sleep(60)", "-f", f"{d}/node/haproxy.cfg"])
+        for d in (ours, theirs)
+    ]
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (find_haproxies(ours) and find_haproxies(theirs)):
+            time.sleep(0.05)  # until both have exec'd
+        assert find_haproxies(ours) == [procs[0].pid] and find_haproxies(theirs) == [procs[1].pid]
+        assert stop_haproxies(ours, timeout_s=5) == [procs[0].pid]
+        assert procs[0].wait(timeout=5) is not None and find_haproxies(ours) == []
+        assert procs[1].poll() is None  # another run's is left alone
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_the_servers_environment(tmp_path) -> None:
+    from deployments.platform import FIXED_PORT_VARS, HAPROXY_FILE_VARS, SINGLE_NODE_VAR, server_env
+
+    env = server_env("127.0.0.1", {"PATH": "/bin", "RAY_SERVE_HAPROXY_STATS_PORT": "18404"}, tmp_path)
+    assert env["PATH"] == "/bin" and env[SINGLE_NODE_VAR] == "0"  # a loopback server: a loopback Ray
+    assert env["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404" and all(var in env for var in FIXED_PORT_VARS)
+    assert all(env[var].startswith(str(tmp_path)) for var in HAPROXY_FILE_VARS)
+    assert SINGLE_NODE_VAR not in server_env("0.0.0.0", {}, tmp_path)  # reachable from elsewhere: as Ray decides
+    assert SINGLE_NODE_VAR not in server_env("127.0.0.1", {"RAY_ADDRESS": "ray://head:10001"}, tmp_path)
+    off = server_env("127.0.0.1", {"RAGSERVE_HIGH_THROUGHPUT": "0"}, tmp_path)
+    assert not any(var in off for var in (*FIXED_PORT_VARS, *HAPROXY_FILE_VARS))
+
+
+def test_on_a_loopback_ray_grpc_servers_bind_the_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Serve's replicas bind their gRPC server on ``[::]:0``; on a Ray on the loopback the hook
+    makes that the loopback (and leaves an explicit address, and any other Ray, alone)."""
+    from ray._common import tls_utils
+
+    from deployments.platform import SINGLE_NODE_VAR, _grpc_on_the_loopback
+
+    class Server:
+        def __init__(self) -> None:
+            self.addresses: list[str] = []
+
+        def add_insecure_port(self, address: str) -> int:
+            self.addresses.append(address)
+            return 1234
+
+    monkeypatch.setattr(tls_utils, "add_port_to_grpc_server", tls_utils.add_port_to_grpc_server)
+    monkeypatch.delenv(SINGLE_NODE_VAR, raising=False)
+    _grpc_on_the_loopback()  # a Ray as Ray decides: nothing changes
+    server = Server()
+    tls_utils.add_port_to_grpc_server(server, "[::]:0")
+    monkeypatch.setenv(SINGLE_NODE_VAR, "0")
+    _grpc_on_the_loopback()
+    _grpc_on_the_loopback()  # twice (every worker runs the hook once; a second call adds nothing)
+    for address in ("[::]:0", "0.0.0.0:5000", "10.1.2.3:7"):
+        assert tls_utils.add_port_to_grpc_server(server, address) == 1234
+    assert server.addresses == ["[::]:0", "127.0.0.1:0", "127.0.0.1:5000", "10.1.2.3:7"]

@@ -169,3 +169,29 @@ def test_upload_of_hostile_files_is_a_4xx_and_stores_nothing(client: TestClient)
         assert r.status_code == 200, r.text
         assert 0 < len(r.json()["title"]) <= 512
     assert client.get("/indexes/hostile/stats", headers=AUTH).json()["documents"] == 3  # deep, long.md, long.html
+
+
+def test_the_page_and_its_assets_send_security_headers(client: TestClient) -> None:
+    """CSP without inline script or style (the page has none), no framing, no type sniffing."""
+    import re
+
+    for path in ("/ui", "/ui/", "/ui/static/app.js", "/ui/static/style.css"):
+        r = client.get(path, follow_redirects=False)
+        csp = r.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp, (path, r.headers)
+        assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+        assert r.headers.get("x-frame-options") == "DENY" and r.headers.get("x-content-type-options") == "nosniff"
+    page = client.get("/ui/").text
+    assert not re.search(r"<script(?![^>]*\bsrc=)", page), "inline script would be blocked by the CSP"
+    assert "<style" not in page and not re.search(r"\sstyle=", page) and not re.search(r"\son[a-z]+=", page)
+
+
+def test_the_key_is_written_to_local_storage_only_when_remembered() -> None:
+    """The page's script keeps the API key in sessionStorage, in localStorage only behind the
+    "remember" box (tests/ui/test_playground.py checks it in Chromium)."""
+    from app.http.routes.playground import UI_DIR
+
+    js = (UI_DIR / "app.js").read_text()
+    assert 'id="key-remember"' in (UI_DIR / "index.html").read_text()
+    assert "localStorage.setItem(KEY_STORE" not in js
+    assert "(remember ? localStorage : sessionStorage).setItem(KEY_STORE, key)" in js

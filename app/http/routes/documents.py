@@ -106,9 +106,10 @@ def documents_router(services: Services) -> APIRouter:
     async def load(
         index_name: str, request: Request, path: str | None = None, overwrite: bool = False
     ) -> MessageResponse:
-        """Restore a snapshot; 409 if the index exists and `overwrite` is false."""
-        allow(request, Role.ADMIN, index_name)
-        return MessageResponse(message=await docs.load(checked_index(index_name), path, overwrite))
+        """Restore a snapshot; 409 if the index exists and `overwrite` is false. The key must reach
+        both the target index and the index the snapshot was persisted from (403 otherwise)."""
+        principal = allow(request, Role.ADMIN, index_name)
+        return MessageResponse(message=await docs.load(checked_index(index_name), path, overwrite, principal))
 
     @router.get("/indexes/{index_name}/stats")
     async def index_stats(index_name: str, request: Request) -> IndexStats:

@@ -1,12 +1,15 @@
 """The probes: liveness for Kubernetes, Prometheus metrics. Open without an API key (the probes'
-callers do not carry the clients' keys)."""
+callers do not carry the clients' keys). Index names are data, so ``/metrics`` shows per-index
+series only to a key that reaches every index; otherwise they are summed over the index."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 from app.api.documents import HealthResponse
+from app.http.security import principal_of
+from app.http.telemetry import without_index_labels
 from app.service.wiring import Services
 
 
@@ -29,8 +32,12 @@ def probes_router(services: Services) -> APIRouter:
             }
         },
     )
-    async def metrics() -> PlainTextResponse:
+    async def metrics(request: Request) -> PlainTextResponse:
+        """The node's Ray metrics. Series labelled with an index are summed over it unless the
+        request carries a key that reaches every index (or no keys are configured)."""
         text = await services.metrics_text() if services.metrics_text else ""
+        if not principal_of(request.scope).sees_all:
+            text = without_index_labels(text)
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return router

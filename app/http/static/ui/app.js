@@ -20,9 +20,21 @@ class ApiError extends Error {
   constructor(status, message) { super(message); this.status = status; }
 }
 
+// The key lives in sessionStorage (this tab, until it closes) unless the user ticks "remember",
+// then in localStorage; never in both.
+function storedKey() {
+  return sessionStorage.getItem(KEY_STORE) || localStorage.getItem(KEY_STORE);
+}
+
+function storeKey(key, remember) {
+  sessionStorage.removeItem(KEY_STORE);
+  localStorage.removeItem(KEY_STORE);
+  if (key) (remember ? localStorage : sessionStorage).setItem(KEY_STORE, key);
+}
+
 function headers(extra = {}) {
   const h = { ...extra };
-  const key = localStorage.getItem(KEY_STORE);
+  const key = storedKey();
   if (key) h.Authorization = `Bearer ${key}`;
   return h;
 }
@@ -65,15 +77,16 @@ function toast(message, isError = false) {
 function askKey(reason) {
   const dialog = $("#key-dialog");
   $("#key-reason").textContent = (reason ? reason + " " : "") +
-    "The key is kept in this browser (localStorage) and sent as Authorization: Bearer.";
-  $("#key-input").value = localStorage.getItem(KEY_STORE) || "";
+    "The key is kept for this tab only (or in this browser if you tick remember) and sent as Authorization: Bearer.";
+  $("#key-input").value = storedKey() || "";
+  $("#key-remember").checked = localStorage.getItem(KEY_STORE) !== null;
   return new Promise((resolve) => {
     dialog.addEventListener("close", () => {
       if (dialog.returnValue === "save" && $("#key-input").value.trim()) {
-        localStorage.setItem(KEY_STORE, $("#key-input").value.trim());
+        storeKey($("#key-input").value.trim(), $("#key-remember").checked);
         resolve(true);
       } else {
-        if (dialog.returnValue === "forget") localStorage.removeItem(KEY_STORE);
+        if (dialog.returnValue === "forget") storeKey(null, false);
         resolve(false);
       }
     }, { once: true });

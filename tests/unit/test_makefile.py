@@ -1,0 +1,52 @@
+"""``make run`` installs what serving needs, ``make test`` adds the test tools: separate stamps, so
+neither re-installs what the other did (``make -n`` shows what each would do)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def planned(target: str, venv: Path, **variables: str) -> str:
+    """The commands ``make TARGET`` would run with this venv (nothing is run)."""
+    args = [f"VENV={venv}", *(f"{k}={v}" for k, v in variables.items())]
+    return subprocess.run(
+        ["make", "-n", "-C", str(REPO), target, *args], capture_output=True, text=True, check=True
+    ).stdout
+
+
+def stamp(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    later = time.time() + 5  # newer than pyproject.toml, whatever the checkout's times
+    os.utime(path, (later, later))
+
+
+def test_run_installs_only_what_serving_needs_and_test_adds_the_rest(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    fresh_run = planned("run", venv)
+    assert '-e ".[cpu]"' in fresh_run and "test]" not in fresh_run and "chromium" not in fresh_run
+    stamp(venv / ".installed-run")  # after `make run`
+    then_test = planned("test", venv)
+    assert '-e ".[cpu,test]"' in then_test and "chromium" in then_test
+    assert '-e ".[cpu]"' not in then_test and "-m venv" not in then_test  # serving's part is there
+    stamp(venv / ".installed-test")  # after `make test`
+    assert "pip install" not in planned("run", venv) and "pip install" not in planned("test", venv)
+
+
+def test_make_run_port_sets_the_variable_the_server_and_the_cli_read(tmp_path: Path) -> None:
+    from app.ports import PORT_ENV
+
+    venv = tmp_path / "venv"
+    stamp(venv / ".installed-run")
+    assert f"{PORT_ENV}=8123 " in planned("run", venv, PORT="8123")
+    assert PORT_ENV not in planned("run", venv)  # unset: the config's port, or RAGSERVE_PORT from the shell

@@ -1,0 +1,119 @@
+"""``GET /metrics`` is open (Prometheus scrapes it without the clients' keys), and index names are
+data: without a key that reaches every index, series labelled with an index are summed over it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.http.telemetry import without_index_labels
+from tests.fakes.fake_openai import FakeOpenAI
+from tests.inprocess import inprocess_app
+
+ADMIN, TEAM, READER = "sk-metrics-admin", "sk-metrics-team", "sk-metrics-reader"
+SECRET = "secret-merger-plans"
+
+
+def node_metrics() -> str:
+    """Prometheus text as the node's metrics agent writes it: shard gauges by shard and index, and
+    series without an index."""
+    registry = CollectorRegistry()
+    docs = Gauge("ray_ragserve_shard_documents", "Documents per shard, index.", ["shard", "index"], registry=registry)
+    chunks = Gauge("ray_ragserve_shard_chunks", "Chunks per shard and index.", ["shard", "index"], registry=registry)
+    for shard, index, n in (("0", SECRET, 5), ("0", "team-a-docs", 2), ("1", SECRET, 3), ("1", 'odd"name\\', 1)):
+        docs.labels(shard, index).set(n)
+        chunks.labels(shard, index).set(10 * n)
+    requests = Counter("ray_ragserve_requests", "HTTP requests.", ["route", "status"], registry=registry)
+    requests.labels("/indexes/{index_name}/documents", "200").inc(7)
+    latency = Histogram("ray_ragserve_stage_latency_ms", "Latency.", ["stage"], buckets=[1, 10], registry=registry)
+    latency.labels("embed").observe(4)
+    return generate_latest(registry).decode()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
+
+
+def test_index_series_are_summed_over_the_index_and_the_rest_is_kept() -> None:
+    text = node_metrics()
+    out = without_index_labels(text)
+    assert SECRET not in out and "team-a-docs" not in out and "odd" not in out and 'index="' not in out
+    got = samples(out)
+    assert got[("ray_ragserve_shard_documents", (("shard", "0"),))] == 7
+    assert got[("ray_ragserve_shard_documents", (("shard", "1"),))] == 4
+    assert got[("ray_ragserve_shard_chunks", (("shard", "0"),))] == 70
+    unindexed = {k: v for k, v in samples(text).items() if "shard_" not in k[0]}
+    assert unindexed and all(got[k] == v for k, v in unindexed.items())  # everything else as it was
+    assert "# TYPE ray_ragserve_shard_documents gauge" in out
+    assert without_index_labels(out) == out  # nothing left to sum: the text comes back as it is
+
+
+def test_a_large_scrape_is_filtered_quickly() -> None:
+    import time
+
+    registry = CollectorRegistry()
+    gauge = Gauge("ray_ragserve_shard_documents", "Documents.", ["shard", "index"], registry=registry)
+    for i in range(5000):
+        gauge.labels(str(i % 4), f"index-{i}").set(i)
+    text = generate_latest(registry).decode()
+    t0 = time.perf_counter()
+    out = without_index_labels(text)
+    assert time.perf_counter() - t0 < 2.0
+    assert len(samples(out)) == 4
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, embedding_model) -> Iterator[TestClient]:
+    from tests.conftest import InProcessEmbedder
+
+    async def metrics_text() -> str:
+        return node_metrics()
+
+    keys = [ADMIN, {"key": TEAM, "indexes": ["team-a*"], "role": "admin"}, {"key": READER, "role": "read"}]
+    with (
+        FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake,
+        inprocess_app(
+            tmp_path_factory.mktemp("metrics"),
+            InProcessEmbedder(embedding_model),
+            fake.url,
+            metrics_text=metrics_text,
+            api_keys=keys,
+        ) as (app, _),
+        TestClient(app) as c,
+    ):
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("key", "per_index"),
+    [(None, False), ("sk-wrong", False), (TEAM, False), (READER, True), (ADMIN, True)],
+)
+def test_metrics_name_indexes_only_to_a_key_that_reaches_every_index(
+    client: TestClient, key: str | None, per_index: bool
+) -> None:
+    r = client.get("/metrics", headers={"Authorization": f"Bearer {key}"} if key else {})
+    assert r.status_code == 200 and "ray_ragserve_shard_documents" in r.text
+    assert (SECRET in r.text) is per_index
+    assert ('index="team-a-docs"' in r.text) is per_index
+    assert 'route="/indexes/{index_name}/documents"' in r.text  # route templates name no index
+
+
+def test_metrics_of_a_server_without_keys_are_whole(tmp_path, embedder) -> None:
+    async def metrics_text() -> str:
+        return node_metrics()
+
+    with (
+        FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake,
+        inprocess_app(tmp_path, embedder, fake.url, metrics_text=metrics_text) as (app, _),
+        TestClient(app) as c,
+    ):
+        assert SECRET in c.get("/metrics").text  # no keys: everything is open to whoever reaches it
