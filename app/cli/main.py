@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
@@ -379,14 +380,15 @@ def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console:
             f"[dim]chatting with index {args.index or '(none)'} — an empty line or Ctrl-D ends, "
             "/reset starts over[/dim]"
         )
+    status = EXIT_OK  # a failed turn is said at once and the chat goes on; the exit status keeps it
     while True:
         try:
             line = _ask(args.json)
         except (EOFError, KeyboardInterrupt):
             (sys.stderr if args.json else sys.stdout).write("\n")
-            return EXIT_OK
+            return status
         if not line:
-            return EXIT_OK
+            return status
         if line == "/reset":
             history = history[:1] if args.system else []
             continue
@@ -394,7 +396,7 @@ def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console:
         try:
             text, result = _chat_once(args, client, console, messages)
         except ApiError as e:
-            err.print(f"[red]{escape(str(e))}[/red]")
+            status = _fail(args, err, e)  # one line on stderr; with --json {"error": ...} on stdout
             continue
         if args.json:
             _print_json(result)
@@ -460,30 +462,51 @@ def cmd_docs_list(args: argparse.Namespace, client: RagClient, err: Console, con
             f"{escape(index)}: {what}" + (f" from --offset {args.offset} (of {total})" if args.offset else "")
         )
         return EXIT_OK
-    table = Table(
-        "doc_id",
-        "path",
-        "title",
-        "type",
-        "by",
-        "text",
-        title=f"{index}: documents {args.offset + 1}–{args.offset + len(docs)} of {total}",
-    )
-    for d in docs:
-        meta = d.get("metadata") or {}
-        text = " ".join(str(d.get("text") or "").split())
-        table.add_row(
-            escape(str(d.get("doc_id"))),
-            escape(str(meta.get("path", ""))),
-            escape(str(meta.get("title", ""))),
-            escape(str(meta.get("file_type", ""))),
-            "ragserve ingest" if meta.get("source") == SOURCE else "",
-            escape(text[:60] + ("…" if len(text) > 60 else "")),
-        )
-    console.print(table)
+    console.print(f"{escape(index)}: documents {args.offset + 1}–{args.offset + len(docs)} of {total}")
+    _document_rows(docs, console)
     if args.offset + len(docs) < total:
         console.print(f"[dim]{total - args.offset - len(docs)} more: --offset {args.offset + len(docs)}[/dim]")
     return EXIT_OK
+
+
+def _document_rows(docs: Sequence[dict[str, Any]], console: Console) -> None:
+    """The documents as a table whose ids are never cut (an id is what the next command needs):
+    the other columns wrap or shorten instead, the path column shows only where it says more than
+    the id (a PDF page's file), and a terminal too narrow for that gets one block per document."""
+    rows = []
+    for d in docs:
+        meta = d.get("metadata") or {}
+        text = " ".join(str(d.get("text") or "").split())
+        rows.append(
+            (
+                str(d.get("doc_id")),
+                str(meta.get("path", "")),
+                str(meta.get("title", "")),
+                str(meta.get("file_type", "")),
+                "ragserve ingest" if meta.get("source") == SOURCE else "",
+                text[:60] + ("…" if len(text) > 60 else ""),
+            )
+        )
+    widest = max(cell_len(r[0]) for r in rows)
+    show_path = any(r[1] not in ("", r[0]) for r in rows)
+    if console.width < widest + (50 if show_path else 34):
+        for doc_id, path, title, kind, by, text in rows:
+            console.print(f"[bold]{escape(doc_id)}[/bold]", soft_wrap=True, highlight=False)
+            details = " · ".join(x for x in ((path if path != doc_id else ""), title, kind, by) if x)
+            if details:
+                console.print(f"  {escape(details)}", soft_wrap=False, highlight=False)
+            console.print(f"  [dim]{escape(text)}[/dim]", soft_wrap=False, highlight=False)
+        return
+    table = Table()
+    table.add_column("doc_id", no_wrap=True, min_width=widest)
+    if show_path:
+        table.add_column("path", overflow="fold")
+    for name in ("title", "type", "by"):
+        table.add_column(name, overflow="fold")
+    table.add_column("text", overflow="ellipsis")
+    for doc_id, path, *rest in rows:
+        table.add_row(*(escape(c) for c in (doc_id, *([path] if show_path else []), *rest)))
+    console.print(table)
 
 
 def _positive(text: str) -> int:
@@ -604,7 +627,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("indexes", parents=[common], help="list indexes with documents, chunks and bytes")
     p.set_defaults(func=cmd_indexes)
 
-    docs = sub.add_parser("docs", help="look at an index's documents (ragserve docs list --index NAME)")
+    docs = sub.add_parser(
+        "docs", parents=[common], help="look at an index's documents (ragserve docs list --index NAME)"
+    )
     docs_sub = docs.add_subparsers(dest="docs_command", required=True, metavar="COMMAND")
     p = docs_sub.add_parser(
         "list",

@@ -505,3 +505,67 @@ def test_a_named_sync_follows_its_folder_when_it_moves(server: str, tmp_path: Pa
     report = json.loads(out)
     assert code == 0 and report["unchanged"] == 1 and report["deleted"] == ["b.md"]
     assert docs_of(server, "moved")["a.md"]["metadata"]["sync_root"] == "handbook"
+
+
+def _json_values(text: str) -> list:
+    decoder, pos, values = json.JSONDecoder(), 0, []
+    while pos < len(text):
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos < len(text):
+            value, pos = decoder.raw_decode(text, pos)
+            values.append(value)
+    return values
+
+
+def test_interactive_chat_reports_every_failed_turn(server: str, capsys, monkeypatch) -> None:
+    """Each failed turn of an interactive chat says so (with --json as ``{"error": ...}`` on stdout,
+    as the one-shot form does), the chat goes on, and the exit status says a turn failed."""
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\nagain\n"))
+    code, out, err = run(capsys, "--url", server, "chat", "--json", "-i", "nosuch")
+    values = _json_values(out)
+    assert code == 1 and len(values) == 2, out
+    assert all(v["error"]["status"] == 404 and "nosuch" in v["error"]["message"] for v in values), out
+    assert err.count("ragserve: ") == 2
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    code, out, err = run(capsys, "--url", server, "chat", "-i", "nosuch")
+    assert code == 1 and "nosuch" in err
+
+
+def test_docs_list_never_cuts_an_id(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Ids are what the next command needs: whole at 80 columns and at 120; the other columns give way."""
+    folder = tmp_path / "docs" / "valves" / "maintenance"
+    folder.mkdir(parents=True)
+    (folder / "inspection-schedule-2024.html").write_text(
+        "<title>Valve inspection schedule for the whole plant</title><p>" + "Valves are inspected monthly. " * 9
+    )
+    (folder / "pressure-relief-handbook.pdf").write_bytes(make_pdf(["Relief valves open at 10 bar.", "Page two."]))
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "wide", "-q")[0] == 0
+    ids = {
+        "docs/valves/maintenance/inspection-schedule-2024.html",
+        "docs/valves/maintenance/pressure-relief-handbook.pdf#p1",
+        "docs/valves/maintenance/pressure-relief-handbook.pdf#p2",
+    }
+    assert set(docs_of(server, "wide")) == ids
+    for columns in ("80", "120", "60"):
+        monkeypatch.setenv("COLUMNS", columns)
+        code, out, _ = run(capsys, "--url", server, "docs", "list", "--index", "wide")
+        assert code == 0 and all(i in out for i in ids), out
+        assert all(len(line) <= int(columns) or line.strip() in ids for line in out.splitlines()), out
+
+
+def test_options_are_taken_in_every_position(server: str, tmp_path: Path, capsys) -> None:
+    """--json, --url and the other common options before the command, between ``docs`` and
+    ``list``, or after: the same everywhere."""
+    (tmp_path / "a.md").write_text("# A\n\nText.")
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "where", "-q")[0] == 0
+    for argv in (
+        ["--json", "--url", server, "docs", "list", "-i", "where"],
+        ["docs", "--json", "--url", server, "list", "-i", "where"],
+        ["docs", "list", "--json", "--url", server, "-i", "where"],
+        ["--url", "http://127.0.0.1:9", "docs", "--url", server, "list", "--json", "-i", "where"],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code == 0 and [d["doc_id"] for d in json.loads(out)["documents"]] == ["a.md"], (argv, err)
