@@ -129,6 +129,16 @@ def located(path: Path) -> Path:
     return named.parent.resolve() / named.name
 
 
+def shown(rel: str) -> str:
+    """A name for messages and JSON: a file name that is not valid UTF-8 (the file system allows
+    any bytes) with its odd bytes written as ``\\xe9``, so reporting it cannot fail."""
+    try:
+        rel.encode("utf-8")
+        return rel
+    except UnicodeEncodeError:
+        return os.fsencode(rel).decode("utf-8", errors="backslashreplace")
+
+
 def relative_name(path: Path, base: Path) -> str:
     """``path`` (absolute, as walked: links in it are not resolved) relative to ``base`` in POSIX
     form. Raises ValueError when it is not inside ``base``: ids never fall back to bare file names,

@@ -33,7 +33,7 @@ from rich.table import Table
 
 from app.api.documents import validate_index_name
 from app.cli.client import DEFAULT_URL, ApiError, RagClient
-from app.cli.files import sync_base
+from app.cli.files import shown, sync_base
 from app.cli.sync import SOURCE, Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -117,7 +117,9 @@ class UsageError(Exception):
 
 
 def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    text = json.dumps(obj, indent=2, ensure_ascii=False)
+    # A path that is not UTF-8 (a name may hold any bytes) as the JSON escape \udce9: stdout never fails on it.
+    sys.stdout.write(text.encode("utf-8", errors="backslashreplace").decode("utf-8") + "\n")
     sys.stdout.flush()
 
 
@@ -161,7 +163,8 @@ def _fail(args: argparse.Namespace, console: Console, error: Exception, status: 
     """One line on stderr (never a traceback); with ``--json`` also ``{"error": ...}`` on stdout,
     which then carries nothing but JSON."""
     message = error.message if isinstance(error, ApiError) else str(error)
-    console.print(f"[red]ragserve: {escape(str(error))}[/red]", highlight=False, soft_wrap=True)
+    line = shown(str(error))  # a path that is not UTF-8 (any bytes make a name) as \xe9
+    console.print(f"[red]ragserve: {escape(line)}[/red]", highlight=False, soft_wrap=True)
     if getattr(args, "json", False):
         _print_json({"error": {"status": getattr(error, "status", None), "message": message}})
     return status
@@ -265,7 +268,8 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         show(report)
         if args.watch and not stop.is_set() and not report.fatal:
             if not args.json:
-                console.print(f"[dim]watching {', '.join(map(str, roots))} for changes (Ctrl-C to stop)…[/dim]")
+                where = shown(", ".join(map(str, roots)))
+                console.print(f"[dim]watching {escape(where)} for changes (Ctrl-C to stop)…[/dim]")
             watch(syncer, stop, show)
             return EXIT_OK
     except ApiError as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -569,3 +570,94 @@ def test_options_are_taken_in_every_position(server: str, tmp_path: Path, capsys
     ):
         code, out, err = run(capsys, *argv)
         assert code == 0 and [d["doc_id"] for d in json.loads(out)["documents"]] == ["a.md"], (argv, err)
+
+
+def test_one_odd_file_fails_alone_never_the_run(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Every step of one file (its name, its modification time, reading, converting, sizing) fails
+    that file alone: a name that is not UTF-8 (any bytes are a valid Linux name), an mtime past the
+    year 9999, a converter calling ``sys.exit()`` or raising GeneratorExit. The rest is indexed."""
+    from dataclasses import replace
+
+    from app.cli import sync
+    from app.ingest.convert import convert
+
+    (tmp_path / "a.md").write_text("# A\n\nFirst file.")
+    (tmp_path / "z.md").write_text("# Z\n\nLast file.")
+    with open(os.path.join(os.fsencode(tmp_path), b"caf\xe9.md"), "wb") as f:
+        f.write(b"# Cafe\n\nA latin-1 file name.")
+    future = tmp_path / "future.md"
+    future.write_text("# Future\n\nFrom the year 11476.")
+    os.utime(future, (3e11, 3e11))
+    if future.stat().st_mtime != 3e11:  # ext4 clamps it to 2446, tmpfs keeps it: give what tmpfs gives
+        found = sync.discover
+        monkeypatch.setattr(
+            sync,
+            "discover",
+            lambda *a, **k: [replace(f, mtime=3e11) if f.rel == "future.md" else f for f in found(*a, **k)],
+        )
+    (tmp_path / "exit.md").write_text("# Exit\n\nThe converter exits.")
+    (tmp_path / "gen.md").write_text("# Gen\n\nThe converter closes.")
+
+    def converter(data: bytes, filename: str):
+        if filename == "exit.md":
+            raise SystemExit(3)
+        if filename == "gen.md":
+            raise GeneratorExit("closed")
+        return convert(data, filename)
+
+    monkeypatch.setattr(sync, "convert", converter)
+    code, out, err = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "odd", "--json")
+    assert code == 1, err
+    report = json.loads(out)
+    assert report["added"] == ["a.md", "z.md"]
+    failed = {f["path"]: f["reason"] for f in report["failed"]}
+    assert failed.pop("caf\\xe9.md") == "the file name is not valid UTF-8 (rename the file to index it)"
+    assert failed.pop("future.md").startswith("its modification time cannot be recorded (year 11476 is out of range")
+    assert failed == {
+        "exit.md": "cannot convert the file: SystemExit: 3",
+        "gen.md": "cannot convert the file: GeneratorExit: closed",
+    }
+    assert set(docs_of(server, "odd")) == {"a.md", "z.md"}
+    code, out, err = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "odd")
+    assert code == 1 and "2 unchanged" in out and "failed  caf\\xe9.md: the file name is not valid UTF-8" in out
+    assert "Traceback" not in out + err
+
+
+def test_a_file_gone_before_it_is_read_is_taken_as_gone(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """A file removed between the listing of its folder and its reading is not a failure: it is gone,
+    listed as stale, and with --delete its documents go like any removed file's."""
+    from app.cli import sync
+
+    (tmp_path / "a.md").write_text("# A\n\nStays.")
+    gone = tmp_path / "gone.md"
+    gone.write_text("# Gone\n\nSoon removed.")
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "gone", "-q")[0] == 0
+    found = sync.discover
+
+    def discover(*a, **k):
+        files = found(*a, **k)
+        gone.unlink(missing_ok=True)  # removed right after the listing
+        return files
+
+    monkeypatch.setattr(sync, "discover", discover)
+    for delete in ((), ("--delete",)):
+        gone.write_text("# Gone\n\nChanged, so it must be read.")
+        os.utime(gone, (time.time() + 10, time.time() + 10))
+        code, out, _ = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "gone", "--json", *delete)
+        report = json.loads(out)
+        assert code == 0 and report["failed"] == [], out
+        assert (report["deleted"], report["stale"]) == ((["gone.md"], []) if delete else ([], ["gone.md"]))
+    assert set(docs_of(server, "gone")) == {"a.md"}
+
+
+def test_a_folder_whose_name_is_not_utf8_is_synced(server: str, tmp_path: Path, capsys) -> None:
+    """The folder given may have any bytes in its name (its files' ids are relative to it); a path
+    that is not UTF-8 in a message is written escaped, never an error of its own."""
+    folder = os.path.join(os.fsencode(tmp_path), b"d\xe9")
+    os.mkdir(folder)
+    with open(os.path.join(folder, b"a.md"), "wb") as f:
+        f.write(b"# A\n\nIn a latin-1 folder.")
+    code, out, err = run(capsys, "--url", server, "ingest", os.fsdecode(folder), "--index", "latin", "--json")
+    assert code == 0 and json.loads(out)["added"] == ["a.md"], err
+    code, out, err = run(capsys, "--url", server, "ingest", os.fsdecode(folder) + "x", "--index", "latin", "--json")
+    assert code == 2 and "no such file or directory" in json.loads(out)["error"]["message"]
