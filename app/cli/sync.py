@@ -219,7 +219,7 @@ class Syncer:
 
     # --- what the index holds ------------------------------------------------------------------
     def _prefixes(self) -> list[str]:
-        return [scope_prefix(r, self.base) for r in self.roots]
+        return [p for p in (scope_prefix(r, self.base) for r in self.roots) if p is not None]
 
     def _in_scope(self, path: str) -> bool:
         return any(p == "" or path == p or path.startswith(p + "/") for p in self._prefixes())
@@ -444,6 +444,7 @@ class Syncer:
         stop = stop or threading.Event()
         t0 = time.monotonic()
         report = SyncReport(self.index)
+        unreadable: list[tuple[str, str]] = []
         files = discover(
             self.roots,
             self.base,
@@ -451,7 +452,12 @@ class Syncer:
             gitignore=self.gitignore,
             skipped=report.skipped,
             links_outside=report.links_outside,
+            unreadable=unreadable,
         )
+        # A folder that could not be read is a failure, and what the index holds under it stays:
+        # its files are not known to be gone.
+        report.failed += [(shown(rel or "."), reason) for rel, reason in unreadable]
+        kept = [rel for rel, _ in unreadable]
         done: set[str] = set()  # files recorded in the report, by their own names
         vanished: set[str] = set()  # gone between discovery and reading: as if never found
         batch: list[FilePlan] = []
@@ -483,7 +489,7 @@ class Syncer:
                 if batch:
                     self._flush(batch, report, done)
             if not stop.is_set():
-                self._delete_gone({f.rel for f in files} - vanished, report)
+                self._delete_gone({f.rel for f in files} - vanished, kept, report)
             self._report_chunks(force=True)
         except ApiError as e:  # the listing, a deletion, or a fatal error of a batch (already recorded)
             report.fatal = report.fatal or e.message
@@ -495,12 +501,13 @@ class Syncer:
         report.seconds = time.monotonic() - t0
         return report
 
-    def _delete_gone(self, present: set[str], report: SyncReport) -> None:
-        """This sync's documents whose files are gone: deleted with ``delete``, else listed as stale."""
+    def _delete_gone(self, present: set[str], kept: Sequence[str], report: SyncReport) -> None:
+        """This sync's documents whose files are gone: deleted with ``delete``, else listed as stale.
+        Nothing under ``kept`` (folders that could not be read) counts as gone."""
         gone: dict[str, list[str]] = {}
         for doc_id, doc in (self.remote or {}).items():
             path = str(doc.metadata.get("path"))
-            if path in present or not self._in_scope(path):
+            if path in present or not self._in_scope(path) or _under(path, kept):
                 continue
             gone.setdefault(path, []).append(doc_id)
         if not gone:
@@ -516,6 +523,10 @@ class Syncer:
             (self.remote or {}).pop(doc_id, None)
         report.deleted = sorted(gone)
         report.documents_deleted = len(ids)
+
+
+def _under(path: str, folders: Sequence[str]) -> bool:
+    return any(f == "" or path == f or path.startswith(f + "/") for f in folders)
 
 
 def _whose(metadata: dict[str, Any]) -> str:

@@ -661,3 +661,57 @@ def test_a_folder_whose_name_is_not_utf8_is_synced(server: str, tmp_path: Path, 
     assert code == 0 and json.loads(out)["added"] == ["a.md"], err
     code, out, err = run(capsys, "--url", server, "ingest", os.fsdecode(folder) + "x", "--index", "latin", "--json")
     assert code == 2 and "no such file or directory" in json.loads(out)["error"]["message"]
+
+
+def test_delete_never_removes_what_it_could_not_read(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """A subfolder that cannot be read (EACCES, EIO) is a failure, not an empty folder: --delete
+    removes nothing under it, and nothing under it is listed as gone."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.md").write_text("# A\n\nReadable.")
+    (tmp_path / "sub" / "b.md").write_text("# B\n\nIn a folder soon unreadable.")
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "locked", "-q")[0] == 0
+    (tmp_path / "a.md").unlink()
+    scandir = os.scandir
+
+    def failing(path):  # what a non-root user gets from a mode-000 folder (root ignores modes)
+        if Path(path).name == "sub":
+            raise PermissionError(13, "Permission denied")
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", failing)
+    code, out, _ = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "locked", "--delete", "--json")
+    report = json.loads(out)
+    assert code == 1
+    assert report["failed"] == [{"path": "sub", "reason": "cannot read the folder: Permission denied"}]
+    assert report["deleted"] == ["a.md"] and report["stale"] == []
+    assert set(docs_of(server, "locked")) == {"sub/b.md"}
+    monkeypatch.setattr(os, "scandir", lambda path: failing(Path(path).parent / "sub"))  # every folder
+    code, out, _ = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "locked", "--delete", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["failed"] == [{"path": ".", "reason": "cannot read the folder: Permission denied"}]
+    assert report["deleted"] == [] and set(docs_of(server, "locked")) == {"sub/b.md"}
+
+
+def test_ingest_of_a_glob_is_the_ingest_of_the_folder(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """``cd proj && ragserve ingest docs/*`` with links in docs pointing out of it (a folder and a
+    file): both are left out and listed, the ids are those of ``ragserve ingest docs``, and so is the
+    sync (a later ``ingest docs --delete`` finds everything unchanged)."""
+    proj, outside = tmp_path / "proj", tmp_path / "outside"
+    (proj / "docs" / "sub").mkdir(parents=True)
+    (outside / "deep").mkdir(parents=True)
+    (proj / "docs" / "a.md").write_text("# A\n\nalpha")
+    (proj / "docs" / "sub" / "b.md").write_text("# B\n\nbeta")
+    (outside / "secret.md").write_text("# S\n\nsecret")
+    (outside / "deep" / "s2.md").write_text("# S2\n\nsecret2")
+    (proj / "docs" / "ext").symlink_to(outside)
+    (proj / "docs" / "s.md").symlink_to("../../outside/secret.md")
+    monkeypatch.chdir(proj)
+    names = [f"docs/{n}" for n in sorted(os.listdir("docs"))]
+    code, out, err = run(capsys, "--url", server, "ingest", *names, "-i", "glob", "--json")
+    report = json.loads(out)
+    assert code == 0, err
+    assert sorted(report["added"]) == ["a.md", "sub/b.md"] and sorted(report["links_outside"]) == ["ext", "s.md"]
+    assert set(docs_of(server, "glob")) == {"a.md", "sub/b.md"}
+    code, out, _ = run(capsys, "--url", server, "ingest", "docs", "-i", "glob", "--delete", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["unchanged"] == 2 and report["added"] == report["deleted"] == []
