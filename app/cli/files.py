@@ -227,7 +227,7 @@ def discover(
         try:
             left_out = rules.named_left_out(lies) or (
                 real != lies  # a link: its target is judged too, from the folder the link is in
-                and rules.left_out(lies.parent, rules.ancestors(lies.parent), real, real.is_dir())
+                and rules.left_out(lies.parent, real, real.is_dir())
             )
             inherited = rules.ancestors(where) if where.is_dir() else []
         except OSError as e:
@@ -281,12 +281,16 @@ def _key(st: os.stat_result) -> tuple[int, int]:
 
 
 class _Rules:
-    """What is left out: the always-skipped folders and, with ``gitignore``, ``.gitignore`` files
-    (each read once). Raises OSError for a ``.gitignore`` that cannot be read."""
+    """What is left out: the always-skipped folders and, with ``gitignore``, ``.gitignore`` files.
+    Each ``.gitignore`` is read once and each folder judged once (a link is judged by its target's
+    folder, so thousands of links into one deep folder cost one judgement of it). Raises OSError
+    for a ``.gitignore`` that cannot be read."""
 
     def __init__(self, gitignore: bool):
         self.gitignore = gitignore
         self._loaded: dict[Path, _Ignore | None] = {}
+        self._ancestors: dict[Path, list[_Ignore]] = {}
+        self._folders: dict[tuple[Path, Path], tuple[bool, list[_Ignore]]] = {}
 
     def own(self, directory: Path) -> _Ignore | None:
         if not self.gitignore:
@@ -296,32 +300,46 @@ class _Rules:
         return self._loaded[directory]
 
     def ancestors(self, start: Path) -> list[_Ignore]:
-        return _ancestor_ignores(start) if self.gitignore else []
+        if not self.gitignore:
+            return []
+        if start not in self._ancestors:
+            self._ancestors[start] = _ancestor_ignores(start)
+        return self._ancestors[start]
 
     def ignored(self, ignores: Sequence[_Ignore], path: Path, is_dir: bool) -> bool:
         return self.gitignore and _is_ignored(ignores, path, is_dir)
 
-    def left_out(self, top: Path, inherited: Sequence[_Ignore], target: Path, is_dir: bool) -> bool:
+    def _folder(self, top: Path, folder: Path) -> tuple[bool, list[_Ignore]]:
+        """Whether ``folder`` (``top`` or inside it) is left out by a walk from ``top``, and the
+        rules in force inside it."""
+        chain = []
+        d = folder
+        while (top, d) not in self._folders and d != top:
+            chain.append(d)
+            d = d.parent
+        if (top, d) not in self._folders:  # d is top
+            own = self.own(top)
+            self._folders[(top, top)] = (False, [*self.ancestors(top), *([own] if own else [])])
+        out, ignores = self._folders[(top, d)]
+        for d in reversed(chain):
+            out = out or d.name in ALWAYS_SKIPPED_DIRS or self.ignored(ignores, d, True)
+            own = None if out else self.own(d)
+            ignores = [*ignores, own] if own is not None else ignores
+            self._folders[(top, d)] = (out, ignores)
+        return out, ignores
+
+    def left_out(self, top: Path, target: Path, is_dir: bool) -> bool:
         """Whether ``target`` (inside ``top``) is left out as a walk from ``top`` would judge it:
         under an always-skipped folder, or ignored itself or by a folder on the way."""
-        ignores = list(inherited)
-        d = top
-        parts = target.relative_to(top).parts
-        for i, part in enumerate(parts):
-            own = self.own(d)
-            if own is not None:
-                ignores.append(own)
-            d = d / part
-            folder = is_dir or i < len(parts) - 1
-            if (folder and part in ALWAYS_SKIPPED_DIRS) or self.ignored(ignores, d, folder):
-                return True
-        return False
+        if target == top:
+            return False
+        out, ignores = self._folder(top, target.parent)
+        return out or (is_dir and target.name in ALWAYS_SKIPPED_DIRS) or self.ignored(ignores, target, is_dir)
 
     def named_left_out(self, path: Path) -> bool:
         """A path named on the command line (``docs/*`` names whatever the folder holds) is judged
         by the rules of the folder it lies in, as a walk of that folder would judge it."""
-        parent = path.parent
-        return self.left_out(parent, self.ancestors(parent), path, path.is_dir())
+        return self.left_out(path.parent, path, path.is_dir())
 
 
 class _Walk:
@@ -346,14 +364,14 @@ class _Walk:
         visited = {_key(self.root.stat())}
         given: set[tuple[int, int]] = set()
         # (folder as walked, its ignores, its real path when reached through a link)
-        dir_links: list[tuple[Path, list[_Ignore], tuple[int, int], Path]] = []
-        file_links: list[tuple[Path, os.stat_result, Path]] = []
+        dir_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]] = []
+        file_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]] = []
         stack: list[tuple[Path, list[_Ignore], Path | None]] = [(self.root, self.inherited, None)]
         while stack or dir_links:
             if not stack:
-                path, ignores, key, target = dir_links.pop(0)
-                if key not in visited:
-                    visited.add(key)
+                path, ignores, st, target = dir_links.pop(0)
+                if _key(st) not in visited and self._link_wanted(path, ignores, st, target):
+                    visited.add(_key(st))
                     stack.append((path, ignores, target))
                 continue
             directory, ignores, real_dir = stack.pop()
@@ -393,21 +411,23 @@ class _Walk:
                     given.add(_key(st))
                     yield path, st, real
             stack.extend(reversed(subdirs))
-        for path, st, real in file_links:
-            if _key(st) not in given:
+        for path, ignores, st, target in file_links:
+            if _key(st) not in given and self._link_wanted(path, ignores, st, target):
                 given.add(_key(st))
-                yield path, st, real
+                yield path, st, target
 
     def _left_out(self, real: Path, is_dir: bool) -> bool:
-        return self.rules.left_out(self.root, self.inherited, real, is_dir)
+        return self.rules.left_out(self.root, real, is_dir)
 
     def _link(
         self,
         path: Path,
         ignores: list[_Ignore],
-        dir_links: list[tuple[Path, list[_Ignore], tuple[int, int], Path]],
-        file_links: list[tuple[Path, os.stat_result, Path]],
+        dir_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]],
+        file_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]],
     ) -> None:
+        """Sort a link met by the walk: outside, broken, or a folder or file to judge once the real
+        tree is walked (one whose target the tree gave, or a folder it walked, costs no more)."""
         real = Path(os.path.realpath(path))
         if not real.is_relative_to(self.root):
             self.outside.append(path)
@@ -417,13 +437,21 @@ class _Walk:
         except OSError as e:
             self.broken.append((path, f"broken symbolic link ({e.strerror or e})"))
             return
-        is_dir = stat.S_ISDIR(st.st_mode)
-        # Judged twice: by its own name where it lies, and by its target where that lies (a link
-        # to an ignored file or to .git must not bring it in under another name).
-        if self.rules.ignored(ignores, path, is_dir) or self._left_out(real, is_dir):
-            return
-        if is_dir:
-            if path.name not in ALWAYS_SKIPPED_DIRS:
-                dir_links.append((path, ignores, _key(st), real))
+        if stat.S_ISDIR(st.st_mode):
+            dir_links.append((path, ignores, st, real))
         elif stat.S_ISREG(st.st_mode):
-            file_links.append((path, st, real))
+            file_links.append((path, ignores, st, real))
+
+    def _link_wanted(self, path: Path, ignores: list[_Ignore], st: os.stat_result, real: Path) -> bool:
+        """Judged twice: by its own name where it lies, and by its target where that lies (a link to
+        an ignored file or to .git must not bring it in under another name)."""
+        is_dir = stat.S_ISDIR(st.st_mode)
+        try:
+            return not (
+                (is_dir and path.name in ALWAYS_SKIPPED_DIRS)
+                or self.rules.ignored(ignores, path, is_dir)
+                or self._left_out(real, is_dir)
+            )
+        except OSError as e:  # a .gitignore on the target's way that cannot be read
+            self.unreadable.append((path, f"cannot read it: {e.strerror or e}"))
+            return False

@@ -244,3 +244,21 @@ def test_a_folder_that_cannot_be_read_is_reported_not_taken_as_empty(tmp_path: P
         ("locked", "cannot read the folder: Input/output error"),
         ("sub", "cannot read the folder: Permission denied"),
     ]
+
+
+def test_many_links_into_a_deep_ignored_folder_are_judged_quickly(tmp_path: Path) -> None:
+    """Each link's target is judged by the rules where it lies, but each folder on the way once:
+    1,000 links to files 40 folders down, under a 300-pattern .gitignore that leaves only the
+    deepest folder out, take well under a second (judging every link's way afresh took 12 s)."""
+    (tmp_path / ".gitignore").write_text("".join(f"pattern{i}*.log\n" for i in range(300)) + "d39/\n")
+    deep = tmp_path.joinpath(*(f"d{i}" for i in range(40)))
+    deep.mkdir(parents=True)
+    (tmp_path / "links").mkdir()
+    for i in range(1000):
+        (deep / f"t{i}.md").write_text(str(i))
+        (tmp_path / "links" / f"l{i}.md").symlink_to(deep / f"t{i}.md")
+    (tmp_path / "kept.md").write_text("kept")
+    t0 = time.monotonic()
+    found = names(tmp_path, tmp_path)
+    assert time.monotonic() - t0 < 3.0
+    assert found == ["kept.md"]
