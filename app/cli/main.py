@@ -422,16 +422,30 @@ def cmd_indexes(args: argparse.Namespace, client: RagClient, err: Console, conso
     if not rows:
         console.print("no indexes yet: ragserve ingest PATH --index NAME")
         return EXIT_OK
-    table = Table("index", "documents", "chunks", "bytes", "kind", "shards")
-    for r in rows:
-        table.add_row(
-            r["index_name"],
+    cells = [
+        (
+            str(r["index_name"]),
             str(r.get("documents", "?")),
             str(r.get("chunks", "?")),
             human_bytes(r["bytes"]) if "bytes" in r else "?",
             str(r.get("index_kind", "?")),
             str(len(r.get("shards", []))) if "shards" in r else "?",
         )
+        for r in rows
+    ]
+    widest = max(cell_len(c[0]) for c in cells)
+    if console.width < widest + 50:  # a name is never cut (it is what the next command needs)
+        for name, docs, chunks, size, kind, shards in cells:
+            console.print(
+                f"[bold]{escape(name)}[/bold]: {docs} documents, {chunks} chunks, {size}, {kind}, {shards} shards",
+                soft_wrap=True,
+                highlight=False,
+            )
+        return EXIT_OK
+    table = Table("index", "documents", "chunks", "bytes", "kind", "shards")
+    table.columns[0].no_wrap, table.columns[0].min_width = True, widest
+    for row in cells:
+        table.add_row(escape(row[0]), *row[1:])
     console.print(table)
     return EXIT_OK
 

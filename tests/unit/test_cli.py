@@ -715,3 +715,14 @@ def test_ingest_of_a_glob_is_the_ingest_of_the_folder(server: str, tmp_path: Pat
     code, out, _ = run(capsys, "--url", server, "ingest", "docs", "-i", "glob", "--delete", "--json")
     report = json.loads(out)
     assert code == 0 and report["unchanged"] == 2 and report["added"] == report["deleted"] == []
+
+
+def test_indexes_never_cuts_a_name(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Index names (up to 128 characters) are whole at any width, as document ids are."""
+    name = "maintenance-records-of-the-north-plant-valves-and-pumps-" + "x" * 40
+    (tmp_path / "a.md").write_text("# A\n\nText.")
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", name, "-q")[0] == 0
+    for columns in ("80", "120", "200"):
+        monkeypatch.setenv("COLUMNS", columns)
+        code, out, _ = run(capsys, "--url", server, "indexes")
+        assert code == 0 and name in out, out
