@@ -185,9 +185,12 @@ def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | N
     for path, reason in report.skipped:
         console.print(f"  [dim]skipped {escape(path)}: {escape(reason)}[/dim]")
     if report.links_outside:
-        shown = ", ".join(report.links_outside[:10]) + (", …" if len(report.links_outside) > 10 else "")
+        listed = ", ".join(report.links_outside[:10]) + (", …" if len(report.links_outside) > 10 else "")
         n = len(report.links_outside)
-        console.print(f"  [yellow]skipped {n} link{'' if n == 1 else 's'} leaving the folder: {escape(shown)}[/yellow]")
+        console.print(
+            f"  [yellow]skipped {n} link{'' if n == 1 else 's'} leaving the folder: {escape(listed)} "
+            "(to index a link's target, name the target itself)[/yellow]"
+        )
     if report.stale:
         console.print(
             f"  [yellow]{len(report.stale)} file(s) are gone from disk but still indexed; "

@@ -715,6 +715,9 @@ def test_ingest_of_a_glob_is_the_ingest_of_the_folder(server: str, tmp_path: Pat
     code, out, _ = run(capsys, "--url", server, "ingest", "docs", "-i", "glob", "--delete", "--json")
     report = json.loads(out)
     assert code == 0 and report["unchanged"] == 2 and report["added"] == report["deleted"] == []
+    code, out, _ = run(capsys, "--url", server, "ingest", *names, "-i", "glob", "-q")
+    assert code == 0 and "2 unchanged" in out
+    assert "skipped 2 links leaving the folder: ext, s.md (to index a link's target, name the target itself)" in out
 
 
 def test_indexes_never_cuts_a_name(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
