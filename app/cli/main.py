@@ -254,7 +254,10 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
     )
 
+    last: list[SyncReport] = []
+
     def show(report: SyncReport) -> None:
+        last[:] = [report]
         stats = None
         if not report.fatal:
             try:
@@ -274,7 +277,7 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
                 where = shown(", ".join(map(str, roots)))
                 console.print(f"[dim]watching {escape(where)} for changes (Ctrl-C to stop)…[/dim]")
             watch(syncer, stop, show)
-            return EXIT_OK
+            return EXIT_OK if last[0].ok or last[0].interrupted else EXIT_FAIL  # as the last run ended
     except ApiError as e:
         return _fail(args, console, e)
     finally:

@@ -729,3 +729,19 @@ def test_indexes_never_cuts_a_name(server: str, tmp_path: Path, capsys, monkeypa
         monkeypatch.setenv("COLUMNS", columns)
         code, out, _ = run(capsys, "--url", server, "indexes")
         assert code == 0 and name in out, out
+
+
+def test_a_watch_ends_with_the_status_of_its_last_run(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """``--watch`` stopped with Ctrl-C exits 1 when its last run left a file failed, as one run does."""
+    from app.cli import main as cli_main
+
+    (tmp_path / "a.md").write_text("# A\n\nFine.")
+
+    def one_more_run(syncer, stop, on_report, poll_s=1.0):  # the watch's loop: one change, then Ctrl-C
+        (tmp_path / "bad.pdf").write_bytes(b"%PDF-1.4 not really")
+        on_report(syncer.run(stop))
+        stop.set()
+
+    monkeypatch.setattr(cli_main, "watch", one_more_run)
+    code, out, _ = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "watched-status", "--watch")
+    assert code == 1 and "failed  bad.pdf" in out, out
