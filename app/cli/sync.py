@@ -266,7 +266,7 @@ class Syncer:
         except FileNotFoundError:  # gone since discovery: as if it had not been found (see run)
             return FilePlan(file, "vanished")
         except BaseException as e:  # a converter's SystemExit or bug spares the rest
-            return FilePlan(file, "failed", reason=f"cannot index the file: {type(e).__name__}: {e}")
+            return FilePlan(file, "failed", reason=f"cannot index the file: {_what(e)}")
 
     def _plan_file(self, file: LocalFile, existing_ids: set[str]) -> FilePlan:
         remote = self.remote or {}
@@ -296,7 +296,7 @@ class Syncer:
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # deep HTML's RecursionError, a converter's sys.exit()
-            return FilePlan(file, "failed", reason=f"cannot convert the file: {type(e).__name__}: {e}")
+            return FilePlan(file, "failed", reason=f"cannot convert the file: {_what(e)}")
         taken = [(d["doc_id"], self.foreign[d["doc_id"]]) for d in docs if d["doc_id"] in self.foreign]
         if taken:
             doc_id, whose = taken[0]
@@ -527,6 +527,11 @@ class Syncer:
 
 def _under(path: str, folders: Sequence[str]) -> bool:
     return any(f == "" or path == f or path.startswith(f + "/") for f in folders)
+
+
+def _what(e: BaseException) -> str:
+    """An exception in words: its type, and its message when it has one."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def _whose(metadata: dict[str, Any]) -> str:
