@@ -65,13 +65,14 @@ class _Ignore:
 
 
 def _load_gitignore(directory: Path) -> _Ignore | None:
+    """The rules of ``directory/.gitignore``, None when it has none. Raises OSError when there is one
+    that cannot be read: its folder cannot be judged, so it is not indexed (nor its documents deleted)."""
     f = directory / ".gitignore"
-    if not f.is_file():
-        return None
     try:
-        lines = f.read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError:
+        data = f.read_bytes()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    lines = data.decode("utf-8", errors="replace").splitlines()
     return _Ignore(directory, pathspec.GitIgnoreSpec.from_lines(lines))
 
 
@@ -103,30 +104,46 @@ def _is_ignored(ignores: Sequence[_Ignore], path: Path, is_dir: bool) -> bool:
 
 
 def sync_base(roots: Sequence[Path], base: Path | None = None) -> Path:
-    """The folder document ids are relative to, resolved (links followed), so the same folder gives
-    the same ids from any working directory: ``base`` when given (every root must lie inside it),
-    else the folder given (a file's own folder), or the deepest folder holding all of them.
-    Raises ValueError naming a root outside ``base``."""
-    resolved = [located(Path(r)) for r in roots]
+    """The folder document ids are relative to, resolved, so the same folder gives the same ids from
+    any working directory: ``base`` when given (every root must lie inside it), else the folder
+    given, or the deepest folder holding all the paths *as given*: a file or a link counts as its
+    folder, and a link is never followed to find the base (``docs/*`` with a link ``docs/ext`` to a
+    folder elsewhere still has ``docs`` as its base). Raises ValueError naming a root outside ``base``."""
     if base is not None:
         top = Path(base).resolve()
         if not top.is_dir():
             raise ValueError(f"--base {base} is not a folder")
-        outside = [str(r) for r, full in zip(roots, resolved, strict=True) if not full.is_relative_to(top)]
+        outside = [str(r) for r in roots if not located(Path(r)).is_relative_to(top)]
         if outside:
             raise ValueError(f"not inside --base {base}: {', '.join(outside)} (ids are paths relative to --base)")
         return top
-    return Path(os.path.commonpath([str(r if r.is_dir() else r.parent) for r in resolved]))
+    return Path(os.path.commonpath([str(_container(Path(r))) for r in roots])).resolve()
+
+
+def _container(path: Path) -> Path:
+    """The folder a path named on the command line stands for: a folder (not a link) itself, a file
+    or a link the folder it lies in."""
+    named = Path(os.path.abspath(path))
+    return named if named.is_dir() and not named.is_symlink() else named.parent
 
 
 def located(path: Path) -> Path:
-    """Where a path named on the command line is: a folder as it resolves (links followed: it is
-    the folder given), a file in its resolved folder under the name given, so that a link named as
-    a file (``docs/*`` expanded by the shell) is still judged as a link."""
-    if path.resolve().is_dir():
-        return path.resolve()
+    """Where a path named on the command line lies: a link in its resolved folder under the name
+    given (a link is judged by where it lies, not where it points), anything else as it resolves."""
     named = Path(os.path.abspath(path))
-    return named.parent.resolve() / named.name
+    if named.is_symlink():
+        return named.parent.resolve() / named.name
+    return named.resolve()
+
+
+def shown(rel: str) -> str:
+    """A name for messages and JSON: a file name that is not valid UTF-8 (the file system allows
+    any bytes) with its odd bytes written as ``\\xe9``, so reporting it cannot fail."""
+    try:
+        rel.encode("utf-8")
+        return rel
+    except UnicodeEncodeError:
+        return os.fsencode(rel).decode("utf-8", errors="backslashreplace")
 
 
 def relative_name(path: Path, base: Path) -> str:
@@ -137,9 +154,27 @@ def relative_name(path: Path, base: Path) -> str:
     return "" if rel == "." else rel
 
 
-def scope_prefix(root: Path, base: Path) -> str:
-    """The id prefix every file under ``root`` has ('' when ``root`` is the base itself)."""
-    return relative_name(located(root), base)
+def _walked(root: Path, base: Path) -> Path | None:
+    """What is read for a path named on the command line: a folder as it resolves (a link to a
+    folder beside it is walked as that folder), a file where it lies (a link under the name given);
+    None when it leaves where it lies: a link whose target is outside the folder the link is in, or
+    a path that goes out of ``base`` through a link."""
+    lies = located(root)
+    if not lies.is_relative_to(base):
+        return None
+    real = Path(os.path.realpath(root))
+    if Path(os.path.abspath(root)).is_symlink() and not real.is_relative_to(lies.parent):
+        return None
+    return real if real.is_dir() else lies
+
+
+def scope_prefix(root: Path, base: Path) -> str | None:
+    """The id prefix every file under ``root`` has ('' when ``root`` is the base itself); None for
+    a path that goes out of ``base`` through a link (it holds none of the sync's documents)."""
+    lies = located(root)
+    if not lies.is_relative_to(base):
+        return None
+    return relative_name(_walked(root, base) or lies, base)
 
 
 class FileSelector:
@@ -155,7 +190,10 @@ class FileSelector:
             return False
         if self.include is not None and not self.include.match_file(rel):
             return False
-        return not (self.exclude is not None and self.exclude.match_file(rel))
+        return not self.excluded(rel)
+
+    def excluded(self, rel: str) -> bool:
+        return self.exclude is not None and bool(self.exclude.match_file(rel))
 
 
 def discover(
@@ -166,42 +204,75 @@ def discover(
     gitignore: bool = True,
     skipped: list[tuple[str, str]] | None = None,
     links_outside: list[str] | None = None,
+    unreadable: list[tuple[str, str]] | None = None,
 ) -> list[LocalFile]:
     """The supported files under ``roots`` (files or directories), sorted by relative path, each once.
-    Unsupported files named explicitly, and broken links, are reported in ``skipped`` with the reason;
-    links under a root whose target lies outside that root are left out and listed in ``links_outside``
-    (their paths relative to ``base``). A folder named on the command line is taken as it resolves,
-    a file where it lies (:func:`located`)."""
+    Unsupported or ignored files named explicitly, and broken links, are reported in ``skipped`` with
+    the reason; links whose target lies outside the folder they are in (under a root, or named on the
+    command line) are left out and listed in ``links_outside``; folders and entries that cannot be
+    read are listed in ``unreadable`` (relative path, '' for the base itself, and the reason): what
+    lies under them is unknown, not gone. Names in ``skipped`` and ``links_outside`` are printable (:func:`shown`)."""
     base = base.resolve()
     found: dict[str, LocalFile] = {}
-    for root in roots:
-        root = located(root)
-        if root.is_file():
-            rel = relative_name(root, base)
-            if root.is_symlink() and not Path(os.path.realpath(root)).is_relative_to(root.parent):
-                if links_outside is not None:  # a link leaving the folder it lies in, named as a file
-                    links_outside.append(rel)
-                continue
-            if selector.wants(rel):
-                st = root.stat()
-                found[rel] = LocalFile(root, rel, st.st_size, st.st_mtime)
-            elif skipped is not None:
-                skipped.append((rel, "unsupported file type or excluded"))
+    rules = _Rules(gitignore)
+    for given in roots:
+        where = _walked(given, base)
+        lies = located(given)
+        name = (relative_name(lies, base) or ".") if lies.is_relative_to(base) else str(given)
+        if where is None:
+            if links_outside is not None:
+                links_outside.append(shown(name))
             continue
-        if not root.is_dir():
-            raise FileNotFoundError(f"not a file or folder: {root}")
-        base_ignores = _ancestor_ignores(root) if gitignore else []
-        walk = _Walk(root, gitignore)
-        for f, st in walk.files(base_ignores):
+        real = Path(os.path.realpath(where))  # a link named as a file is read where it lies
+        try:
+            left_out = rules.named_left_out(lies) or (
+                real != lies  # a link: its target is judged too, from the folder the link is in
+                and rules.left_out(lies.parent, real, real.is_dir())
+            )
+            inherited = rules.ancestors(where) if where.is_dir() else []
+        except OSError as e:
+            if unreadable is not None:
+                unreadable.append((relative_name(where, base), f"cannot read it: {e.strerror or e}"))
+            continue
+        if left_out:
+            if skipped is not None:
+                skipped.append((shown(name), "ignored (.gitignore, or a folder never indexed such as .git)"))
+            continue
+        if not where.is_dir():
+            rel = relative_name(where, base)
+            if not selector.wants(rel) or (real != where and selector.excluded(relative_name(real, base))):
+                if skipped is not None:
+                    skipped.append((shown(rel), "unsupported file type or excluded"))
+                continue
+            try:
+                st = where.stat()
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                if unreadable is not None:
+                    unreadable.append((rel, f"cannot read it: {e.strerror or e}"))
+                continue
+            if not stat.S_ISREG(st.st_mode):  # a pipe or a device would never end reading
+                if skipped is not None:
+                    skipped.append((shown(rel), "not a regular file"))
+                continue
+            found[rel] = LocalFile(where, rel, st.st_size, st.st_mtime)
+            continue
+        walk = _Walk(where, rules, inherited)
+        for f, st, through in walk.files():
             rel = relative_name(f, base)
             if rel in found or not selector.wants(rel):
                 continue
+            if through is not None and through != f and selector.excluded(relative_name(through, base)):
+                continue  # a link inside to a file --exclude leaves out
             found[rel] = LocalFile(f, rel, st.st_size, st.st_mtime)
         if links_outside is not None:
-            links_outside += [relative_name(p, base) for p in walk.outside]
+            links_outside += [shown(relative_name(p, base)) for p in walk.outside]
         if skipped is not None:
             broken = ((relative_name(p, base), reason) for p, reason in walk.broken)
-            skipped += [(rel, reason) for rel, reason in broken if selector.wants(rel)]
+            skipped += [(shown(rel), reason) for rel, reason in broken if selector.wants(rel)]
+        if unreadable is not None:
+            unreadable += [(relative_name(p, base), reason) for p, reason in walk.unreadable]
     return [found[k] for k in sorted(found)]
 
 
@@ -209,77 +280,156 @@ def _key(st: os.stat_result) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+class _Rules:
+    """What is left out: the always-skipped folders and, with ``gitignore``, ``.gitignore`` files.
+    Each ``.gitignore`` is read once and each folder judged once (a link is judged by its target's
+    folder, so thousands of links into one deep folder cost one judgement of it). Raises OSError
+    for a ``.gitignore`` that cannot be read."""
+
+    def __init__(self, gitignore: bool):
+        self.gitignore = gitignore
+        self._loaded: dict[Path, _Ignore | None] = {}
+        self._ancestors: dict[Path, list[_Ignore]] = {}
+        self._folders: dict[tuple[Path, Path], tuple[bool, list[_Ignore]]] = {}
+
+    def own(self, directory: Path) -> _Ignore | None:
+        if not self.gitignore:
+            return None
+        if directory not in self._loaded:
+            self._loaded[directory] = _load_gitignore(directory)
+        return self._loaded[directory]
+
+    def ancestors(self, start: Path) -> list[_Ignore]:
+        if not self.gitignore:
+            return []
+        if start not in self._ancestors:
+            self._ancestors[start] = _ancestor_ignores(start)
+        return self._ancestors[start]
+
+    def ignored(self, ignores: Sequence[_Ignore], path: Path, is_dir: bool) -> bool:
+        return self.gitignore and _is_ignored(ignores, path, is_dir)
+
+    def _folder(self, top: Path, folder: Path) -> tuple[bool, list[_Ignore]]:
+        """Whether ``folder`` (``top`` or inside it) is left out by a walk from ``top``, and the
+        rules in force inside it."""
+        chain = []
+        d = folder
+        while (top, d) not in self._folders and d != top:
+            chain.append(d)
+            d = d.parent
+        if (top, d) not in self._folders:  # d is top
+            own = self.own(top)
+            self._folders[(top, top)] = (False, [*self.ancestors(top), *([own] if own else [])])
+        out, ignores = self._folders[(top, d)]
+        for d in reversed(chain):
+            out = out or d.name in ALWAYS_SKIPPED_DIRS or self.ignored(ignores, d, True)
+            own = None if out else self.own(d)
+            ignores = [*ignores, own] if own is not None else ignores
+            self._folders[(top, d)] = (out, ignores)
+        return out, ignores
+
+    def left_out(self, top: Path, target: Path, is_dir: bool) -> bool:
+        """Whether ``target`` (inside ``top``) is left out as a walk from ``top`` would judge it:
+        under an always-skipped folder, or ignored itself or by a folder on the way."""
+        if target == top:
+            return False
+        out, ignores = self._folder(top, target.parent)
+        return out or (is_dir and target.name in ALWAYS_SKIPPED_DIRS) or self.ignored(ignores, target, is_dir)
+
+    def named_left_out(self, path: Path) -> bool:
+        """A path named on the command line (``docs/*`` names whatever the folder holds) is judged
+        by the rules of the folder it lies in, as a walk of that folder would judge it."""
+        return self.left_out(path.parent, path, path.is_dir())
+
+
 class _Walk:
     """The files under ``root``, depth first in name order. Symbolic links are followed only when
-    their target (the end of a chain of links) lies inside ``root``; the others are collected in
-    ``outside``. Every real folder is walked once and every real file given once, by its own path
+    their target (the end of a chain of links) lies inside ``root`` and is not left out there itself
+    (ignored, or in an always-skipped folder); the others are collected in ``outside`` or dropped.
+    Every real folder is walked once and every real file given once, by its own path
     when the walk meets it, else by the first link naming it: a cycle of folder links ends, and
-    folder links are walked after the real tree, so a link never renames a file the tree holds."""
+    folder links are walked after the real tree, so a link never renames a file the tree holds.
+    Folders and entries that cannot be read are collected in ``unreadable``."""
 
-    def __init__(self, root: Path, gitignore: bool):
+    def __init__(self, root: Path, rules: _Rules, inherited: list[_Ignore]):
         self.root = root
-        self.gitignore = gitignore
+        self.rules = rules
+        self.inherited = inherited
         self.outside: list[Path] = []
         self.broken: list[tuple[Path, str]] = []
+        self.unreadable: list[tuple[Path, str]] = []
 
-    def files(self, inherited: list[_Ignore]) -> Iterator[tuple[Path, os.stat_result]]:
+    def files(self) -> Iterator[tuple[Path, os.stat_result, Path | None]]:
+        """(path as walked, its stat, its real path when reached through a folder link)."""
         visited = {_key(self.root.stat())}
         given: set[tuple[int, int]] = set()
-        dir_links: list[tuple[Path, list[_Ignore], tuple[int, int]]] = []
-        file_links: list[tuple[Path, os.stat_result]] = []
-        stack: list[tuple[Path, list[_Ignore]]] = [(self.root, inherited)]
+        # (folder as walked, its ignores, its real path when reached through a link)
+        dir_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]] = []
+        file_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]] = []
+        stack: list[tuple[Path, list[_Ignore], Path | None]] = [(self.root, self.inherited, None)]
         while stack or dir_links:
             if not stack:
-                path, ignores, key = dir_links.pop(0)
-                if key not in visited:
-                    visited.add(key)
-                    stack.append((path, ignores))
+                path, ignores, st, target = dir_links.pop(0)
+                if _key(st) not in visited and self._link_wanted(path, ignores, st, target):
+                    visited.add(_key(st))
+                    stack.append((path, ignores, target))
                 continue
-            directory, ignores = stack.pop()
-            if self.gitignore:
-                own = _load_gitignore(directory)
-                if own is not None:
-                    ignores = [*ignores, own]
+            directory, ignores, real_dir = stack.pop()
             try:
+                own = self.rules.own(directory)
                 entries = sorted(os.scandir(directory), key=lambda e: e.name)
-            except OSError:
+            except FileNotFoundError:  # gone meanwhile: what it held is gone too
                 continue
+            except OSError as e:
+                self.unreadable.append((directory, f"cannot read the folder: {e.strerror or e}"))
+                continue
+            if own is not None:
+                ignores = [*ignores, own]
             subdirs = []
             for entry in entries:
                 path = Path(entry.path)
+                real: Path | None = None if real_dir is None else real_dir / entry.name
                 try:
                     if entry.is_symlink():
                         self._link(path, ignores, dir_links, file_links)
                         continue
                     st = entry.stat(follow_symlinks=False)
-                except OSError:
+                    if real is not None and self._left_out(real, stat.S_ISDIR(st.st_mode)):
+                        continue  # reached through a link: the rules where it really lies count too
+                except FileNotFoundError:
+                    continue
+                except OSError as e:
+                    self.unreadable.append((path, f"cannot read it: {e.strerror or e}"))
                     continue
                 if stat.S_ISDIR(st.st_mode):
-                    if entry.name in ALWAYS_SKIPPED_DIRS or self._ignored(ignores, path, True):
+                    if entry.name in ALWAYS_SKIPPED_DIRS or self.rules.ignored(ignores, path, True):
                         continue
                     if _key(st) not in visited:
                         visited.add(_key(st))
-                        subdirs.append((path, ignores))
-                elif stat.S_ISREG(st.st_mode) and not self._ignored(ignores, path, False):
+                        subdirs.append((path, ignores, real))
+                elif stat.S_ISREG(st.st_mode) and not self.rules.ignored(ignores, path, False):
                     given.add(_key(st))
-                    yield path, st
+                    yield path, st, real
             stack.extend(reversed(subdirs))
-        for path, st in file_links:
-            if _key(st) not in given:
+        for path, ignores, st, target in file_links:
+            if _key(st) not in given and self._link_wanted(path, ignores, st, target):
                 given.add(_key(st))
-                yield path, st
+                yield path, st, target
 
-    def _ignored(self, ignores: Sequence[_Ignore], path: Path, is_dir: bool) -> bool:
-        return self.gitignore and _is_ignored(ignores, path, is_dir)
+    def _left_out(self, real: Path, is_dir: bool) -> bool:
+        return self.rules.left_out(self.root, real, is_dir)
 
     def _link(
         self,
         path: Path,
         ignores: list[_Ignore],
-        dir_links: list[tuple[Path, list[_Ignore], tuple[int, int]]],
-        file_links: list[tuple[Path, os.stat_result]],
+        dir_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]],
+        file_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]],
     ) -> None:
-        if not Path(os.path.realpath(path)).is_relative_to(self.root):
+        """Sort a link met by the walk: outside, broken, or a folder or file to judge once the real
+        tree is walked (one whose target the tree gave, or a folder it walked, costs no more)."""
+        real = Path(os.path.realpath(path))
+        if not real.is_relative_to(self.root):
             self.outside.append(path)
             return
         try:
@@ -288,7 +438,20 @@ class _Walk:
             self.broken.append((path, f"broken symbolic link ({e.strerror or e})"))
             return
         if stat.S_ISDIR(st.st_mode):
-            if path.name not in ALWAYS_SKIPPED_DIRS and not self._ignored(ignores, path, True):
-                dir_links.append((path, ignores, _key(st)))
-        elif stat.S_ISREG(st.st_mode) and not self._ignored(ignores, path, False):
-            file_links.append((path, st))
+            dir_links.append((path, ignores, st, real))
+        elif stat.S_ISREG(st.st_mode):
+            file_links.append((path, ignores, st, real))
+
+    def _link_wanted(self, path: Path, ignores: list[_Ignore], st: os.stat_result, real: Path) -> bool:
+        """Judged twice: by its own name where it lies, and by its target where that lies (a link to
+        an ignored file or to .git must not bring it in under another name)."""
+        is_dir = stat.S_ISDIR(st.st_mode)
+        try:
+            return not (
+                (is_dir and path.name in ALWAYS_SKIPPED_DIRS)
+                or self.rules.ignored(ignores, path, is_dir)
+                or self._left_out(real, is_dir)
+            )
+        except OSError as e:  # a .gitignore on the target's way that cannot be read
+            self.unreadable.append((path, f"cannot read it: {e.strerror or e}"))
+            return False

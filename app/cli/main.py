@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
@@ -32,7 +33,7 @@ from rich.table import Table
 
 from app.api.documents import validate_index_name
 from app.cli.client import DEFAULT_URL, ApiError, RagClient, default_url
-from app.cli.files import sync_base
+from app.cli.files import shown, sync_base
 from app.cli.sync import SOURCE, Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -116,7 +117,9 @@ class UsageError(Exception):
 
 
 def _print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+    text = json.dumps(obj, indent=2, ensure_ascii=False)
+    # A path that is not UTF-8 (a name may hold any bytes) as the JSON escape \udce9: stdout never fails on it.
+    sys.stdout.write(text.encode("utf-8", errors="backslashreplace").decode("utf-8") + "\n")
     sys.stdout.flush()
 
 
@@ -160,7 +163,8 @@ def _fail(args: argparse.Namespace, console: Console, error: Exception, status: 
     """One line on stderr (never a traceback); with ``--json`` also ``{"error": ...}`` on stdout,
     which then carries nothing but JSON."""
     message = error.message if isinstance(error, ApiError) else str(error)
-    console.print(f"[red]ragserve: {escape(str(error))}[/red]", highlight=False, soft_wrap=True)
+    line = shown(str(error))  # a path that is not UTF-8 (any bytes make a name) as \xe9
+    console.print(f"[red]ragserve: {escape(line)}[/red]", highlight=False, soft_wrap=True)
     if getattr(args, "json", False):
         _print_json({"error": {"status": getattr(error, "status", None), "message": message}})
     return status
@@ -181,9 +185,12 @@ def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | N
     for path, reason in report.skipped:
         console.print(f"  [dim]skipped {escape(path)}: {escape(reason)}[/dim]")
     if report.links_outside:
-        shown = ", ".join(report.links_outside[:10]) + (", …" if len(report.links_outside) > 10 else "")
+        listed = ", ".join(report.links_outside[:10]) + (", …" if len(report.links_outside) > 10 else "")
         n = len(report.links_outside)
-        console.print(f"  [yellow]skipped {n} link{'' if n == 1 else 's'} leaving the folder: {escape(shown)}[/yellow]")
+        console.print(
+            f"  [yellow]skipped {n} link{'' if n == 1 else 's'} leaving the folder: {escape(listed)} "
+            "(to index a link's target, name the target itself)[/yellow]"
+        )
     if report.stale:
         console.print(
             f"  [yellow]{len(report.stale)} file(s) are gone from disk but still indexed; "
@@ -247,7 +254,10 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
     )
 
+    last: list[SyncReport] = []
+
     def show(report: SyncReport) -> None:
+        last[:] = [report]
         stats = None
         if not report.fatal:
             try:
@@ -264,9 +274,10 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         show(report)
         if args.watch and not stop.is_set() and not report.fatal:
             if not args.json:
-                console.print(f"[dim]watching {', '.join(map(str, roots))} for changes (Ctrl-C to stop)…[/dim]")
+                where = shown(", ".join(map(str, roots)))
+                console.print(f"[dim]watching {escape(where)} for changes (Ctrl-C to stop)…[/dim]")
             watch(syncer, stop, show)
-            return EXIT_OK
+            return EXIT_OK if last[0].ok or last[0].interrupted else EXIT_FAIL  # as the last run ended
     except ApiError as e:
         return _fail(args, console, e)
     finally:
@@ -379,14 +390,15 @@ def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console:
             f"[dim]chatting with index {args.index or '(none)'} — an empty line or Ctrl-D ends, "
             "/reset starts over[/dim]"
         )
+    status = EXIT_OK  # a failed turn is said at once and the chat goes on; the exit status keeps it
     while True:
         try:
             line = _ask(args.json)
         except (EOFError, KeyboardInterrupt):
             (sys.stderr if args.json else sys.stdout).write("\n")
-            return EXIT_OK
+            return status
         if not line:
-            return EXIT_OK
+            return status
         if line == "/reset":
             history = history[:1] if args.system else []
             continue
@@ -394,7 +406,7 @@ def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console:
         try:
             text, result = _chat_once(args, client, console, messages)
         except ApiError as e:
-            err.print(f"[red]{escape(str(e))}[/red]")
+            status = _fail(args, err, e)  # one line on stderr; with --json {"error": ...} on stdout
             continue
         if args.json:
             _print_json(result)
@@ -416,16 +428,30 @@ def cmd_indexes(args: argparse.Namespace, client: RagClient, err: Console, conso
     if not rows:
         console.print("no indexes yet: ragserve ingest PATH --index NAME")
         return EXIT_OK
-    table = Table("index", "documents", "chunks", "bytes", "kind", "shards")
-    for r in rows:
-        table.add_row(
-            r["index_name"],
+    cells = [
+        (
+            str(r["index_name"]),
             str(r.get("documents", "?")),
             str(r.get("chunks", "?")),
             human_bytes(r["bytes"]) if "bytes" in r else "?",
             str(r.get("index_kind", "?")),
             str(len(r.get("shards", []))) if "shards" in r else "?",
         )
+        for r in rows
+    ]
+    widest = max(cell_len(c[0]) for c in cells)
+    if console.width < widest + 50:  # a name is never cut (it is what the next command needs)
+        for name, docs, chunks, size, kind, shards in cells:
+            console.print(
+                f"[bold]{escape(name)}[/bold]: {docs} documents, {chunks} chunks, {size}, {kind}, {shards} shards",
+                soft_wrap=True,
+                highlight=False,
+            )
+        return EXIT_OK
+    table = Table("index", "documents", "chunks", "bytes", "kind", "shards")
+    table.columns[0].no_wrap, table.columns[0].min_width = True, widest
+    for row in cells:
+        table.add_row(escape(row[0]), *row[1:])
     console.print(table)
     return EXIT_OK
 
@@ -460,30 +486,51 @@ def cmd_docs_list(args: argparse.Namespace, client: RagClient, err: Console, con
             f"{escape(index)}: {what}" + (f" from --offset {args.offset} (of {total})" if args.offset else "")
         )
         return EXIT_OK
-    table = Table(
-        "doc_id",
-        "path",
-        "title",
-        "type",
-        "by",
-        "text",
-        title=f"{index}: documents {args.offset + 1}–{args.offset + len(docs)} of {total}",
-    )
-    for d in docs:
-        meta = d.get("metadata") or {}
-        text = " ".join(str(d.get("text") or "").split())
-        table.add_row(
-            escape(str(d.get("doc_id"))),
-            escape(str(meta.get("path", ""))),
-            escape(str(meta.get("title", ""))),
-            escape(str(meta.get("file_type", ""))),
-            "ragserve ingest" if meta.get("source") == SOURCE else "",
-            escape(text[:60] + ("…" if len(text) > 60 else "")),
-        )
-    console.print(table)
+    console.print(f"{escape(index)}: documents {args.offset + 1}–{args.offset + len(docs)} of {total}")
+    _document_rows(docs, console)
     if args.offset + len(docs) < total:
         console.print(f"[dim]{total - args.offset - len(docs)} more: --offset {args.offset + len(docs)}[/dim]")
     return EXIT_OK
+
+
+def _document_rows(docs: Sequence[dict[str, Any]], console: Console) -> None:
+    """The documents as a table whose ids are never cut (an id is what the next command needs):
+    the other columns wrap or shorten instead, the path column shows only where it says more than
+    the id (a PDF page's file), and a terminal too narrow for that gets one block per document."""
+    rows = []
+    for d in docs:
+        meta = d.get("metadata") or {}
+        text = " ".join(str(d.get("text") or "").split())
+        rows.append(
+            (
+                str(d.get("doc_id")),
+                str(meta.get("path", "")),
+                str(meta.get("title", "")),
+                str(meta.get("file_type", "")),
+                "ragserve ingest" if meta.get("source") == SOURCE else "",
+                text[:60] + ("…" if len(text) > 60 else ""),
+            )
+        )
+    widest = max(cell_len(r[0]) for r in rows)
+    show_path = any(r[1] not in ("", r[0]) for r in rows)
+    if console.width < widest + (50 if show_path else 34):
+        for doc_id, path, title, kind, by, text in rows:
+            console.print(f"[bold]{escape(doc_id)}[/bold]", soft_wrap=True, highlight=False)
+            details = " · ".join(x for x in ((path if path != doc_id else ""), title, kind, by) if x)
+            if details:
+                console.print(f"  {escape(details)}", soft_wrap=False, highlight=False)
+            console.print(f"  [dim]{escape(text)}[/dim]", soft_wrap=False, highlight=False)
+        return
+    table = Table()
+    table.add_column("doc_id", no_wrap=True, min_width=widest)
+    if show_path:
+        table.add_column("path", overflow="fold")
+    for name in ("title", "type", "by"):
+        table.add_column(name, overflow="fold")
+    table.add_column("text", overflow="ellipsis")
+    for doc_id, path, *rest in rows:
+        table.add_row(*(escape(c) for c in (doc_id, *([path] if show_path else []), *rest)))
+    console.print(table)
 
 
 def _positive(text: str) -> int:
@@ -608,7 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("indexes", parents=[common], help="list indexes with documents, chunks and bytes")
     p.set_defaults(func=cmd_indexes)
 
-    docs = sub.add_parser("docs", help="look at an index's documents (ragserve docs list --index NAME)")
+    docs = sub.add_parser(
+        "docs", parents=[common], help="look at an index's documents (ragserve docs list --index NAME)"
+    )
     docs_sub = docs.add_subparsers(dest="docs_command", required=True, metavar="COMMAND")
     p = docs_sub.add_parser(
         "list",

@@ -29,6 +29,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.cli.client import ApiError, RagClient
-from app.cli.files import FileSelector, LocalFile, discover, scope_prefix, sync_base
+from app.cli.files import FileSelector, LocalFile, discover, scope_prefix, shown, sync_base
 from app.config import Settings
 from app.ingest.convert import ConversionError, Converted, convert, file_documents, iso_mtime
 from app.ingest.ids import content_hash
@@ -51,7 +52,7 @@ SOURCE = "ragserve-cli"  # metadata ``source`` of every document a sync writes
 def sync_id_for(base: Path) -> str:
     """The mark of the sync of the folder ``base``: the same from every working directory (the
     folder's resolved path), different for different folders; no machine path stored in the index."""
-    return hashlib.sha256(str(Path(base).resolve()).encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(os.fsencode(Path(base).resolve())).hexdigest()[:16]  # any bytes a name may hold
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ class FilePlan:
     """What to send for one file."""
 
     file: LocalFile
-    status: str  # added | updated | unchanged | failed | skipped
+    status: str  # added | updated | unchanged | failed | skipped | vanished (gone since discovery)
     adds: list[dict[str, Any]] = field(default_factory=list)
     updates: list[dict[str, Any]] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
@@ -223,7 +224,7 @@ class Syncer:
 
     # --- what the index holds ------------------------------------------------------------------
     def _prefixes(self) -> list[str]:
-        return [scope_prefix(r, self.base) for r in self.roots]
+        return [p for p in (scope_prefix(r, self.base) for r in self.roots) if p is not None]
 
     def _in_scope(self, path: str) -> bool:
         return any(p == "" or path == p or path.startswith(p + "/") for p in self._prefixes())
@@ -258,18 +259,49 @@ class Syncer:
 
     # --- planning ------------------------------------------------------------------------------
     def plan_file(self, file: LocalFile, existing_ids: set[str]) -> FilePlan:
+        """What to send for one file. Every step of it (the name, the modification time, reading,
+        converting, sizing the request) fails this file alone: a file is never a reason to stop
+        the run, only a real Ctrl-C is."""
+        try:
+            plan = self._plan_file(file, existing_ids)
+            _ = plan.size  # every document encodes (a name or text that is not UTF-8 fails here)
+            return plan
+        except KeyboardInterrupt:
+            raise
+        except FileNotFoundError:  # gone since discovery: as if it had not been found (see run)
+            return FilePlan(file, "vanished")
+        except BaseException as e:  # a converter's SystemExit or bug spares the rest
+            return FilePlan(file, "failed", reason=f"cannot index the file: {_what(e)}")
+
+    def _plan_file(self, file: LocalFile, existing_ids: set[str]) -> FilePlan:
         remote = self.remote or {}
-        mtime = iso_mtime(file.mtime)
+        try:
+            file.rel.encode("utf-8")
+        except UnicodeEncodeError:
+            return FilePlan(file, "failed", reason="the file name is not valid UTF-8 (rename the file to index it)")
+        try:
+            mtime = iso_mtime(file.mtime)
+        except (ValueError, OverflowError, OSError) as e:
+            return FilePlan(
+                file, "failed", reason=f"its modification time cannot be recorded ({e}); set it with `touch`"
+            )
         if not self.checksum and existing_ids and all(remote[i].metadata.get("mtime") == mtime for i in existing_ids):
             return FilePlan(file, "unchanged")
         try:
             data = file.path.read_bytes()
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            return FilePlan(file, "failed", reason=f"cannot read the file: {e.strerror or e}")
+        try:
             converted = self.convert_file(data, file.path.name)
             docs = file_documents(file.rel, file.mtime, converted, self.limits.max_document_chars)
-        except (OSError, ConversionError) as e:
+        except ConversionError as e:
             return FilePlan(file, "failed", reason=str(e) or type(e).__name__)
-        except Exception as e:  # a converter's failure on one file (deep HTML: RecursionError) spares the rest
-            return FilePlan(file, "failed", reason=f"cannot convert the file: {type(e).__name__}: {e}")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # deep HTML's RecursionError, a converter's sys.exit()
+            return FilePlan(file, "failed", reason=f"cannot convert the file: {_what(e)}")
         taken = [(d["doc_id"], self.foreign[d["doc_id"]]) for d in docs if d["doc_id"] in self.foreign]
         if taken:
             doc_id, whose = taken[0]
@@ -369,24 +401,26 @@ class Syncer:
         for doc_id in deletes:
             remote.pop(doc_id, None)
 
-    def _flush(self, batch: list[FilePlan], report: SyncReport) -> None:
+    def _flush(self, batch: list[FilePlan], report: SyncReport, done: set[str]) -> None:
         """Send a batch; on a client error, send its files one by one so the error is pinned on the
-        file that caused it. Connection failures, 401/403 and server errors stop the run (raised)."""
+        file that caused it. Connection failures, 401/403 and server errors stop the run (raised).
+        The files of the batch are added to ``done`` (recorded in the report) either way."""
+        done.update(p.file.rel for p in batch)
         try:
             self._send(batch)
-            done = batch
+            sent = batch
         except ApiError as e:
             if _fatal(e) or len(batch) == 1:
                 self._failed(batch[0] if len(batch) == 1 else None, batch, e, report)
                 return
-            done = []
+            sent = []
             for p in batch:
                 try:
                     self._send([p])
-                    done.append(p)
+                    sent.append(p)
                 except ApiError as e1:
                     self._failed(p, [p], e1, report)
-        for p in done:
+        for p in sent:
             (report.added if p.status == "added" else report.updated).append(p.file.rel)
             report.documents_sent += len(p.adds) + len(p.updates)
             self.progress.advance(1, p.file.size, len(p.adds) + len(p.updates))
@@ -415,6 +449,7 @@ class Syncer:
         stop = stop or threading.Event()
         t0 = time.monotonic()
         report = SyncReport(self.index)
+        unreadable: list[tuple[str, str]] = []
         files = discover(
             self.roots,
             self.base,
@@ -422,54 +457,64 @@ class Syncer:
             gitignore=self.gitignore,
             skipped=report.skipped,
             links_outside=report.links_outside,
+            unreadable=unreadable,
         )
+        # A folder that could not be read is a failure, and what the index holds under it stays:
+        # its files are not known to be gone.
+        report.failed += [(shown(rel or "."), reason) for rel, reason in unreadable]
+        kept = [rel for rel, _ in unreadable]
+        done: set[str] = set()  # files recorded in the report, by their own names
+        vanished: set[str] = set()  # gone between discovery and reading: as if never found
         batch: list[FilePlan] = []
         try:
             self.load_remote()
             self.progress.start(len(files), sum(f.size for f in files))
             for plan in self._plans(files, stop):
-                report.warnings += [(plan.file.rel, w) for w in plan.warnings]
-                if plan.status in ("failed", "skipped"):
-                    (report.failed if plan.status == "failed" else report.skipped).append((plan.file.rel, plan.reason))
+                report.warnings += [(shown(plan.file.rel), w) for w in plan.warnings]
+                if plan.status == "vanished":
+                    vanished.add(plan.file.rel)
+                    self.progress.advance(1, plan.file.size, 0)
+                elif plan.status in ("failed", "skipped"):
+                    entry = (shown(plan.file.rel), plan.reason)
+                    (report.failed if plan.status == "failed" else report.skipped).append(entry)
                     self.progress.advance(1, plan.file.size, 0)
                 elif not plan.writes:
                     report.unchanged.append(plan.file.rel)
                     self.progress.advance(1, plan.file.size, 0)
                 else:
                     if not self._fits(batch, plan):
-                        self._flush(batch, report)
+                        self._flush(batch, report, done)
                         batch = []
                         if stop.is_set():
                             break
                     batch.append(plan)
+                    continue
+                done.add(plan.file.rel)
             else:  # every planned file is sent, even when stop came meanwhile: nothing is left half done
                 if batch:
-                    self._flush(batch, report)
+                    self._flush(batch, report, done)
             if not stop.is_set():
-                self._delete_gone({f.rel for f in files}, report)
+                self._delete_gone({f.rel for f in files} - vanished, kept, report)
             self._report_chunks(force=True)
         except ApiError as e:  # the listing, a deletion, or a fatal error of a batch (already recorded)
             report.fatal = report.fatal or e.message
         finally:
             self.progress.finish()
-        recorded = {
-            *report.added,
-            *report.updated,
-            *report.unchanged,
-            *(p for p, _ in (*report.failed, *report.skipped)),
-        }
-        left = [f.rel for f in files if f.rel not in recorded]
+        left = [shown(f.rel) for f in files if f.rel not in done and f.rel not in vanished]
         report.interrupted = stop.is_set() and bool(left)
         report.not_processed = left if (report.interrupted or report.fatal) else []
         report.seconds = time.monotonic() - t0
         return report
 
-    def _delete_gone(self, present: set[str], report: SyncReport) -> None:
+    def _delete_gone(self, present: set[str], kept: Sequence[str], report: SyncReport) -> None:
+        """This sync's documents whose files are gone: deleted with ``delete``, else listed as stale.
+        Nothing under ``kept`` (folders that could not be read) counts as gone."""
         gone: dict[str, list[str]] = {}
         for doc_id, doc in (self.remote or {}).items():
             path = str(doc.metadata.get("path"))
-            if path not in present and self._in_scope(path):
-                gone.setdefault(path, []).append(doc_id)
+            if path in present or not self._in_scope(path) or _under(path, kept):
+                continue
+            gone.setdefault(path, []).append(doc_id)
         if not gone:
             return
         if not self.delete:
@@ -483,6 +528,15 @@ class Syncer:
             (self.remote or {}).pop(doc_id, None)
         report.deleted = sorted(gone)
         report.documents_deleted = len(ids)
+
+
+def _under(path: str, folders: Sequence[str]) -> bool:
+    return any(f == "" or path == f or path.startswith(f + "/") for f in folders)
+
+
+def _what(e: BaseException) -> str:
+    """An exception in words: its type, and its message when it has one."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def _whose(metadata: dict[str, Any]) -> str:

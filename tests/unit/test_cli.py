@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -509,3 +510,242 @@ def test_a_named_sync_follows_its_folder_when_it_moves(server: str, tmp_path: Pa
     report = json.loads(out)
     assert code == 0 and report["unchanged"] == 1 and report["deleted"] == ["b.md"]
     assert docs_of(server, "moved")["a.md"]["metadata"]["sync_root"] == "handbook"
+
+
+def _json_values(text: str) -> list:
+    decoder, pos, values = json.JSONDecoder(), 0, []
+    while pos < len(text):
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos < len(text):
+            value, pos = decoder.raw_decode(text, pos)
+            values.append(value)
+    return values
+
+
+def test_interactive_chat_reports_every_failed_turn(server: str, capsys, monkeypatch) -> None:
+    """Each failed turn of an interactive chat says so (with --json as ``{"error": ...}`` on stdout,
+    as the one-shot form does), the chat goes on, and the exit status says a turn failed."""
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\nagain\n"))
+    code, out, err = run(capsys, "--url", server, "chat", "--json", "-i", "nosuch")
+    values = _json_values(out)
+    assert code == 1 and len(values) == 2, out
+    assert all(v["error"]["status"] == 404 and "nosuch" in v["error"]["message"] for v in values), out
+    assert err.count("ragserve: ") == 2
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    code, out, err = run(capsys, "--url", server, "chat", "-i", "nosuch")
+    assert code == 1 and "nosuch" in err
+
+
+def test_docs_list_never_cuts_an_id(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Ids are what the next command needs: whole at 80 columns and at 120; the other columns give way."""
+    folder = tmp_path / "docs" / "valves" / "maintenance"
+    folder.mkdir(parents=True)
+    (folder / "inspection-schedule-2024.html").write_text(
+        "<title>Valve inspection schedule for the whole plant</title><p>" + "Valves are inspected monthly. " * 9
+    )
+    (folder / "pressure-relief-handbook.pdf").write_bytes(make_pdf(["Relief valves open at 10 bar.", "Page two."]))
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "wide", "-q")[0] == 0
+    ids = {
+        "docs/valves/maintenance/inspection-schedule-2024.html",
+        "docs/valves/maintenance/pressure-relief-handbook.pdf#p1",
+        "docs/valves/maintenance/pressure-relief-handbook.pdf#p2",
+    }
+    assert set(docs_of(server, "wide")) == ids
+    for columns in ("80", "120", "60"):
+        monkeypatch.setenv("COLUMNS", columns)
+        code, out, _ = run(capsys, "--url", server, "docs", "list", "--index", "wide")
+        assert code == 0 and all(i in out for i in ids), out
+        assert all(len(line) <= int(columns) or line.strip() in ids for line in out.splitlines()), out
+
+
+def test_options_are_taken_in_every_position(server: str, tmp_path: Path, capsys) -> None:
+    """--json, --url and the other common options before the command, between ``docs`` and
+    ``list``, or after: the same everywhere."""
+    (tmp_path / "a.md").write_text("# A\n\nText.")
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "where", "-q")[0] == 0
+    for argv in (
+        ["--json", "--url", server, "docs", "list", "-i", "where"],
+        ["docs", "--json", "--url", server, "list", "-i", "where"],
+        ["docs", "list", "--json", "--url", server, "-i", "where"],
+        ["--url", "http://127.0.0.1:9", "docs", "--url", server, "list", "--json", "-i", "where"],
+    ):
+        code, out, err = run(capsys, *argv)
+        assert code == 0 and [d["doc_id"] for d in json.loads(out)["documents"]] == ["a.md"], (argv, err)
+
+
+def test_one_odd_file_fails_alone_never_the_run(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Every step of one file (its name, its modification time, reading, converting, sizing) fails
+    that file alone: a name that is not UTF-8 (any bytes are a valid Linux name), an mtime past the
+    year 9999, a converter calling ``sys.exit()`` or raising GeneratorExit. The rest is indexed."""
+    from dataclasses import replace
+
+    from app.cli import sync
+    from app.ingest.convert import convert
+
+    (tmp_path / "a.md").write_text("# A\n\nFirst file.")
+    (tmp_path / "z.md").write_text("# Z\n\nLast file.")
+    with open(os.path.join(os.fsencode(tmp_path), b"caf\xe9.md"), "wb") as f:
+        f.write(b"# Cafe\n\nA latin-1 file name.")
+    future = tmp_path / "future.md"
+    future.write_text("# Future\n\nFrom the year 11476.")
+    os.utime(future, (3e11, 3e11))
+    if future.stat().st_mtime != 3e11:  # ext4 clamps it to 2446, tmpfs keeps it: give what tmpfs gives
+        found = sync.discover
+        monkeypatch.setattr(
+            sync,
+            "discover",
+            lambda *a, **k: [replace(f, mtime=3e11) if f.rel == "future.md" else f for f in found(*a, **k)],
+        )
+    (tmp_path / "exit.md").write_text("# Exit\n\nThe converter exits.")
+    (tmp_path / "gen.md").write_text("# Gen\n\nThe converter closes.")
+
+    def converter(data: bytes, filename: str):
+        if filename == "exit.md":
+            raise SystemExit(3)
+        if filename == "gen.md":
+            raise GeneratorExit
+        return convert(data, filename)
+
+    monkeypatch.setattr(sync, "convert", converter)
+    code, out, err = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "odd", "--json")
+    assert code == 1, err
+    report = json.loads(out)
+    assert report["added"] == ["a.md", "z.md"]
+    failed = {f["path"]: f["reason"] for f in report["failed"]}
+    assert failed.pop("caf\\xe9.md") == "the file name is not valid UTF-8 (rename the file to index it)"
+    assert failed.pop("future.md").startswith("its modification time cannot be recorded (year 11476 is out of range")
+    assert failed == {
+        "exit.md": "cannot convert the file: SystemExit: 3",
+        "gen.md": "cannot convert the file: GeneratorExit",
+    }
+    assert set(docs_of(server, "odd")) == {"a.md", "z.md"}
+    code, out, err = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "odd")
+    assert code == 1 and "2 unchanged" in out and "failed  caf\\xe9.md: the file name is not valid UTF-8" in out
+    assert "Traceback" not in out + err
+
+
+def test_a_file_gone_before_it_is_read_is_taken_as_gone(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """A file removed between the listing of its folder and its reading is not a failure: it is gone,
+    listed as stale, and with --delete its documents go like any removed file's."""
+    from app.cli import sync
+
+    (tmp_path / "a.md").write_text("# A\n\nStays.")
+    gone = tmp_path / "gone.md"
+    gone.write_text("# Gone\n\nSoon removed.")
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "gone", "-q")[0] == 0
+    found = sync.discover
+
+    def discover(*a, **k):
+        files = found(*a, **k)
+        gone.unlink(missing_ok=True)  # removed right after the listing
+        return files
+
+    monkeypatch.setattr(sync, "discover", discover)
+    for delete in ((), ("--delete",)):
+        gone.write_text("# Gone\n\nChanged, so it must be read.")
+        os.utime(gone, (time.time() + 10, time.time() + 10))
+        code, out, _ = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "gone", "--json", *delete)
+        report = json.loads(out)
+        assert code == 0 and report["failed"] == [], out
+        assert (report["deleted"], report["stale"]) == ((["gone.md"], []) if delete else ([], ["gone.md"]))
+    assert set(docs_of(server, "gone")) == {"a.md"}
+
+
+def test_a_folder_whose_name_is_not_utf8_is_synced(server: str, tmp_path: Path, capsys) -> None:
+    """The folder given may have any bytes in its name (its files' ids are relative to it); a path
+    that is not UTF-8 in a message is written escaped, never an error of its own."""
+    folder = os.path.join(os.fsencode(tmp_path), b"d\xe9")
+    os.mkdir(folder)
+    with open(os.path.join(folder, b"a.md"), "wb") as f:
+        f.write(b"# A\n\nIn a latin-1 folder.")
+    code, out, err = run(capsys, "--url", server, "ingest", os.fsdecode(folder), "--index", "latin", "--json")
+    assert code == 0 and json.loads(out)["added"] == ["a.md"], err
+    code, out, err = run(capsys, "--url", server, "ingest", os.fsdecode(folder) + "x", "--index", "latin", "--json")
+    assert code == 2 and "no such file or directory" in json.loads(out)["error"]["message"]
+
+
+def test_delete_never_removes_what_it_could_not_read(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """A subfolder that cannot be read (EACCES, EIO) is a failure, not an empty folder: --delete
+    removes nothing under it, and nothing under it is listed as gone."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.md").write_text("# A\n\nReadable.")
+    (tmp_path / "sub" / "b.md").write_text("# B\n\nIn a folder soon unreadable.")
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "locked", "-q")[0] == 0
+    (tmp_path / "a.md").unlink()
+    scandir = os.scandir
+
+    def failing(path):  # what a non-root user gets from a mode-000 folder (root ignores modes)
+        if Path(path).name == "sub":
+            raise PermissionError(13, "Permission denied")
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", failing)
+    code, out, _ = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "locked", "--delete", "--json")
+    report = json.loads(out)
+    assert code == 1
+    assert report["failed"] == [{"path": "sub", "reason": "cannot read the folder: Permission denied"}]
+    assert report["deleted"] == ["a.md"] and report["stale"] == []
+    assert set(docs_of(server, "locked")) == {"sub/b.md"}
+    monkeypatch.setattr(os, "scandir", lambda path: failing(Path(path).parent / "sub"))  # every folder
+    code, out, _ = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "locked", "--delete", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["failed"] == [{"path": ".", "reason": "cannot read the folder: Permission denied"}]
+    assert report["deleted"] == [] and set(docs_of(server, "locked")) == {"sub/b.md"}
+
+
+def test_ingest_of_a_glob_is_the_ingest_of_the_folder(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """``cd proj && ragserve ingest docs/*`` with links in docs pointing out of it (a folder and a
+    file): both are left out and listed, the ids are those of ``ragserve ingest docs``, and so is the
+    sync (a later ``ingest docs --delete`` finds everything unchanged)."""
+    proj, outside = tmp_path / "proj", tmp_path / "outside"
+    (proj / "docs" / "sub").mkdir(parents=True)
+    (outside / "deep").mkdir(parents=True)
+    (proj / "docs" / "a.md").write_text("# A\n\nalpha")
+    (proj / "docs" / "sub" / "b.md").write_text("# B\n\nbeta")
+    (outside / "secret.md").write_text("# S\n\nsecret")
+    (outside / "deep" / "s2.md").write_text("# S2\n\nsecret2")
+    (proj / "docs" / "ext").symlink_to(outside)
+    (proj / "docs" / "s.md").symlink_to("../../outside/secret.md")
+    monkeypatch.chdir(proj)
+    names = [f"docs/{n}" for n in sorted(os.listdir("docs"))]
+    code, out, err = run(capsys, "--url", server, "ingest", *names, "-i", "glob", "--json")
+    report = json.loads(out)
+    assert code == 0, err
+    assert sorted(report["added"]) == ["a.md", "sub/b.md"] and sorted(report["links_outside"]) == ["ext", "s.md"]
+    assert set(docs_of(server, "glob")) == {"a.md", "sub/b.md"}
+    code, out, _ = run(capsys, "--url", server, "ingest", "docs", "-i", "glob", "--delete", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["unchanged"] == 2 and report["added"] == report["deleted"] == []
+    code, out, _ = run(capsys, "--url", server, "ingest", *names, "-i", "glob", "-q")
+    assert code == 0 and "2 unchanged" in out
+    assert "skipped 2 links leaving the folder: ext, s.md (to index a link's target, name the target itself)" in out
+
+
+def test_indexes_never_cuts_a_name(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """Index names (up to 128 characters) are whole at any width, as document ids are."""
+    name = "maintenance-records-of-the-north-plant-valves-and-pumps-" + "x" * 40
+    (tmp_path / "a.md").write_text("# A\n\nText.")
+    assert run(capsys, "--url", server, "ingest", str(tmp_path), "--index", name, "-q")[0] == 0
+    for columns in ("80", "120", "200"):
+        monkeypatch.setenv("COLUMNS", columns)
+        code, out, _ = run(capsys, "--url", server, "indexes")
+        assert code == 0 and name in out, out
+
+
+def test_a_watch_ends_with_the_status_of_its_last_run(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """``--watch`` stopped with Ctrl-C exits 1 when its last run left a file failed, as one run does."""
+    from app.cli import main as cli_main
+
+    (tmp_path / "a.md").write_text("# A\n\nFine.")
+
+    def one_more_run(syncer, stop, on_report, poll_s=1.0):  # the watch's loop: one change, then Ctrl-C
+        (tmp_path / "bad.pdf").write_bytes(b"%PDF-1.4 not really")
+        on_report(syncer.run(stop))
+        stop.set()
+
+    monkeypatch.setattr(cli_main, "watch", one_more_run)
+    code, out, _ = run(capsys, "--url", server, "ingest", str(tmp_path), "--index", "watched-status", "--watch")
+    assert code == 1 and "failed  bad.pdf" in out, out

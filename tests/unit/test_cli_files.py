@@ -3,6 +3,7 @@ negation, and from the repository's top when a subfolder is given), include/excl
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -63,22 +64,19 @@ def test_links_leaving_the_root_are_skipped_and_links_inside_followed_once(tmp_p
     (root / "docs" / "sub" / "up").symlink_to("..")  # a cycle inside the root
     (root / "loop").symlink_to(root)  # the root itself
     (root / "alias.md").symlink_to(root / "docs" / "guide.md")  # inside: the file is given once, by its path
-    (root / "shown").symlink_to(root / "hidden")  # inside, to a folder the walk itself leaves out
+    (root / "shown").symlink_to(root / "hidden")  # inside, to a folder .gitignore leaves out: left out too
     (root / "dangling.md").symlink_to(root / "nowhere.md")
     (root / "a.md").symlink_to("b.md")
     (root / "b.md").symlink_to("a.md")  # a loop of links
     outside: list[str] = []
     skipped: list[tuple[str, str]] = []
     found = discover([root], root, FileSelector(), links_outside=outside, skipped=skipped)
-    assert [f.rel for f in found] == ["docs/guide.md", "shown/h.md"]
+    assert [f.rel for f in found] == ["docs/guide.md"]
     assert sorted(outside) == ["creds.md", "docs/hop.md", "docs/keys", "docs/sub/rel"]
     assert [p for p, _ in skipped] == ["a.md", "b.md", "dangling.md"]
     assert all(reason.startswith("broken symbolic link") for _, reason in skipped)
-    # a root given through a link is taken as it resolves; its own links are judged against it
-    assert [f.rel for f in discover([tmp_path / "root" / "loop"], root, FileSelector())] == [
-        "docs/guide.md",
-        "shown/h.md",
-    ]
+    # a root given through a link pointing inside its own folder is walked as it resolves
+    assert [f.rel for f in discover([tmp_path / "root" / "loop"], root, FileSelector())] == ["docs/guide.md"]
 
 
 def test_ids_are_relative_to_the_folder_given_from_any_working_directory(tmp_path: Path, monkeypatch) -> None:
@@ -134,3 +132,133 @@ def test_folder_links_inside_the_root_are_walked_once(tmp_path: Path) -> None:
     found = names(tmp_path, tmp_path)
     assert time.monotonic() - t0 < 2.0
     assert found == sorted(f"l{i}/f{i}.md" for i in range(levels))
+
+
+def test_links_named_on_the_command_line_are_judged_where_they_lie(tmp_path: Path, monkeypatch) -> None:
+    """``cd proj && ragserve ingest docs/*``: the shell names a folder link ``docs/ext`` pointing out
+    of ``docs`` and a file link ``docs/s.md`` pointing out of it. Each is judged by the folder it
+    lies in (``docs``), so both are left out and listed, and the base stays ``docs`` (computed from
+    the paths as given): the same ids as ``ragserve ingest docs``."""
+    proj, outside = tmp_path / "proj", tmp_path / "outside"
+    (proj / "docs" / "sub").mkdir(parents=True)
+    (outside / "deep").mkdir(parents=True)
+    (proj / "docs" / "a.md").write_text("alpha")
+    (proj / "docs" / "sub" / "b.md").write_text("beta")
+    (outside / "secret.md").write_text("secret")
+    (outside / "deep" / "s2.md").write_text("secret2")
+    (proj / "docs" / "ext").symlink_to(outside)
+    (proj / "docs" / "s.md").symlink_to("../../outside/secret.md")
+    (proj / "docs" / "in").symlink_to("sub")  # a folder link inside docs: walked as docs/sub
+    monkeypatch.chdir(proj)
+    whole = discover([Path("docs")], sync_base([Path("docs")]), FileSelector())
+    roots = [Path("docs") / name for name in sorted(os.listdir("docs"))]  # what docs/* expands to
+    base = sync_base(roots)
+    assert base == (proj / "docs").resolve()
+    outside_links: list[str] = []
+    found = discover(roots, base, FileSelector(), links_outside=outside_links)
+    assert [f.rel for f in found] == [f.rel for f in whole] == ["a.md", "sub/b.md"]
+    assert sorted(outside_links) == ["ext", "s.md"]
+    assert [scope_prefix(r, base) for r in roots] == ["a.md", "ext", "sub", "s.md", "sub"]
+    # docs/*/* names paths *through* the link: they lie outside the base, and are left out too
+    roots = [Path("docs/ext/deep"), Path("docs/ext/secret.md"), Path("docs/sub/b.md")]
+    base = sync_base(roots)
+    assert base == (proj / "docs").resolve()
+    outside_links = []
+    found = discover(roots, base, FileSelector(), links_outside=outside_links)
+    assert [f.rel for f in found] == ["sub/b.md"]
+    assert outside_links == ["docs/ext/deep", "docs/ext/secret.md"]
+    assert [scope_prefix(r, base) for r in roots] == [None, None, "sub/b.md"]
+
+
+def test_links_inside_the_folder_obey_gitignore_and_the_skipped_folders(tmp_path: Path) -> None:
+    """A link is judged by its own name and by its target where that lies: a link to an ignored file
+    or folder, into .git or node_modules, or into a file an anchored rule or --exclude leaves out,
+    brings nothing in, whether walked or named on the command line (``docs/*``)."""
+    root = tmp_path / "root"
+    for d in ("build", ".git", "node_modules", "notes", "docs"):
+        (root / d).mkdir(parents=True)
+    (root / ".gitignore").write_text("secret.md\nbuild/\n/docs/private.md\n")
+    (root / "ok.md").write_text("ok")
+    (root / "secret.md").write_text("password")
+    (root / "build" / "out.md").write_text("built")
+    (root / ".git" / "notes.md").write_text("git internals")
+    (root / "node_modules" / "pkg.md").write_text("a package")
+    (root / "notes" / "draft.md").write_text("draft")
+    (root / "docs" / "private.md").write_text("private")
+    (root / "pub.md").symlink_to("secret.md")
+    (root / "bl").symlink_to("build")
+    (root / "built.md").symlink_to("build/out.md")
+    (root / "gitlink").symlink_to(".git")
+    (root / "gitnote.md").symlink_to(".git/notes.md")
+    (root / "nm").symlink_to("node_modules")
+    (root / "view").symlink_to("docs")  # view/private.md is docs/private.md, which /docs/private.md leaves out
+    (root / "draft.md").symlink_to("notes/draft.md")  # --exclude notes/ leaves it out
+    selector = FileSelector(exclude=["notes/"])
+    assert [f.rel for f in discover([root], root, selector)] == ["ok.md"]
+    named = sorted(p for p in root.iterdir() if not p.name.startswith("."))  # the shell's root/*
+    skipped: list[tuple[str, str]] = []
+    assert [f.rel for f in discover(named, root, selector, skipped=skipped)] == ["ok.md"]
+    assert sorted(p for p, _ in skipped) == [
+        "bl",
+        "build",
+        "built.md",
+        "draft.md",
+        "gitlink",
+        "gitnote.md",
+        "nm",
+        "node_modules",
+        "pub.md",
+        "secret.md",
+    ]
+    # --no-gitignore lifts .gitignore, never the always-skipped folders
+    found = [f.rel for f in discover([root], root, FileSelector(), gitignore=False)]
+    assert found == ["build/out.md", "docs/private.md", "notes/draft.md", "ok.md", "secret.md"]
+
+
+def test_a_folder_that_cannot_be_read_is_reported_not_taken_as_empty(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "a.md").write_text("a")
+    (tmp_path / "sub" / "b.md").write_text("b")
+    (tmp_path / "sub" / "deeper" / "c.md").write_text("c")
+    (tmp_path / "locked").mkdir()
+    (tmp_path / "locked" / ".gitignore").write_text("x.md\n")
+    (tmp_path / "locked" / "d.md").write_text("d")
+    real_scandir, real_read = os.scandir, Path.read_bytes
+
+    def scandir(path):  # EACCES as a non-root user gets it from a mode-000 folder (root ignores modes)
+        if Path(path).name == "sub":
+            raise PermissionError(13, "Permission denied")
+        return real_scandir(path)
+
+    def read_bytes(self):
+        if self.name == ".gitignore" and self.parent.name == "locked":
+            raise OSError(5, "Input/output error")
+        return real_read(self)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    unreadable: list[tuple[str, str]] = []
+    found = discover([tmp_path], tmp_path, FileSelector(), unreadable=unreadable)
+    assert [f.rel for f in found] == ["a.md"]
+    assert unreadable == [
+        ("locked", "cannot read the folder: Input/output error"),
+        ("sub", "cannot read the folder: Permission denied"),
+    ]
+
+
+def test_many_links_into_a_deep_ignored_folder_are_judged_quickly(tmp_path: Path) -> None:
+    """Each link's target is judged by the rules where it lies, but each folder on the way once:
+    1,000 links to files 40 folders down, under a 300-pattern .gitignore that leaves only the
+    deepest folder out, take well under a second (judging every link's way afresh took 12 s)."""
+    (tmp_path / ".gitignore").write_text("".join(f"pattern{i}*.log\n" for i in range(300)) + "d39/\n")
+    deep = tmp_path.joinpath(*(f"d{i}" for i in range(40)))
+    deep.mkdir(parents=True)
+    (tmp_path / "links").mkdir()
+    for i in range(1000):
+        (deep / f"t{i}.md").write_text(str(i))
+        (tmp_path / "links" / f"l{i}.md").symlink_to(deep / f"t{i}.md")
+    (tmp_path / "kept.md").write_text("kept")
+    t0 = time.monotonic()
+    found = names(tmp_path, tmp_path)
+    assert time.monotonic() - t0 < 3.0
+    assert found == ["kept.md"]
