@@ -103,6 +103,17 @@ def _is_ignored(ignores: Sequence[_Ignore], path: Path, is_dir: bool) -> bool:
     return verdict
 
 
+def given_roots(roots: Sequence[Path], base: Path | None = None) -> list[Path]:
+    """The paths to sync: as given, except that one folder named alone (with no ``--base``) is the
+    folder given even when the name is a link to it (``ragserve ingest ~/notes`` with ``notes`` a
+    link): it is what the user asked to sync, so it is taken as it resolves, and only links *inside*
+    it are judged. A link among several paths (``docs/*``) is judged by the folder it lies in."""
+    paths = [Path(r) for r in roots]
+    if base is None and len(paths) == 1 and paths[0].is_dir():
+        return [paths[0].resolve()]
+    return paths
+
+
 def sync_base(roots: Sequence[Path], base: Path | None = None) -> Path:
     """The folder document ids are relative to, resolved, so the same folder gives the same ids from
     any working directory: ``base`` when given (every root must lie inside it), else the folder

@@ -33,7 +33,7 @@ from rich.table import Table
 
 from app.api.documents import validate_index_name
 from app.cli.client import DEFAULT_URL, ApiError, RagClient, default_url
-from app.cli.files import shown, sync_base
+from app.cli.files import given_roots, shown, sync_base
 from app.cli.sync import SOURCE, Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -220,7 +220,9 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
     if odd:
         raise UsageError(f"not a regular file or folder: {', '.join(odd)}")
     try:
-        base = sync_base(roots, Path(args.base) if args.base else None)
+        given_base = Path(args.base) if args.base else None
+        roots = given_roots(roots, given_base)
+        base = sync_base(roots, given_base)
     except ValueError as e:  # a PATH outside --base
         raise UsageError(str(e)) from None
     limits = Limits.from_config(client.config())

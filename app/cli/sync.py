@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.cli.client import ApiError, RagClient
-from app.cli.files import FileSelector, LocalFile, discover, scope_prefix, shown, sync_base
+from app.cli.files import FileSelector, LocalFile, discover, given_roots, scope_prefix, shown, sync_base
 from app.config import Settings
 from app.ingest.convert import ConversionError, Converted, convert, file_documents, iso_mtime
 from app.ingest.ids import content_hash
@@ -200,7 +200,7 @@ class Syncer:
     ):
         self.client = client
         self.index = index
-        self.roots = [Path(r) for r in roots]
+        self.roots = given_roots(roots, base)
         self.base = sync_base(self.roots, base)  # ValueError: a root outside ``base``
         self.sync_id = sync_id or sync_id_for(self.base)
         self.selector = FileSelector(include, exclude)

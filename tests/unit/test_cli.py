@@ -724,6 +724,30 @@ def test_ingest_of_a_glob_is_the_ingest_of_the_folder(server: str, tmp_path: Pat
     assert "skipped 2 links leaving the folder: ext, s.md (to index a link's target, name the target itself)" in out
 
 
+def test_a_folder_link_named_alone_is_the_folder_given(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    """``ragserve ingest notes`` with ``notes`` a link to a folder elsewhere syncs that folder (it is
+    what the user named), with the same ids and the same sync as naming the folder itself; a link
+    inside it that leaves it is still skipped."""
+    real, elsewhere = tmp_path / "store" / "notes", tmp_path / "elsewhere"
+    (real / "sub").mkdir(parents=True)
+    elsewhere.mkdir()
+    (real / "a.md").write_text("# A\n\nalpha")
+    (real / "sub" / "b.md").write_text("# B\n\nbeta")
+    (elsewhere / "secret.md").write_text("# S\n\nsecret")
+    (real / "leak.md").symlink_to(elsewhere / "secret.md")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes").symlink_to(real)
+    monkeypatch.chdir(work)
+    code, out, err = run(capsys, "--url", server, "ingest", "notes", "-i", "linked", "--json")
+    report = json.loads(out)
+    assert code == 0, err
+    assert sorted(report["added"]) == ["a.md", "sub/b.md"] and report["links_outside"] == ["leak.md"]
+    code, out, _ = run(capsys, "--url", server, "ingest", str(real), "-i", "linked", "--delete", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["unchanged"] == 2 and report["added"] == report["deleted"] == []
+
+
 def test_indexes_never_cuts_a_name(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
     """Index names (up to 128 characters) are whole at any width, as document ids are."""
     name = "maintenance-records-of-the-north-plant-valves-and-pumps-" + "x" * 40
