@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,28 @@ def check_values(value: Any, where: str) -> None:
                 if isinstance(key, str):
                     check_text(key, f"{at} key")
                 stack.append((x, f"{at}[{key!r}]"))
+
+
+def replace_lone_surrogates(value: Any) -> Any:
+    """``value`` (parsed JSON) with every lone surrogate in its strings, keys included, replaced by
+    U+FFFD: for text from *elsewhere* (an upstream server's answer), which is not the client's to
+    fix but must still be encodable as UTF-8 when it is sent on. A walk without recursion."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    root: list[Any] = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        holder, key = stack.pop()
+        item = holder[key]
+        if isinstance(item, str):
+            holder[key] = _SURROGATE.sub("\ufffd", item)
+        elif isinstance(item, list):
+            stack.extend((item, i) for i in range(len(item)))
+        elif isinstance(item, dict):
+            fixed = {(_SURROGATE.sub("\ufffd", k) if isinstance(k, str) else k): v for k, v in item.items()}
+            holder[key] = fixed
+            stack.extend((fixed, k) for k in fixed)
+    return root[0]
 
 
 class RequestModel(BaseModel):
@@ -210,3 +233,25 @@ def parse_json(text: str, where: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: {json_error_message(e)}") from e
+    except ValueError as e:  # a number Python will not parse (an integer past its digit limit)
+        raise ValueError(f"{where}: {number_error_message(text)}") from e
+
+
+#: An integer literal longer than Python parses (``sys.get_int_max_str_digits()``, 4300 by default):
+#: found at the start of a run of digits only, so the search is linear.
+_MAX_DIGITS = sys.get_int_max_str_digits() or 4300
+_LONG_INTEGER = re.compile("(?<![0-9])[0-9]{" + str(_MAX_DIGITS + 1) + "}")
+
+
+def number_error_message(text: str) -> str:
+    """What is wrong with a JSON text that parses but holds a number Python refuses to convert:
+    where it is, and what is accepted (integers fit 64 bits anywhere in a request)."""
+    match = _LONG_INTEGER.search(text)
+    if match is None:
+        return "invalid JSON: a number cannot be read (integers must fit in 64 bits)"
+    line = text.count("\n", 0, match.start()) + 1
+    column = match.start() - (text.rfind("\n", 0, match.start()) + 1) + 1
+    return (
+        f"invalid JSON at line {line}, column {column}: an integer of more than {_MAX_DIGITS} digits; "
+        f"integers must fit in 64 bits ({INT64_MIN} to {INT64_MAX})"
+    )

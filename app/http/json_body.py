@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from app.api.values import check_json_depth
+from app.api.values import check_json_depth, number_error_message
 from app.errors import BadRequestError
 
 
@@ -36,6 +36,20 @@ def check_json_body(body: bytes) -> None:
         raise BadRequestError(str(e), code="json_too_deep") from e
 
 
+async def _parse_once(request: Request) -> None:
+    """Parse the body here, where a number Python refuses (an integer of thousands of digits: a
+    ``ValueError`` that is not a ``JSONDecodeError``, which FastAPI turns into a bare "error parsing
+    the body") becomes a 400 saying where it is. Starlette keeps the parsed value on the request,
+    so FastAPI does not parse it again; malformed JSON is left to FastAPI's own report (line, column)."""
+    try:
+        await request.json()
+    except json.JSONDecodeError:
+        return
+    except ValueError as e:
+        text = (await request.body()).decode("utf-8", "replace")
+        raise BadRequestError(number_error_message(text), code="invalid_json") from e
+
+
 class CheckedJSONRoute(APIRoute):
     """A route whose JSON body is checked by :func:`check_json_body` before it is parsed."""
 
@@ -48,6 +62,7 @@ class CheckedJSONRoute(APIRoute):
             body = await request.body()  # kept on the request: the handler reads it from there
             if body:
                 check_json_body(body)
+                await _parse_once(request)
             return await handler(request)
 
         return checked

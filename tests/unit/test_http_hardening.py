@@ -487,3 +487,74 @@ def test_a_malformed_metadata_filter_in_the_query_string_says_where(client: Test
     r = client.get("/indexes/kb/documents", params={"metadata_filter": '{"topic": kaito}'})
     assert r.status_code == 400, r.text
     assert r.json()["detail"] == "metadata_filter: invalid JSON at line 1, column 11: Expecting value"
+
+
+# --- numbers JSON allows but Python will not read ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/index", '{"index_name": "kb", "documents": [{"text": "t", "metadata": {"n": %s}}]}'),
+        ("/indexes/kb/documents/delete", '{"doc_ids": ["a", %s]}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], "temperature": %s}'),
+        ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}],\n "extra": [%s]}'),
+        ("/retrieve", '{"index_name": "kb", "query": "q", "metadata_filter": {"n": %s}}'),
+    ],
+)
+def test_an_integer_of_thousands_of_digits_is_a_400_saying_where(client: TestClient, path: str, body: str) -> None:
+    """Python refuses to read an integer of more than 4300 digits (a ValueError, not a JSON decode
+    error): FastAPI answered "There was an error parsing the body". Now a 400 naming where it is."""
+    text = body % ("1" * 5001)
+    r = raw_post(client, path, text)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"] if path.startswith("/v1/") else r.json()["detail"]
+    line = text[: text.index("1" * 5001)].count("\n") + 1
+    assert f"invalid JSON at line {line}, column" in message and "more than 4300 digits" in message, message
+    assert "64 bits" in message and "set_int_max_str_digits" not in message
+
+
+def test_an_integer_of_thousands_of_digits_in_the_list_filter_is_a_400_saying_where(client: TestClient) -> None:
+    r = client.get("/indexes/kb/documents", params={"metadata_filter": '{"n": ' + "9" * 5000 + "}"})
+    assert r.status_code == 400, r.text
+    assert "invalid JSON at line 1, column 7" in r.json()["detail"] and "set_int_max_str_digits" not in r.text
+
+
+def test_a_long_run_of_digits_inside_a_string_is_only_text(client: TestClient) -> None:
+    r = raw_post(client, "/retrieve", '{"index_name": "kb", "query": "' + "7" * 6000 + '", "max_node_count": 1}')
+    assert r.status_code == 200, r.text
+
+
+def test_finding_a_long_integer_is_linear() -> None:
+    from app.api.values import number_error_message
+
+    t0 = time.process_time()
+    for shape in ("1" * 4300 + " ") * 240, "1" * 1_000_000, ("12 " * 333_333):
+        number_error_message(shape)
+    assert time.process_time() - t0 < 2.0
+
+
+# --- an upstream's lone surrogates ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("index", [None, "kb"])
+def test_a_lone_surrogate_in_the_upstream_answer_is_served_not_a_500(
+    client: TestClient, fake: FakeOpenAI, stream: bool, index: str | None
+) -> None:
+    fake.answer = "KAITO \ud800 runs models [1]."
+    try:
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": "What does KAITO run?"}], "stream": stream}
+        if index:
+            body["index_name"] = index
+        r = client.post("/v1/chat/completions", json=body)
+    finally:
+        fake.answer = "KAITO runs models [1]."
+    assert r.status_code == 200, r.text
+    if stream:
+        events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+        assert not [e for e in events if "error" in e], events
+        text = "".join(c["delta"].get("content") or "" for e in events for c in e.get("choices", []))
+    else:
+        text = r.json()["choices"][0]["message"]["content"]
+    assert "KAITO \ufffd runs models" in text, text
