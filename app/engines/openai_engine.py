@@ -28,6 +28,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from app.api.openai import ChatCompletionChunk, ChatCompletionResponse
+from app.api.values import replace_lone_surrogates
 from app.budget.tokenizers import (
     HFTokenCounter,
     Message,
@@ -63,10 +64,20 @@ def normalise_base_url(url: str) -> str:
     return root
 
 
+def upstream_json(text: str) -> Any:
+    """An upstream's JSON text parsed, its lone surrogates (only a ``\\uD8xx`` escape can make one:
+    the text itself was decoded from UTF-8) replaced by U+FFFD, so that an answer a broken upstream
+    sends can still be written out as UTF-8 (it was a 500 in every response that carried it)."""
+    value = json.loads(text)
+    if "\\ud" in text or "\\uD" in text:
+        value = replace_lone_surrogates(value)
+    return value
+
+
 def _error_message(status: int, reason: str | None, text: str) -> tuple[str, str | None, Any]:
     """``(message, type, parsed body)`` of an upstream error response, whatever its shape."""
     try:
-        body: Any = json.loads(text)
+        body: Any = upstream_json(text)
     except ValueError:
         return (text.strip() or reason or f"HTTP {status}"), None, None
     if isinstance(body, dict):
@@ -169,7 +180,7 @@ class OpenAIEngine(GenerationEngine):
         try:
             async with self._http().get(self._url("/models")) as response:
                 response.raise_for_status()
-                listed = json.loads(await response.read())
+                listed = upstream_json((await response.read()).decode("utf-8", "replace"))
             cards = [c for c in listed.get("data", []) if isinstance(c, dict)]
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
             log.warning(
@@ -284,7 +295,7 @@ class OpenAIEngine(GenerationEngine):
         if status >= 400:
             raise self._http_error(status, reason, text)
         try:
-            data = json.loads(text)
+            data = upstream_json(text)
         except ValueError as exc:
             raise EngineError(502, f"upstream LLM returned a body that is not JSON: {text[:200]!r}") from exc
         if not isinstance(data, dict):
@@ -433,7 +444,7 @@ def _validated(model: Any, data: dict[str, Any]) -> Any:
 def _parse_event(data: str) -> dict[str, Any]:
     """One SSE ``data`` payload as a chunk dict; an in-band error event becomes an ``EngineError``."""
     try:
-        chunk = json.loads(data)
+        chunk = upstream_json(data)
     except ValueError as exc:
         raise EngineError(502, f"upstream LLM sent a malformed stream event: {data[:200]!r}") from exc
     if not isinstance(chunk, dict):

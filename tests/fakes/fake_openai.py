@@ -72,6 +72,12 @@ class _Misbehaviour:
     after_chunks: int = 0
 
 
+def _ascii_json(content: dict[str, Any]) -> Response:
+    """JSON with non-ASCII escaped, as many servers send it: a lone surrogate in an answer goes out
+    as ``\\ud800``, the way a broken upstream sends one (Starlette's JSONResponse cannot encode it)."""
+    return Response(json.dumps(content), media_type="application/json")
+
+
 def split_answer(text: str) -> list[str]:
     """The answer as stream pieces, one word (with its trailing whitespace) each; joined, they give it back."""
     return re.findall(r"\S+\s*|\s+", text)
@@ -283,7 +289,7 @@ class FakeOpenAI:
         model = body.get("model") or self.model
         cid = f"chatcmpl-fake-{uuid.uuid4().hex[:12]}"
         if not body.get("stream"):
-            return JSONResponse(
+            return _ascii_json(
                 {
                     "id": cid,
                     "object": "chat.completion",

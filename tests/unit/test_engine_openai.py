@@ -356,3 +356,29 @@ def test_the_environment_proxy_is_honoured_as_httpx_did(monkeypatch, env, url, p
             await engine.stop()
 
     assert asyncio.run(session_proxy()) == proxy
+
+
+async def test_a_lone_surrogate_from_the_upstream_becomes_a_replacement_character(
+    engine: OpenAIEngine, fake: FakeOpenAI
+) -> None:
+    """A broken upstream escapes a lone surrogate into its JSON (``\\ud800``): the text is kept with
+    U+FFFD in its place, so it can be written out as UTF-8 (it failed every response that carried
+    it); a real pair (an emoji sent as two escapes) stays the character it is."""
+    fake.answer = "Half \ud800 a pair, and a whole one \U0001f600."
+    try:
+        result = await engine.chat(MESSAGES, SamplingParams(max_tokens=64))
+        streamed = await collect(engine.chat_stream(MESSAGES, SamplingParams(max_tokens=64)))
+    finally:
+        fake.answer = ANSWER
+    text = "".join(d.text for d in streamed if isinstance(d, GenerationDelta))
+    for got in (result.text, text):
+        assert got == "Half \ufffd a pair, and a whole one \U0001f600.", got
+        got.encode("utf-8")
+
+
+def test_upstream_json_replaces_lone_surrogates_everywhere() -> None:
+    from app.engines.openai_engine import upstream_json
+
+    raw = '{"a\\udc00": ["x\\ud800", {"b": "\\ud83d\\ude00", "c": 1}], "d": "plain"}'
+    assert upstream_json(raw) == {"a\ufffd": ["x\ufffd", {"b": "\U0001f600", "c": 1}], "d": "plain"}
+    assert upstream_json('"\\uDFFF"') == "\ufffd"
