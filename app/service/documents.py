@@ -126,6 +126,10 @@ def _record(doc: StoredDocument | _Prepared, is_truncated: bool = False) -> Docu
     )
 
 
+#: The part of a query the query encoder is given (see ``DocumentService.retrieve``).
+QUERY_EMBED_CHARS = 65_536
+
+
 class DocumentService:
     """Index management over a pool of shards."""
 
@@ -456,7 +460,10 @@ class DocumentService:
             asyncio.to_thread(lambda: lexical_query(query).tokens) if mode != "dense" else _no_tokens()
         )
         t0 = time.perf_counter()
-        vector = await self.embedder.embed_query(query)  # the search itself tells a missing index
+        # the encoder reads its first max_seq_length tokens (256 for all-MiniLM-L6-v2; a few
+        # thousand for the largest), which lie well inside QUERY_EMBED_CHARS characters; its
+        # tokenizer would still split all of a pasted megabyte first (seconds of a worker thread)
+        vector = await self.embedder.embed_query(query[:QUERY_EMBED_CHARS])  # the search tells a missing index
         t1 = time.perf_counter()
         # fusion and reranking choose among more than k; a single list, as is, needs only k
         wide = mode == "hybrid" or self.reranker is not None

@@ -249,3 +249,26 @@ async def test_an_update_racing_a_delete_does_not_bring_the_document_back(tmp_pa
     assert page.total_items == 1 and page.documents[0].text == "second, edited"
     assert await pool.call_all("verify") == [[], []]
     pool.close()
+
+
+async def test_the_query_encoder_gets_a_bounded_part_of_a_pasted_page(service: DocumentService, embedder) -> None:
+    """The encoder reads its first max_seq_length tokens; a megabyte pasted as the query was split
+    whole by its tokenizer first (seconds of a worker thread). It is given QUERY_EMBED_CHARS."""
+    from app.service.documents import QUERY_EMBED_CHARS
+
+    await service.add_documents("kb", docs("kaito", "bread"))
+    seen: list[str] = []
+    embed_query = embedder.embed_query
+
+    async def recording(text: str):
+        seen.append(text)
+        return await embed_query(text)
+
+    embedder.embed_query = recording
+    try:
+        question = "What does the KAITO operator do on Kubernetes? "
+        nodes, _ = await service.retrieve("kb", question + "!" * 1_000_000, 1, mode="hybrid")
+    finally:
+        del embedder.embed_query
+    assert [len(t) for t in seen] == [QUERY_EMBED_CHARS] and seen[0].startswith(question)
+    assert nodes[0].metadata["topic"] == "kaito"
