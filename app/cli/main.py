@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -535,30 +535,25 @@ def _document_rows(docs: Sequence[dict[str, Any]], console: Console) -> None:
     console.print(table)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum``."""
+
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return whole
 
 
 def _sync_id(text: str) -> str:
     if not (1 <= len(text) <= 128 and text.isprintable() and text.strip() == text):
         raise argparse.ArgumentTypeError("must be 1 to 128 printable characters, without spaces at either end")
     return text
-
-
-def _not_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
 
 
 # --- entry point --------------------------------------------------------------------------------
@@ -669,11 +664,11 @@ def build_parser() -> argparse.ArgumentParser:
         "whether `ragserve ingest` wrote it, and the start of the text.",
     )
     p.add_argument("--index", "-i", required=True, help="index name")
-    p.add_argument("--limit", "-n", type=_positive, default=20, help="documents to show (20); pages as needed")
-    p.add_argument("--offset", type=_not_negative, default=0, help="skip this many documents first (0)")
+    p.add_argument("--limit", "-n", type=_at_least(1), default=20, help="documents to show (20); pages as needed")
+    p.add_argument("--offset", type=_at_least(0), default=0, help="skip this many documents first (0)")
     p.add_argument("--filter", help="metadata filter: JSON object or key=value,key2=value2")
     p.add_argument(
-        "--text-length", type=_positive, default=200, help="characters of each document's text to fetch (200)"
+        "--text-length", type=_at_least(1), default=200, help="characters of each document's text to fetch (200)"
     )
     p.set_defaults(func=cmd_docs_list)
     # Listed here for --help; `ragserve eval ...` is handed to app.eval.beir before this parser runs.
