@@ -8,8 +8,8 @@ Choices and why:
 
 - PDF (pypdf): one section per page, so every document, and every retrieved source, carries its
   page number; pages without extractable text (scans) are left out.
-- HTML (BeautifulSoup + markdownify): scripts, styles and page chrome removed, the rest turned into
-  markdown so headings and lists survive and the sentence chunker splits on them.
+- HTML (BeautifulSoup on lxml's parser, then markdownify): scripts, styles and page chrome removed,
+  the rest turned into markdown so headings and lists survive and the sentence chunker splits on them.
 - DOCX (mammoth, then markdownify): mammoth maps Word styles to semantic HTML (headings, lists,
   tables), a better reading of a document than its raw runs.
 - PPTX (python-pptx): one deck, a ``## Slide N`` heading before each slide, speaker notes kept.
@@ -411,7 +411,9 @@ def _html_to_markdown(html: str) -> tuple[str, str | None]:
     """Markdown of an HTML page and its title (``<title>`` or the first ``<h1>``)."""
     bs4 = _require("bs4", "beautifulsoup4")
     markdownify = _require("markdownify", "markdownify")
-    soup = bs4.BeautifulSoup(html, "html.parser")
+    # lxml's parser (libxml2), not CPython's html.parser: that one rescans the rest of the page at
+    # every unclosed construct ("<a " runs, an unclosed "<!--"), quadratic (100 KB took minutes).
+    soup = bs4.BeautifulSoup(html, "lxml")
     title = None
     if soup.title and soup.title.get_text(strip=True):
         title = soup.title.get_text(strip=True)
