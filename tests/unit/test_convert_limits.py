@@ -5,6 +5,7 @@ bounded before it is unpacked, any nesting depth converts, and a title is bounde
 from __future__ import annotations
 
 import io
+import os
 import time
 import zipfile
 from collections.abc import Callable
@@ -16,7 +17,10 @@ from app.ingest.convert import (
     MAX_HTML_DEPTH,
     MAX_TITLE_CHARS,
     ConversionError,
+    ConversionTimeout,
     ConversionTooLarge,
+    ConverterCrashed,
+    ConverterUnavailable,
     clean_title,
     convert,
     convert_isolated,
@@ -220,7 +224,9 @@ def test_isolated_conversion_is_stopped_at_its_time_limit() -> None:
     out, seconds = timed(
         lambda: convert_isolated(slow, "slow.docx", max_unpacked_bytes=None, timeout_s=0.3), time.perf_counter
     )
-    assert isinstance(out, ConversionTooLarge) and "max_convert_seconds" in str(out) and seconds < 2.0, (out, seconds)
+    # the file's shape, not its size: a 422, not a 413 "split the file"
+    assert isinstance(out, ConversionTimeout) and not isinstance(out, ConversionTooLarge), out
+    assert "max_convert_seconds" in str(out) and "split" not in str(out) and seconds < 2.0, (out, seconds)
     with pytest.raises(ConversionError, match="not a zip archive") as err:
         convert_isolated(b"garbage", "g.docx", max_unpacked_bytes=None, timeout_s=30)
     assert not isinstance(err.value, ConversionTooLarge)
@@ -300,3 +306,48 @@ def test_isolated_conversion_is_bounded_in_memory() -> None:
     assert seconds < BOUND_S
     small = make_docx([("", "a")] * 100)
     assert convert_isolated(small, "s.docx", max_unpacked_bytes=None, timeout_s=30, memory_bytes=256 << 20).sections
+
+
+def _die(*args: Any) -> None:
+    os._exit(9)  # what an OOM kill or a segfault leaves: no answer on the pipe
+
+
+def test_a_converter_that_dies_or_cannot_start_is_an_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child killed without an answer is a ConverterCrashed; a process that cannot be started a
+    ConverterUnavailable (the server's trouble), never an unhandled error."""
+    import app.ingest.convert as convert_module
+
+    monkeypatch.setattr(convert_module, "_convert_child", _die)
+    with pytest.raises(ConverterCrashed, match="crashed"):
+        convert_isolated(b"# T\nx", "a.md", max_unpacked_bytes=None, timeout_s=30)
+    monkeypatch.undo()
+
+    context = convert_module._forkserver()
+
+    def broken_start(self: Any) -> None:
+        raise BrokenPipeError("fork server gone")
+
+    monkeypatch.setattr(type(context.Process(target=print)), "start", broken_start)
+    with pytest.raises(ConverterUnavailable, match="could not start"):
+        convert_isolated(b"# T\nx", "a.md", max_unpacked_bytes=None, timeout_s=30)
+
+
+def test_a_conversion_process_does_not_run_the_parent_main_script(tmp_path: Any) -> None:
+    """multiprocessing has a fork server's child import the parent's ``__main__`` script again (in a
+    Ray replica, Ray's worker script): a conversion does not."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "imports"
+    script = tmp_path / "main_script.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.getcwd()!r})\n"
+        f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+        "if __name__ == '__main__':\n"
+        "    from app.ingest.convert import convert_isolated\n"
+        "    for _ in range(3):\n"
+        "        assert convert_isolated(b'# T\\nx', 'a.md', max_unpacked_bytes=None, timeout_s=30).title == 'T'\n"
+    )
+    subprocess.run([sys.executable, str(script)], check=True, timeout=60, cwd=tmp_path)
+    assert marker.read_text().split() == ["__main__"]
