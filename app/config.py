@@ -235,13 +235,20 @@ class Settings(BaseSettings):
         default=60.0,
         gt=0,
         description="Time one uploaded file's conversion may take; it runs in a process of its "
-        "own, stopped after this (413).",
+        "own, stopped after this (422, conversion_timeout).",
     )
     max_convert_memory_bytes: int = Field(
         default=2 * 1024 * 1024 * 1024,
         ge=64 * 1024 * 1024,
         description="Memory one uploaded file's conversion may take beyond what its process "
         "starts with (its address space is bounded; 413).",
+    )
+    max_concurrent_conversions: int | None = Field(
+        default=None,
+        ge=1,
+        description="Uploaded files converted at once (each a process of its own, on threads of their "
+        "own); an upload that finds them all busy for a few seconds is a 503 with Retry-After. None: the "
+        "cores this process may use.",
     )
     max_chat_messages: int = Field(default=1000, ge=1, description="Messages in one chat completion request.")
     max_top_k: int = Field(default=100, ge=1, le=1000, description="Largest top_k / max_node_count.")

@@ -103,3 +103,15 @@ class UnsupportedMediaTypeError(ServiceError):
 
     status = 415
     type = "invalid_request_error"
+
+
+class ServiceUnavailableError(ServiceError):
+    """The server cannot take the request now (busy, or a resource it needs could not be had);
+    the client may send it again after ``retry_after`` seconds (503 with a Retry-After header)."""
+
+    status = 503
+    type = "server_error"
+
+    def __init__(self, message: str, *, retry_after: int = 1, param: str | None = None, code: str | None = None):
+        super().__init__(message, param=param, code=code)
+        self.retry_after = retry_after

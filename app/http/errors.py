@@ -64,7 +64,9 @@ def error_bytes(
 
 def error_response(request: Request, error: ServiceError) -> JSONResponse:
     body = error_model(route_path(request.scope), error.message, type_=error.type, param=error.param, code=error.code)
-    return JSONResponse(body.model_dump(), status_code=error.status)
+    retry_after = getattr(error, "retry_after", None)  # ServiceUnavailableError
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
 
 
 def error_event(error: ServiceError) -> ErrorResponse:

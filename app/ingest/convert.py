@@ -8,8 +8,8 @@ Choices and why:
 
 - PDF (pypdf): one section per page, so every document, and every retrieved source, carries its
   page number; pages without extractable text (scans) are left out.
-- HTML (BeautifulSoup + markdownify): scripts, styles and page chrome removed, the rest turned into
-  markdown so headings and lists survive and the sentence chunker splits on them.
+- HTML (BeautifulSoup on lxml's parser, then markdownify): scripts, styles and page chrome removed,
+  the rest turned into markdown so headings and lists survive and the sentence chunker splits on them.
 - DOCX (mammoth, then markdownify): mammoth maps Word styles to semantic HTML (headings, lists,
   tables), a better reading of a document than its raw runs.
 - PPTX (python-pptx): one deck, a ``## Slide N`` heading before each slide, speaker notes kept.
@@ -150,6 +150,18 @@ class ConversionTooLarge(ConversionError):
     """The file would unpack to, or cost, more than the limits allow (a 413, not a 400)."""
 
 
+class ConversionTimeout(ConversionError):
+    """Converting the file took longer than ``max_convert_seconds``: its shape, not its size (422)."""
+
+
+class ConverterCrashed(ConversionError):
+    """The conversion process died without an answer (killed for memory, a crash) (422)."""
+
+
+class ConverterUnavailable(RuntimeError):
+    """No conversion process could be started: the server's trouble, not the file's (503)."""
+
+
 @dataclass(frozen=True)
 class Section:
     """A part of a file that becomes one document: the whole file, or one PDF page."""
@@ -238,43 +250,78 @@ def convert(data: bytes, filename: str, *, max_unpacked_bytes: int | None = None
 
 
 #: Modules the conversion processes' server imports once, so a conversion pays only for a fork.
-_PRELOAD = ["app.ingest.convert", "bs4", "markdownify", "mammoth", "pptx", "pypdf"]
+_PRELOAD = ["app.ingest.convert", "bs4", "lxml.html", "markdownify", "mammoth", "pptx", "pypdf"]
+_PROCESS_NAME = "ragserve-convert"
 _context: Any = None
+
+
+def _without_main(get_preparation_data: Any) -> Any:
+    """multiprocessing tells each child how to import the parent's ``__main__`` (a fork server's
+    child, like a spawned one, runs the parent's main script again as ``__mp_main__``: inside a Ray
+    replica, Ray's worker script, which imports Ray, each conversion). A conversion needs nothing of
+    it, so this process's children are told nothing; every other process is left as it was."""
+
+    def prepare(name: str) -> Any:
+        data = get_preparation_data(name)
+        if name == _PROCESS_NAME:
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+        return data
+
+    prepare.__wrapped__ = get_preparation_data  # type: ignore[attr-defined]
+    return prepare
+
+
+def _forkserver() -> Any:
+    global _context
+    if _context is None:
+        from multiprocessing import spawn
+
+        if not hasattr(spawn.get_preparation_data, "__wrapped__"):
+            spawn.get_preparation_data = _without_main(spawn.get_preparation_data)
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        _context = ctx
+    return _context
 
 
 def convert_isolated(
     data: bytes, filename: str, *, max_unpacked_bytes: int | None, timeout_s: float, memory_bytes: int | None = None
 ) -> Converted:
-    """:func:`convert` in a process of its own, stopped after ``timeout_s`` seconds and allowed
-    ``memory_bytes`` more address space than it starts with (each a ConversionTooLarge naming the
-    limit): the converters' cost is linear in their bounded input, but a thread cannot be stopped,
-    and XML parsed into objects takes tens of times its size. Processes come from a fork server
-    that has the converters imported, so each costs a fork."""
-    global _context
-    if _context is None:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
-        _context = ctx
-    receive, send = _context.Pipe(duplex=False)
-    proc = _context.Process(
+    """:func:`convert` in a process of its own, stopped after ``timeout_s`` seconds (ConversionTimeout)
+    and allowed ``memory_bytes`` more address space than it starts with (ConversionTooLarge): the
+    converters' cost is linear in their bounded input, but a thread cannot be stopped, and XML parsed
+    into objects takes tens of times its size. A process that dies without an answer (killed for
+    memory, a crash) is a ConverterCrashed; one that cannot be started a ConverterUnavailable.
+    Processes come from a fork server that has the converters imported, so each costs a fork."""
+    context = _forkserver()
+    receive, send = context.Pipe(duplex=False)
+    proc = context.Process(
         target=_convert_child,
         args=(send, data, filename, max_unpacked_bytes, memory_bytes),
-        name="ragserve-convert",
+        name=_PROCESS_NAME,
         daemon=True,
     )
-    proc.start()
+    try:
+        proc.start()
+    except (OSError, EOFError, ValueError) as e:  # no process, no fork server (BrokenPipeError is an OSError)
+        receive.close()
+        send.close()
+        raise ConverterUnavailable(f"the server could not start a conversion process ({type(e).__name__}: {e})") from e
     send.close()
     try:
         if not receive.poll(timeout_s):
-            raise ConversionTooLarge(
-                f"converting the file took longer than {timeout_s:g} s (max_convert_seconds): split the file"
+            raise ConversionTimeout(
+                f"the file could not be converted within {timeout_s:g} s (max_convert_seconds): its content "
+                "takes too long to convert; simplify it or convert it to text or markdown first"
             )
         try:
             status, payload = receive.recv()
         except EOFError:
-            raise ConversionError(
-                f"the converter stopped without an answer (exit code {proc.exitcode}): the file may need more "
-                "memory than the server allows"
+            proc.join(1)
+            raise ConverterCrashed(
+                f"the converter crashed on this file without an answer (exit code {proc.exitcode}): "
+                "it may need more memory than the server allows (max_convert_memory_bytes), or be damaged"
             ) from None
     finally:
         receive.close()
@@ -411,7 +458,9 @@ def _html_to_markdown(html: str) -> tuple[str, str | None]:
     """Markdown of an HTML page and its title (``<title>`` or the first ``<h1>``)."""
     bs4 = _require("bs4", "beautifulsoup4")
     markdownify = _require("markdownify", "markdownify")
-    soup = bs4.BeautifulSoup(html, "html.parser")
+    # lxml's parser (libxml2), not CPython's html.parser: that one rescans the rest of the page at
+    # every unclosed construct ("<a " runs, an unclosed "<!--"), quadratic (100 KB took minutes).
+    soup = bs4.BeautifulSoup(html, "lxml")
     title = None
     if soup.title and soup.title.get_text(strip=True):
         title = soup.title.get_text(strip=True)

@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import unicodedata
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import ValidationError
@@ -16,12 +20,21 @@ from pydantic import ValidationError
 from app.api.documents import Document
 from app.api.files import UploadResponse
 from app.config import Settings
-from app.errors import BadRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
+from app.errors import (
+    BadRequestError,
+    PayloadTooLargeError,
+    ServiceError,
+    ServiceUnavailableError,
+    UnsupportedMediaTypeError,
+)
 from app.ingest.convert import (
     MAX_MTIME,
     ConversionError,
+    ConversionTimeout,
     ConversionTooLarge,
     Converted,
+    ConverterCrashed,
+    ConverterUnavailable,
     convert_isolated,
     file_documents,
     is_supported,
@@ -64,14 +77,40 @@ def public_settings(settings: Settings) -> dict[str, Any]:
     return out
 
 
+#: Unicode categories a name may not hold: control characters (C0, DEL, C1), format characters
+#: (bidi overrides such as U+202E, zero-width ones), lone surrogates, line and paragraph separators.
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _clean_name(value: str, param: str) -> PurePosixPath:
+    """``value`` as a relative POSIX path (backslashes are separators, NFC), or a 400 naming
+    ``param`` and the rule it breaks: no control or format characters, not absolute, no ``..``,
+    ending in a file name."""
+    for i, c in enumerate(value):
+        if unicodedata.category(c) in _REFUSED_CATEGORIES:
+            raise BadRequestError(
+                f"{param} must not contain control or format characters: U+{ord(c):04X} at position {i}",
+                param=param,
+            )
+    name = unicodedata.normalize("NFC", value.strip().replace("\\", "/"))
+    pure = PurePosixPath(name)
+    if pure.is_absolute():
+        raise BadRequestError(f"{param} must be a relative path, not start with '/': {name!r}", param=param)
+    if ".." in pure.parts:
+        raise BadRequestError(f"{param} must not contain '..' (a parent directory): {name!r}", param=param)
+    if not pure.name or name.endswith("/"):
+        raise BadRequestError(f"{param} must end with a file name: {name!r}", param=param)
+    return pure
+
+
 def _upload_path(filename: str, path: str | None) -> str:
     """The metadata path of an uploaded file: ``path`` if given, else ``uploads/<file name>``.
-    Relative, POSIX, without ``..``: it becomes a document id and is shown to people."""
-    name = (path or "").strip() or f"{UPLOAD_PREFIX}/{PurePosixPath(filename.replace(chr(92), '/')).name}"
-    pure = PurePosixPath(name)
-    if pure.is_absolute() or ".." in pure.parts or any(ord(c) < 32 for c in name) or not pure.name:
-        raise BadRequestError(f"path must be a relative file path without '..': {name!r}", param="path")
-    return pure.as_posix()
+    Both are checked and normalised alike (:func:`_clean_name`): the path becomes a document id and
+    is shown to people."""
+    name = _clean_name(filename, "filename").name
+    if path is not None and path.strip():
+        return _clean_name(path, "path").as_posix()
+    return f"{UPLOAD_PREFIX}/{name}"
 
 
 def check_mtime(mtime: float | None) -> None:
@@ -95,6 +134,66 @@ def _convert(
     )
     stamp = mtime if mtime is not None else time.time()
     return converted, file_documents(rel, stamp, converted, limits.max_document_chars)
+
+
+#: How long an upload waits for a conversion slot (max_concurrent_conversions) before it is a 503.
+CONVERT_QUEUE_WAIT_S = 5.0
+_T = TypeVar("_T")
+
+
+class _Conversions:
+    """At most ``bound`` conversions at once, each waited for on a thread of this pool's own (not
+    the default executor's, which chunking, query parsing and token counting share): a conversion
+    holds its thread while its process runs, up to max_convert_seconds. The slot is freed when the
+    conversion ends, even when the request that asked for it is gone."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.executor = ThreadPoolExecutor(bound, thread_name_prefix="ragserve-convert")
+        self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def run(self, fn: Callable[[], _T], wait_s: float) -> _T:
+        loop = asyncio.get_running_loop()
+        gate = self._gates.setdefault(loop, asyncio.Semaphore(self.bound))
+        try:
+            await asyncio.wait_for(gate.acquire(), wait_s)
+        except asyncio.TimeoutError:
+            raise ServiceUnavailableError(
+                f"the server is busy converting other uploads ({self.bound} at once, max_concurrent_conversions): "
+                "send the file again in a few seconds",
+                retry_after=max(1, math.ceil(wait_s)),
+                code="busy_converting",
+            ) from None
+        future = loop.run_in_executor(self.executor, fn)
+        future.add_done_callback(lambda _: gate.release())
+        return await asyncio.shield(future)  # the thread cannot be stopped: its slot is held until it ends
+
+
+_conversions: dict[int, _Conversions] = {}
+
+
+def conversions(bound: int) -> _Conversions:
+    """The conversion slots of this process for ``bound`` (one pool, made on first use)."""
+    if bound not in _conversions:
+        _conversions[bound] = _Conversions(bound)
+    return _conversions[bound]
+
+
+def _conversion_error(filename: str, e: ConversionError) -> ServiceError:
+    """The 4xx a file that could not be converted gets."""
+    if isinstance(e, ConversionTooLarge):
+        return PayloadTooLargeError(f"{filename}: {e}", param="body")
+    if isinstance(e, ConversionTimeout):
+        return ServiceError(
+            f"{filename}: {e}", status=422, param="body", code="conversion_timeout", type_="invalid_request_error"
+        )
+    if isinstance(e, ConverterCrashed):
+        return ServiceError(
+            f"{filename}: {e}", status=422, param="body", code="converter_crashed", type_="invalid_request_error"
+        )
+    return BadRequestError(f"{filename}: {e}", param="body")
 
 
 def _first_error(e: ValidationError) -> str:
@@ -134,12 +233,14 @@ async def index_file(
     check_mtime(mtime)
     if not data:
         raise BadRequestError("the request body is empty: send the file's bytes", param="body")
-    try:  # CPU work off the event loop
-        converted, new = await asyncio.to_thread(_convert, data, filename, rel, mtime, limits)
-    except ConversionTooLarge as e:
-        raise PayloadTooLargeError(f"{filename}: {e}", param="body") from e
+    try:  # in a process of its own, waited for off the event loop and off the default executor
+        converted, new = await conversions(limits.max_concurrent_conversions).run(
+            lambda: _convert(data, filename, rel, mtime, limits), CONVERT_QUEUE_WAIT_S
+        )
     except ConversionError as e:
-        raise BadRequestError(f"{filename}: {e}", param="body") from e
+        raise _conversion_error(filename, e) from e
+    except ConverterUnavailable as e:
+        raise ServiceUnavailableError(f"{filename}: {e}; send the file again", retry_after=5, param="body") from e
     if not new:
         raise BadRequestError(f"{filename}: the file has no text to index", param="body")
     limits.documents([d["text"] for d in new])

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 from app.errors import BadRequestError, PayloadTooLargeError
+from app.hardware import usable_cores
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -24,13 +25,16 @@ class RequestLimits:
     max_unpacked_bytes: int
     max_convert_seconds: float
     max_convert_memory_bytes: int
+    max_concurrent_conversions: int
     max_chat_messages: int
     max_top_k: int
     max_list_limit: int
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RequestLimits:
-        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
+        values = {f.name: getattr(settings, f.name) for f in fields(cls)}
+        values["max_concurrent_conversions"] = values["max_concurrent_conversions"] or usable_cores()
+        return cls(**values)
 
     def document_count(self, n: int, field: str = "documents") -> None:
         if n > self.max_documents_per_request:

@@ -5,6 +5,7 @@ bounded before it is unpacked, any nesting depth converts, and a title is bounde
 from __future__ import annotations
 
 import io
+import os
 import time
 import zipfile
 from collections.abc import Callable
@@ -16,7 +17,10 @@ from app.ingest.convert import (
     MAX_HTML_DEPTH,
     MAX_TITLE_CHARS,
     ConversionError,
+    ConversionTimeout,
     ConversionTooLarge,
+    ConverterCrashed,
+    ConverterUnavailable,
     clean_title,
     convert,
     convert_isolated,
@@ -30,13 +34,16 @@ MB = 1_000_000
 BOUND_S = 3.0  # generous: each of these takes well under a second on an idle core
 
 
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    start = time.perf_counter()
+def timed(fn: Callable[[], Any], clock: Callable[[], float] = time.thread_time) -> tuple[Any, float]:
+    """What ``fn`` returns (or the ConversionError it raises) and the CPU time this thread spent on
+    it (the shared machine's load does not count); ``clock=time.perf_counter`` for a conversion that
+    runs in another process."""
+    start = clock()
     try:
         out: Any = fn()
     except ConversionError as e:
         out = e
-    return out, time.perf_counter() - start
+    return out, clock() - start
 
 
 # ~1 MB of the shapes that made the old patterns backtrack: a heading of spaces or tabs with no
@@ -86,6 +93,18 @@ HTML_SHAPES = {
     "inline nested 15,000 deep, closed": "<b>" * 15_000 + "x" + "</b>" * 15_000,
     "lists nested 10,000 deep": "<ul><li>" * 10_000 + "x",
     "10,000 tiny paragraphs": "<p>a</p>" * 10_000,
+    # constructs never closed: CPython's html.parser (bs4's "html.parser") rescans the rest of the
+    # page at each one, quadratic (100 KB of "<a " took 94 s); lxml's parser is linear on them
+    "runs of '<a '": "<p>x</p>" + "<a " * (MB // 3),
+    "runs of '<!--'": "<p>x</p>" + "<!--" * (MB // 4),
+    "one '<!--' never closed": "<p>x</p><!--" + "x" * MB,
+    "runs of '</a'": "<p>x</p>" + "</a" * (MB // 3),
+    "runs of '<![CDATA['": "<p>x</p>" + "<![CDATA[" * (MB // 9),
+    "runs of '<?'": "<p>x</p>" + "<?" * (MB // 2),
+    "runs of '<!x'": "<p>x</p>" + "<!x" * (MB // 3),
+    "runs of '&#'": "<p>x</p>" + "&#" * (MB // 2),
+    "attribute runs '<a b=b=b='": "<p>x</p><a b" + "=b" * (MB // 2),
+    "an attribute value never closed": '<p>x</p><a b="' + "x" * MB,
 }
 
 
@@ -202,8 +221,12 @@ def test_isolated_conversion_is_stopped_at_its_time_limit() -> None:
     """A thread cannot be stopped: the server converts in a process of its own and stops it."""
     assert convert_isolated(b"# Title\nbody", "a.md", max_unpacked_bytes=None, timeout_s=30).title == "Title"
     slow = make_docx([("", "a")] * 20_000)  # seconds of mammoth
-    out, seconds = timed(lambda: convert_isolated(slow, "slow.docx", max_unpacked_bytes=None, timeout_s=0.3))
-    assert isinstance(out, ConversionTooLarge) and "max_convert_seconds" in str(out) and seconds < 2.0, (out, seconds)
+    out, seconds = timed(
+        lambda: convert_isolated(slow, "slow.docx", max_unpacked_bytes=None, timeout_s=0.3), time.perf_counter
+    )
+    # the file's shape, not its size: a 422, not a 413 "split the file"
+    assert isinstance(out, ConversionTimeout) and not isinstance(out, ConversionTooLarge), out
+    assert "max_convert_seconds" in str(out) and "split" not in str(out) and seconds < 2.0, (out, seconds)
     with pytest.raises(ConversionError, match="not a zip archive") as err:
         convert_isolated(b"garbage", "g.docx", max_unpacked_bytes=None, timeout_s=30)
     assert not isinstance(err.value, ConversionTooLarge)
@@ -276,9 +299,55 @@ def test_isolated_conversion_is_bounded_in_memory() -> None:
     """XML parsed into objects takes tens of times its size: the process's address space is bounded."""
     xml_heavy = make_docx([("", "a")] * 60_000)  # 2 MB of XML, hundreds of MB as mammoth's DOM
     out, seconds = timed(
-        lambda: convert_isolated(xml_heavy, "m.docx", max_unpacked_bytes=None, timeout_s=30, memory_bytes=48 << 20)
+        lambda: convert_isolated(xml_heavy, "m.docx", max_unpacked_bytes=None, timeout_s=30, memory_bytes=48 << 20),
+        time.perf_counter,
     )
     assert isinstance(out, ConversionTooLarge) and "max_convert_memory_bytes" in str(out), out
     assert seconds < BOUND_S
     small = make_docx([("", "a")] * 100)
     assert convert_isolated(small, "s.docx", max_unpacked_bytes=None, timeout_s=30, memory_bytes=256 << 20).sections
+
+
+def _die(*args: Any) -> None:
+    os._exit(9)  # what an OOM kill or a segfault leaves: no answer on the pipe
+
+
+def test_a_converter_that_dies_or_cannot_start_is_an_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child killed without an answer is a ConverterCrashed; a process that cannot be started a
+    ConverterUnavailable (the server's trouble), never an unhandled error."""
+    import app.ingest.convert as convert_module
+
+    monkeypatch.setattr(convert_module, "_convert_child", _die)
+    with pytest.raises(ConverterCrashed, match="crashed"):
+        convert_isolated(b"# T\nx", "a.md", max_unpacked_bytes=None, timeout_s=30)
+    monkeypatch.undo()
+
+    context = convert_module._forkserver()
+
+    def broken_start(self: Any) -> None:
+        raise BrokenPipeError("fork server gone")
+
+    monkeypatch.setattr(type(context.Process(target=print)), "start", broken_start)
+    with pytest.raises(ConverterUnavailable, match="could not start"):
+        convert_isolated(b"# T\nx", "a.md", max_unpacked_bytes=None, timeout_s=30)
+
+
+def test_a_conversion_process_does_not_run_the_parent_main_script(tmp_path: Any) -> None:
+    """multiprocessing has a fork server's child import the parent's ``__main__`` script again (in a
+    Ray replica, Ray's worker script): a conversion does not."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "imports"
+    script = tmp_path / "main_script.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {os.getcwd()!r})\n"
+        f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+        "if __name__ == '__main__':\n"
+        "    from app.ingest.convert import convert_isolated\n"
+        "    for _ in range(3):\n"
+        "        assert convert_isolated(b'# T\\nx', 'a.md', max_unpacked_bytes=None, timeout_s=30).title == 'T'\n"
+    )
+    subprocess.run([sys.executable, str(script)], check=True, timeout=60, cwd=tmp_path)
+    assert marker.read_text().split() == ["__main__"]

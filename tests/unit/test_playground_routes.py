@@ -3,8 +3,11 @@ upload converted on the server, and index stats; every client mistake a 4xx."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -107,6 +110,102 @@ def test_upload_converts_replaces_and_refuses_mistakes(client: TestClient) -> No
         == 400
     )
     assert client.post("/indexes/up/files", content=b"x", headers=AUTH).status_code == 422  # no filename
+
+
+def test_upload_names_are_checked_alike_and_each_refusal_names_its_rule(client: TestClient) -> None:
+    """filename and path: one normalisation (backslashes are separators) and one set of rules, each
+    refusal naming the parameter sent and the rule broken."""
+
+    def up(**params: str) -> httpx.Response:
+        return client.post("/indexes/names/files", params=params, content=b"# T\ntext", headers=AUTH)
+
+    refused = {
+        (("filename", "a\x00.md"),): ("filename", "control or format characters"),
+        (("filename", "a.md\x00.exe"),): ("filename", "control or format characters"),
+        (("filename", "a\u202e.md"),): ("filename", "control or format characters"),
+        (("filename", ".."),): ("filename", "'..'"),
+        (("filename", "a.md"), ("path", "..\\..\\x.md")): ("path", "'..'"),
+        (("filename", "a.md"), ("path", "docs\\..\\x.md")): ("path", "'..'"),
+        (("filename", "a.md"), ("path", "a\x7fb.md")): ("path", "control or format characters"),
+        (("filename", "a.md"), ("path", "a\x85b.md")): ("path", "control or format characters"),  # C1
+        (("filename", "a.md"), ("path", "a\u202eb.md")): ("path", "control or format characters"),
+        (("filename", "a.md"), ("path", "a\u200bb.md")): ("path", "control or format characters"),
+        (("filename", "a.md"), ("path", "a\nb.md")): ("path", "control or format characters"),
+        (("filename", "a.md"), ("path", "/abs.md")): ("path", "relative"),
+        (("filename", "a.md"), ("path", "dir/")): ("path", "file name"),
+    }
+    for params, (param, rule) in refused.items():
+        r = up(**dict(params))
+        body = r.json()
+        assert r.status_code == 400 and body["detail"].startswith(param) and rule in body["detail"], (params, body)
+    r = up(filename="a.md", path="docs\\sub\\.\\x.md")
+    assert r.status_code == 200 and r.json()["path"] == "docs/sub/x.md" and r.json()["doc_ids"] == ["docs/sub/x.md"]
+    r = up(filename="a" * 600 + ".md")
+    assert r.status_code == 422 and "filename" in r.text
+    r = up(filename="a.exe")
+    assert r.status_code == 415 and "unsupported file type" in r.json()["detail"]
+    assert client.get("/indexes/names/stats", headers=AUTH).json()["documents"] == 1
+
+
+@pytest.fixture()
+def busy_app(tmp_path, embedding_model, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """At most 2 conversions at once, 2 s each; files named slow* convert for a minute."""
+    import app.ingest.convert as convert_module
+    from tests.conftest import InProcessEmbedder
+    from tests.convert_children import slow_unless_quick
+
+    monkeypatch.setattr(convert_module, "_convert_child", slow_unless_quick)
+    with (
+        FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake,
+        inprocess_app(
+            tmp_path, InProcessEmbedder(embedding_model), fake.url, max_concurrent_conversions=2, max_convert_seconds=2
+        ) as (app, _),
+    ):
+        yield app
+
+
+def test_slow_uploads_are_bounded_and_leave_the_rest_of_the_server_alone(
+    busy_app: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Conversions run max_concurrent_conversions at once on threads of their own: a document
+    indexed during eight slow uploads answers at once (the default executor, which chunking uses, is
+    not theirs); an upload that finds every slot busy past the short wait is a 503 with Retry-After;
+    one that runs past max_convert_seconds a 422 naming it; one that waits within the wait converts."""
+    import app.service.files as files
+
+    async def main() -> None:
+        transport = httpx.ASGITransport(app=busy_app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as ac:
+
+            async def upload(name: str) -> httpx.Response:
+                return await ac.post(f"/indexes/kb/files?filename={name}", content=b"# T\nslow text")
+
+            monkeypatch.setattr(files, "CONVERT_QUEUE_WAIT_S", 0.3, raising=False)
+            slow = [asyncio.create_task(upload(f"slow{i}.md")) for i in range(8)]
+            await asyncio.sleep(0.2)
+            start = time.perf_counter()
+            small = {"index_name": "kb", "documents": [{"text": "a small doc", "doc_id": "z"}]}
+            r = await ac.post("/index", json=small)
+            took = time.perf_counter() - start
+            assert r.status_code == 200 and took < 1.5, (r.text, took)
+            answers = await asyncio.gather(*slow)
+            statuses = sorted(a.status_code for a in answers)
+            assert statuses == [422, 422] + [503] * 6, [a.text for a in answers]
+            for a in answers:
+                if a.status_code == 422:
+                    assert a.json()["detail"].startswith("slow") and "max_convert_seconds" in a.json()["detail"]
+                    assert "split" not in a.json()["detail"]
+                else:
+                    assert int(a.headers["retry-after"]) >= 1 and "max_concurrent_conversions" in a.json()["detail"]
+
+            monkeypatch.setattr(files, "CONVERT_QUEUE_WAIT_S", 5.0)
+            slow = [asyncio.create_task(upload(f"slow{i}.md")) for i in range(2)]
+            await asyncio.sleep(0.2)
+            quick = await upload("quick.md")  # waits for a slot, within the wait: converted
+            assert quick.status_code == 200, quick.text
+            assert [a.status_code for a in await asyncio.gather(*slow)] == [422, 422]
+
+    asyncio.run(main())
 
 
 def test_stats_of_missing_index_is_404(client: TestClient) -> None:

@@ -66,7 +66,13 @@ def playground_router(services: Services) -> APIRouter:
     @router.post(
         "/indexes/{index_name}/files",
         tags=["documents"],
-        responses={415: {"model": DOCUMENT_ERRORS[400]["model"], "description": "Unsupported file type."}},
+        responses={
+            415: {"model": DOCUMENT_ERRORS[400]["model"], "description": "Unsupported file type."},
+            503: {
+                "model": DOCUMENT_ERRORS[400]["model"],
+                "description": "Busy converting other uploads (max_concurrent_conversions): retry after Retry-After.",
+            },
+        },
     )
     async def upload_file(
         index_name: str,
