@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import unicodedata
 from dataclasses import dataclass
 
 FTS_TABLE = "chunks_fts"
@@ -72,7 +73,8 @@ we were what when where which while who whom why will with would you your yours 
 STOPWORDS = frozenset(_STOPWORDS_TEXT.split())
 
 # A token: a run of letters and digits, what FTS5's unicode61 tokenizer indexes (it splits at
-# everything else: punctuation, spaces, control characters, combining marks). Matching it is linear:
+# everything else: punctuation, spaces, control characters, and outside Latin letters, combining
+# marks; the query is composed first, see lexical_query). Matching it is linear:
 # each character is looked at once, and a word without any (only punctuation) selects nothing.
 _TOKEN = re.compile(r"[^\W_]+")
 #: The longest query text the lexical parser looks at, in characters (a pasted page is a query
@@ -133,6 +135,9 @@ def lexical_query(text: str) -> LexicalQuery:
         if not cut:  # a word cut in two would search for its first half: leave it out, if not alone
             parts = text.rsplit(None, 1)
             text = parts[0] if len(parts) == 2 else text
+    # composed (NFC): FTS5 folds a Latin letter's accent within its token ("nai\u0308ve" is one token,
+    # naive), where _TOKEN would split a decomposed one at its combining mark ("nai ve": no match)
+    text = unicodedata.normalize("NFC", text)
     words: dict[str, int] = {}  # phrase text -> its tokens, in query order
     for raw in text.split():
         tokens = _TOKEN.findall(raw.lower())[:MAX_PHRASE_TOKENS]
@@ -153,18 +158,30 @@ def create_lexical_index(conn: sqlite3.Connection) -> bool:
     """Create the FTS5 table, its content view and triggers when absent, and fill it from the chunk
     rows already there: the migration of a shard written before the lexical index existed, or
     before it had the ``idx`` column (that table is dropped and built again). True when it was
-    built now."""
+    built now.
+
+    The whole change is one transaction (one script between ``BEGIN IMMEDIATE`` and ``COMMIT``:
+    ``executescript`` would commit each statement of a script without them): a process that dies
+    part-way leaves the old table, never a new empty one that the next open would take as built."""
     row = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (FTS_TABLE,)).fetchone()
-    if row is not None and "idx" not in row[0]:  # a table from before per-index search
-        for trigger in _TRIGGERS:
-            conn.execute(f"DROP TRIGGER IF EXISTS {trigger}")
-        conn.execute(f"DROP TABLE {FTS_TABLE}")
-        row = None
-    conn.executescript(FTS_DDL)
-    if row is None:
-        conn.execute(f"INSERT INTO {FTS_TABLE} ({FTS_TABLE}, rank) VALUES ('rank', 'bm25(1.0, 0.0)')")
-        conn.execute(f"INSERT INTO {FTS_TABLE} ({FTS_TABLE}) VALUES ('rebuild')")
-    return row is None
+    stale = row is not None and "idx" not in row[0]  # a table from before per-index search
+    build = row is None or stale
+    script = ["BEGIN IMMEDIATE;"]
+    if stale:
+        script += [f"DROP TRIGGER IF EXISTS {trigger};" for trigger in _TRIGGERS]
+        script.append(f"DROP TABLE {FTS_TABLE};")
+    script.append(FTS_DDL)
+    if build:
+        script.append(f"INSERT INTO {FTS_TABLE} ({FTS_TABLE}, rank) VALUES ('rank', 'bm25(1.0, 0.0)');")
+        script.append(f"INSERT INTO {FTS_TABLE} ({FTS_TABLE}) VALUES ('rebuild');")
+    script.append("COMMIT;")
+    try:
+        conn.executescript("\n".join(script))
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return build
 
 
 def lexical_problems(conn: sqlite3.Connection) -> list[str]:

@@ -308,12 +308,13 @@ def test_indexes_whose_names_tokenize_alike_keep_their_rows_apart(tmp_path, name
         s.close()
 
 
-def test_a_shard_with_the_lexical_index_of_schema_3_gets_the_per_index_one_on_open(tmp_path) -> None:
-    s = Shard(tmp_path / "s")
+def _shard_of_schema_3(path) -> None:
+    """A shard whose lexical index is schema version 3's (no ``idx`` column)."""
+    s = Shard(path)
     s.upsert_documents("kb", [doc(k, t, i) for i, (k, t) in enumerate(TEXTS.items())])
     s.upsert_documents("other", [doc("o", "the XR-7720 bracket again", 9)])
     s.close()
-    db = sqlite3.connect(tmp_path / "s" / "shard.sqlite")  # back to schema version 3's lexical index
+    db = sqlite3.connect(path / "shard.sqlite")  # back to schema version 3's lexical index
     for trigger in ("chunks_fts_insert", "chunks_fts_delete", "chunks_fts_update"):
         db.execute(f"DROP TRIGGER {trigger}")
     db.execute(f"DROP TABLE {FTS_TABLE}")
@@ -328,15 +329,73 @@ def test_a_shard_with_the_lexical_index_of_schema_3_gets_the_per_index_one_on_op
     )
     db.commit()
     db.close()
-    s = Shard(tmp_path / "s")
+
+
+def _migrated_shard_works(path) -> None:
+    s = Shard(path)
     try:
         assert s._write.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "4"
         assert [h.doc_id for h in s.search_candidates("kb", vec(0), "XR-7720", 5, mode="lexical").lexical] == [
             "bracket"
         ]
         assert s.verify() == []
+        s.upsert_documents("kb", [doc("bracket", "the XR-7720 bracket, revised", 1)])  # the triggers hold
+        assert s.verify() == []
     finally:
         s.close()
+
+
+def test_a_shard_with_the_lexical_index_of_schema_3_gets_the_per_index_one_on_open(tmp_path) -> None:
+    _shard_of_schema_3(tmp_path / "s")
+    _migrated_shard_works(tmp_path / "s")
+
+
+_CRASH_DURING_MIGRATION = """
+import os, sys
+import app.store.schema as schema
+build = schema.create_lexical_index
+
+steps = [0]
+
+def crashing(conn):
+    def step():
+        steps[0] += 1
+        if sys.argv[2] != "count" and steps[0] >= int(sys.argv[2]):
+            os._exit(3)  # the process dies here: no rollback, no close
+        return 0
+    conn.set_progress_handler(step, 1)
+    return build(conn)
+
+schema.create_lexical_index = crashing
+from app.store.shard import Shard
+Shard(sys.argv[1]).close()
+print(steps[0])
+"""
+
+
+def test_a_migration_cut_short_by_a_crash_leaves_a_shard_that_migrates_on_the_next_open(tmp_path) -> None:
+    """The process dies at several points of the schema-3 to schema-4 rebuild of the lexical index
+    (a progress handler exits after N virtual-machine steps): the next open still migrates it, and
+    lexical search, the integrity check and later writes work. Built statement by statement, a crash
+    after the new table was created and before it was filled left it empty for good (and every
+    update of an existing document then failed: 'database disk image is malformed')."""
+    import subprocess
+    import sys
+
+    def migrate(path, until: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-c", _CRASH_DURING_MIGRATION, str(path), until]
+        return subprocess.run(argv, check=False, capture_output=True, text=True)
+
+    _shard_of_schema_3(tmp_path / "whole")
+    whole = migrate(tmp_path / "whole", "count")  # how many steps a whole migration takes
+    assert whole.returncode == 0, whole.stderr
+    total = int(whole.stdout.split()[-1])
+    for tenth in range(1, 10):
+        path = tmp_path / f"cut{tenth}"
+        _shard_of_schema_3(path)
+        run = migrate(path, str(total * tenth // 10))
+        assert run.returncode == 3, run.stderr  # it died part-way
+        _migrated_shard_works(path)
 
 
 def test_a_loads_swap_moves_the_lexical_rows_to_the_loaded_name(tmp_path) -> None:
@@ -351,5 +410,18 @@ def test_a_loads_swap_moves_the_lexical_rows_to_the_loaded_name(tmp_path) -> Non
         assert s.verify() == []
         n = s._reader().execute(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH 'xr'").fetchone()[0]
         assert n == 1
+    finally:
+        s.close()
+
+
+def test_a_decomposed_query_finds_what_the_composed_one_finds(tmp_path) -> None:
+    """FTS5 folds a Latin accent within its token; a query written decomposed (NFD, as macOS file
+    names and some keyboards give it) was split at its combining mark and found nothing."""
+    s = Shard(tmp_path / "s")
+    try:
+        s.upsert_documents("kb", [doc("naive", "a na\u00efve approach to the problem", 1), doc("x", "unrelated", 2)])
+        for query in ("na\u00efve", "nai\u0308ve", "NAI\u0308VE"):
+            hits = s.search_candidates("kb", vec(0), query, 5, mode="lexical").lexical
+            assert [h.doc_id for h in hits] == ["naive"], query
     finally:
         s.close()
