@@ -826,8 +826,10 @@ class Shard:
     ) -> list[tuple[int, float]]:
         """(chunk id, BM25 score, higher better) of the top ``k`` lexical matches in ``index``.
 
-        The query is ANDed with the index's own token (``LexicalQuery.match_in``), so FTS5 ranks
-        this index's matching rows only, whatever the other indexes of the shard hold; a metadata
+        The query is ANDed with the index's own token (``LexicalQuery.match_in``), so FTS5 returns
+        and ranks this index's matching rows only; the BM25 statistics it ranks them by (row count,
+        average length, each term's document frequency) are the whole shard's, so another index's
+        text shifts the scores and order of these rows (docs/architecture.md §6); a metadata
         filter joins the documents."""
         db = self._reader()
         match = query.match_in(index)
