@@ -117,3 +117,17 @@ def test_metrics_of_a_server_without_keys_are_whole(tmp_path, embedder) -> None:
         TestClient(app) as c,
     ):
         assert SECRET in c.get("/metrics").text  # no keys: everything is open to whoever reaches it
+
+
+def test_text_the_parser_cannot_read_still_names_no_index() -> None:
+    """A line the Prometheus parser rejects (another exporter's dialect) must not turn /metrics into
+    a 500, nor let index names through: every line naming an index is left out instead."""
+    text = (
+        "# TYPE ragserve_x gauge\n"
+        'ragserve_x{index="secret",shard="0"} 1\n'
+        'ragserve_x{index="other",shard="1"} 2\n'
+        "not a metric line {{{\n"
+        'ragserve_y{shard="0"} 3\n'
+    )
+    out = without_index_labels(text)
+    assert "secret" not in out and "other" not in out and 'ragserve_y{shard="0"} 3' in out
