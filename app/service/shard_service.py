@@ -175,10 +175,11 @@ class ShardService:
 
     def stats(self) -> dict[str, Any]:
         """Documents and chunks of each index (the shard metrics), each index's counts taken
-        together (``Shard.index_stats``); an index dropped meanwhile is left out."""
+        together (``Shard.index_stats``, without reading the texts); an index dropped meanwhile is
+        left out."""
         indexes: dict[str, dict[str, int]] = {}
         for name in self.list_indexes():
-            counts = self._shard.index_stats(name)
+            counts = self._shard.index_stats(name, text_bytes=False)
             if counts is not None:
                 indexes[name] = {"documents": counts["documents"], "chunks": counts["chunks"]}
         return {"shard": self.shard_index, "indexes": indexes}

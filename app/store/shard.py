@@ -993,32 +993,40 @@ class Shard:
         self._write.close()
 
     # --- statistics (GET /indexes/{name}/stats) -----------------------------------------------
-    def index_stats(self, index: str) -> dict[str, Any] | None:
+    def index_stats(self, index: str, *, text_bytes: bool = True) -> dict[str, Any] | None:
         """Documents, chunks, UTF-8 bytes of document text and FAISS vectors of ``index`` in this
-        shard, or None when the shard has no such index. Counted together under the write lock: a
-        write holds it from its SQLite transaction until FAISS has its vectors, so the counts are
-        never those of a half-applied write (its rows committed, its vectors not yet added)."""
+        shard, or None when the shard has no such index. The rows are counted in one read
+        transaction whose snapshot is taken, with FAISS's count, under the write lock (a write holds
+        it from its SQLite transaction until FAISS has its vectors), so the counts are never those of
+        a half-applied write (its rows committed, its vectors not yet added); the counting itself
+        runs once the lock is released, so a large index does not hold writes up. ``text_bytes=False``
+        leaves the document texts unread (``bytes`` is 0): the shard metrics need only the counts."""
+        db = self._reader()
         with self._write_lock:
             dim = self._dims.get(index)
             if dim is None:
                 return None
-            db = self._reader()
             db.execute("BEGIN")
             try:
-                documents, text_bytes = db.execute(
-                    "SELECT COUNT(*), COALESCE(SUM(LENGTH(CAST(text AS BLOB))), 0) FROM documents WHERE index_name = ?",
-                    (index,),
-                ).fetchone()
-                chunks = db.execute("SELECT COUNT(*) FROM chunks WHERE index_name = ?", (index,)).fetchone()[0]
-            finally:
+                db.execute("SELECT 1 FROM chunks LIMIT 1").fetchall()  # the read snapshot starts here
+                with self._faiss_lock:
+                    fidx = self._faiss.get(index)
+                    vectors = int(fidx.ntotal) if fidx is not None else 0
+            except BaseException:
                 db.execute("COMMIT")
-            with self._faiss_lock:
-                fidx = self._faiss.get(index)
-                vectors = int(fidx.ntotal) if fidx is not None else 0
+                raise
+        size = "COALESCE(SUM(LENGTH(CAST(text AS BLOB))), 0)" if text_bytes else "0"
+        try:
+            documents, n_bytes = db.execute(
+                f"SELECT COUNT(*), {size} FROM documents WHERE index_name = ?", (index,)
+            ).fetchone()
+            chunks = db.execute("SELECT COUNT(*) FROM chunks WHERE index_name = ?", (index,)).fetchone()[0]
+        finally:
+            db.execute("COMMIT")
         return {
             "documents": int(documents),
             "chunks": int(chunks),
-            "bytes": int(text_bytes),
+            "bytes": int(n_bytes),
             "vectors": vectors,
             "dimension": dim,
             "index_kind": self.spec.kind,
