@@ -56,8 +56,6 @@ class ContextBudgetError(BadRequestError):
             param=param if requested_max_tokens is not None else "messages",
             code="context_budget",
         )
-        self.context_budget = fitted.context_budget
-        self.smallest_source_tokens = fitted.smallest_source_tokens
 
 
 @dataclass
