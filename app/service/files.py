@@ -185,15 +185,19 @@ def _conversion_error(filename: str, e: ConversionError) -> ServiceError:
     """The 4xx a file that could not be converted gets."""
     if isinstance(e, ConversionTooLarge):
         return PayloadTooLargeError(f"{filename}: {e}", param="body")
-    if isinstance(e, ConversionTimeout):
+    unprocessable = _UNPROCESSABLE.get(type(e))
+    if unprocessable is not None:
         return ServiceError(
-            f"{filename}: {e}", status=422, param="body", code="conversion_timeout", type_="invalid_request_error"
-        )
-    if isinstance(e, ConverterCrashed):
-        return ServiceError(
-            f"{filename}: {e}", status=422, param="body", code="converter_crashed", type_="invalid_request_error"
+            f"{filename}: {e}", status=422, param="body", code=unprocessable, type_="invalid_request_error"
         )
     return BadRequestError(f"{filename}: {e}", param="body")
+
+
+#: Files that are well formed but could not be converted here: a 422 with these codes.
+_UNPROCESSABLE: dict[type[ConversionError], str] = {
+    ConversionTimeout: "conversion_timeout",
+    ConverterCrashed: "converter_crashed",
+}
 
 
 def _first_error(e: ValidationError) -> str:
