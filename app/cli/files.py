@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -375,12 +376,12 @@ class _Walk:
         visited = {_key(self.root.stat())}
         given: set[tuple[int, int]] = set()
         # (folder as walked, its ignores, its real path when reached through a link)
-        dir_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]] = []
+        dir_links: deque[tuple[Path, list[_Ignore], os.stat_result, Path]] = deque()
         file_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]] = []
         stack: list[tuple[Path, list[_Ignore], Path | None]] = [(self.root, self.inherited, None)]
         while stack or dir_links:
             if not stack:
-                path, ignores, st, target = dir_links.pop(0)
+                path, ignores, st, target = dir_links.popleft()
                 if _key(st) not in visited and self._link_wanted(path, ignores, st, target):
                     visited.add(_key(st))
                     stack.append((path, ignores, target))
@@ -434,7 +435,7 @@ class _Walk:
         self,
         path: Path,
         ignores: list[_Ignore],
-        dir_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]],
+        dir_links: deque[tuple[Path, list[_Ignore], os.stat_result, Path]],
         file_links: list[tuple[Path, list[_Ignore], os.stat_result, Path]],
     ) -> None:
         """Sort a link met by the walk: outside, broken, or a folder or file to judge once the real
