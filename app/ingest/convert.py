@@ -624,7 +624,10 @@ def iso_mtime(mtime: float) -> str:
     recorded mtime is unchanged, so a whole-second mtime would miss an edit made in the same second.
     Raises ConversionError for a time that is not finite or not within MIN_MTIME..MAX_MTIME."""
     if not (math.isfinite(mtime) and MIN_MTIME <= mtime <= MAX_MTIME):
-        raise ConversionError(f"mtime must be a finite number of seconds from 0 to {MAX_MTIME:.0f}, got {mtime!r}")
+        raise ConversionError(
+            f"mtime must be a finite number of seconds from {MIN_MTIME:.0f} to {MAX_MTIME:.0f} "
+            f"(years 1 to 9999), got {mtime!r}"
+        )
     dt = datetime.fromtimestamp(mtime, tz=timezone.utc)
     return dt.isoformat(timespec="microseconds" if dt.microsecond else "seconds").replace("+00:00", "Z")
 
