@@ -194,12 +194,13 @@ def check_filter(flt: Any) -> dict[str, Any] | None:
 _DEPTH_BLOCK = 1 << 20
 
 
-def json_depth(text: str) -> int:
-    """How deep arrays and objects nest in ``text`` (JSON, valid or not), found without parsing it,
-    in linear time and without recursion: escaped backslashes and quotes are dropped, so that every
-    quote left opens or closes a string, and the depth is the highest running count of the openings
-    over the closings outside strings (numpy, a block at a time)."""
-    data = text.encode("utf-8", "surrogatepass").replace(b"\\\\", b"").replace(b'\\"', b"")
+def json_depth(text: str | bytes) -> int:
+    """How deep arrays and objects nest in ``text`` (JSON, valid or not; bytes: UTF-8), found without
+    parsing it, in linear time and without recursion: escaped backslashes and quotes are dropped, so
+    that every quote left opens or closes a string, and the depth is the highest running count of
+    the openings over the closings outside strings (numpy, a block at a time)."""
+    raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
+    data = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
     deepest = level = quotes = 0
     for start in range(0, len(data), _DEPTH_BLOCK):
         block = np.frombuffer(data, np.uint8, count=min(_DEPTH_BLOCK, len(data) - start), offset=start)
@@ -213,7 +214,7 @@ def json_depth(text: str) -> int:
     return deepest
 
 
-def check_json_depth(text: str, where: str, limit: int = MAX_JSON_DEPTH) -> None:
+def check_json_depth(text: str | bytes, where: str, limit: int = MAX_JSON_DEPTH) -> None:
     """``ValueError`` naming ``where`` when ``text`` nests arrays and objects deeper than ``limit``."""
     depth = json_depth(text)
     if depth > limit:

@@ -30,8 +30,8 @@ def check_json_body(body: bytes) -> None:
         raise BadRequestError(
             f"the body is not valid {encoding.upper()} (byte {e.start}): send JSON as UTF-8 text", code="invalid_json"
         ) from e
-    try:
-        check_json_depth(text, "the body")
+    try:  # UTF-8 is scanned as the bytes it came as (no second encoding of the whole body)
+        check_json_depth(body if encoding == "utf-8" else text, "the body")
     except ValueError as e:
         raise BadRequestError(str(e), code="json_too_deep") from e
 
