@@ -26,11 +26,11 @@ $(TEST_STAMP): $(RUN_STAMP)
 install: $(RUN_STAMP)
 
 # `serve run` on a local Ray started without the dashboard and in Serve's high-throughput mode
-# (HAProxy ingress, gRPC between replicas; deployments/platform.py). RAGSERVE_HIGH_THROUGHPUT=0
+# (HAProxy ingress, gRPC between replicas; ragserve/deployments/platform.py). RAGSERVE_HIGH_THROUGHPUT=0
 # runs Serve's default request path instead. PORT=8100 (or RAGSERVE_PORT, which the CLI's default
 # URL follows too) serves on another port; it prints a line when the server is ready.
 run: $(RUN_STAMP)
-	$(if $(PORT),RAGSERVE_PORT=$(PORT) )$(BIN)/python -m deployments.platform run $(CONFIG)
+	$(if $(PORT),RAGSERVE_PORT=$(PORT) )$(BIN)/python -m ragserve.deployments.platform run $(CONFIG)
 
 # The checks CI runs before the tests: lint, formatting, types (config in pyproject.toml).
 lint: $(TEST_STAMP)

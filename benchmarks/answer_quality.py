@@ -31,8 +31,8 @@ from typing import Any
 
 import httpx
 
-from app.retrieval.prompt import CONTEXT_INSTRUCTIONS, SOURCES_HEADING
 from benchmarks.common import machine, table, write_json
+from ragserve.rag.prompt import CONTEXT_INSTRUCTIONS, SOURCES_HEADING
 
 REPO = Path(__file__).resolve().parents[1]
 INDEX = "quality_check"
@@ -177,10 +177,10 @@ def inprocess_client(prompt_format: str, model_cache: Path) -> Iterator[Any]:
     """The application in this process on the real embedded engine, through a TestClient."""
     from fastapi.testclient import TestClient
 
-    from app.embeddings import LocalEmbeddingModel
-    from app.engines.transformers_engine import TransformersEngine
+    from ragserve.models.embeddings import LocalEmbeddingModel
+    from ragserve.models.transformers_engine import TransformersEngine
+    from ragserve.testing.inprocess import inprocess_app
     from tests.conftest import InProcessEmbedder
-    from tests.inprocess import inprocess_app
 
     engine = TransformersEngine(None, model_cache, prompt_format=prompt_format)  # type: ignore[arg-type]
     asyncio.run(engine.start())

@@ -4,7 +4,7 @@ time, at up to 1M vectors. The baseline is the flat index over the same vectors 
 
     python -m benchmarks.bench_index_types [--n 1000000] [--smoke] [--out docs/img/index_types.png]
 
-It builds each kind with the shard's own ``app.store.faiss_index.VectorIndex`` (IVF trained the
+It builds each kind with the shard's own ``ragserve.store.faiss_index.VectorIndex`` (IVF trained the
 way a shard trains it, on a sample). The vectors are synthetic 384-d unit vectors drawn around
 cluster centres, like sentence embeddings: embedding a million real texts with MiniLM would take
 hours on 2 cores. Queries are held-out points from the same distribution. Synthetic clusters are
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from app.index_spec import IndexSpec
-from app.store.faiss_index import VectorIndex
 from benchmarks.common import bar_plot, machine, summary_ms, table, write_json
+from ragserve.api.index_spec import IndexSpec
+from ragserve.store.faiss_index import VectorIndex
 
 DIM = 384
 
@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     t0 = time.perf_counter()
     if args.vectors:
-        from app.embeddings import LocalEmbeddingModel
         from benchmarks.common import make_queries
+        from ragserve.models.embeddings import LocalEmbeddingModel
 
         vectors = np.ascontiguousarray(np.load(args.vectors)[:n], dtype=np.float32)
         n = len(vectors)

@@ -32,11 +32,11 @@ from benchmarks.common import (
     table,
     write_json,
 )
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.testing.fake_openai import FakeOpenAI
 
 
 def chunk_texts(texts: list[str], model: Any) -> list[str]:
-    from app.ingest import DocumentChunker, hf_token_counter
+    from ragserve.ingest import DocumentChunker, hf_token_counter
 
     chunker = DocumentChunker(hf_token_counter(model.tokenizer), 256, 32)
     out: list[str] = []
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     n = 48 if args.smoke else args.docs
 
-    from app.embeddings import LocalEmbeddingModel
+    from ragserve.models.embeddings import LocalEmbeddingModel
 
     model = LocalEmbeddingModel(None, device="cpu")
     texts = make_texts(n, sentences=6, seed=1)

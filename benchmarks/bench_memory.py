@@ -6,7 +6,7 @@ system processes, each replica and shard actor, HAProxy), after ingesting a corp
         [--docs 2000] [--launcher make|serve] [--smoke] [--json out.json] [--out plot.png]
 
 Each config is served the way ``make run`` serves it (``--launcher make``: ``python -m
-deployments.platform run``, a local Ray without the dashboard, Serve's mode as
+ragserve.deployments.platform run``, a local Ray without the dashboard, Serve's mode as
 ``RAGSERVE_HIGH_THROUGHPUT`` says) or by a bare ``serve run`` (``--launcher serve``: Ray's
 defaults, the dashboard included), on a free port, with a fresh storage_dir and, for the remote
 LLM config, the fake upstream as the LLM. ``--docs`` documents of ~100 words are indexed through
@@ -30,8 +30,8 @@ import httpx
 import yaml
 
 from benchmarks.common import REPO, bar_plot, free_port, machine, make_texts, table, wait_healthy, write_json
-from deployments.platform import private_haproxy_ports, sigint_as_in_a_terminal
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.deployments.platform import private_haproxy_ports, sigint_as_in_a_terminal
+from ragserve.testing.fake_openai import FakeOpenAI
 
 # (substring of the command line, role), first match wins: the replicas by deployment name, then
 # Ray's own processes.
@@ -51,7 +51,7 @@ ROLES = [
     ("raylet", "raylet"),
     ("gcs_server", "GCS"),
     ("ray::IDLE", "idle Ray workers"),
-    ("deployments.platform", "launcher (make run)"),
+    ("ragserve.deployments.platform", "launcher (make run)"),
     ("serve run", "launcher (serve run)"),
 ]
 
@@ -126,7 +126,7 @@ def measure(config: Path, docs: int, launcher: str, llm_url: str) -> dict[str, A
             **private_haproxy_ports(),
         }  # never another HAProxy's fixed ports on this machine
         cmd = (
-            [sys.executable, "-m", "deployments.platform", "run", str(cfg)]
+            [sys.executable, "-m", "ragserve.deployments.platform", "run", str(cfg)]
             if launcher == "make"
             else [str(Path(sys.executable).parent / "serve"), "run", str(cfg)]
         )

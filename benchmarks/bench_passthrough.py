@@ -42,7 +42,6 @@ import httpx
 from fastapi import Request  # the forwarder's endpoint names it in its body, so it travels with the class
 from fastapi.responses import JSONResponse
 
-from app.http.server_timing import parse_server_timing
 from benchmarks.common import (
     MODES,
     actor_call_floor,
@@ -60,8 +59,9 @@ from benchmarks.common import (
     wait_healthy,
     write_json,
 )
-from deployments.builder import as_deployment
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.deployments.builder import as_deployment
+from ragserve.http.server_timing import parse_server_timing
+from ragserve.testing.fake_openai import FakeOpenAI
 
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8}
 
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict:
     modes = ["high-throughput"] if args.smoke else args.modes.split(",")
     rounds = 5
 
-    from app.embeddings import LocalEmbeddingModel
+    from ragserve.models.embeddings import LocalEmbeddingModel
 
     model = LocalEmbeddingModel(None, device="cpu")
     graph = LocalEmbeddingModel(None, device="cpu", threads=1, graph="optimized")  # the ingress's copy

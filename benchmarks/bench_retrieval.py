@@ -30,7 +30,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from app.http.server_timing import parse_server_timing
 from benchmarks.common import (
     MODES,
     bar_plot,
@@ -47,7 +46,8 @@ from benchmarks.common import (
     table,
     write_json,
 )
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.http.server_timing import parse_server_timing
+from ragserve.testing.fake_openai import FakeOpenAI
 
 
 def query_http(
@@ -95,7 +95,7 @@ def storage_for(n: int, shards: int, texts_all: list[str], vectors_all: np.ndarr
 def shard_search(storage: Path, shards: int, kind: str, queries: np.ndarray, k: int = 5) -> dict[str, float]:
     """p50 ms of one shard's search in this process (``ShardService.search``: vector search, then
     the SQLite fetch of the hits), and of its vector search alone, over shard 0's part."""
-    from app.service.shard_service import ShardService
+    from ragserve.service.shard_service import ShardService
 
     svc = ShardService(storage, 0, shards, faiss_kind=kind)
     vectors = svc._shard._faiss["bench"]  # the shard's own VectorIndex (a benchmark may look inside)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict:
     sizes = [500] if args.smoke else [int(s) for s in args.sizes.split(",")]
     nq = 20 if args.smoke else args.queries
 
-    from app.embeddings import LocalEmbeddingModel
+    from ragserve.models.embeddings import LocalEmbeddingModel
 
     model = LocalEmbeddingModel(None, device="cpu")
     texts_all = make_texts(max(sizes), sentences=3, seed=7)

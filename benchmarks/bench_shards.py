@@ -34,7 +34,7 @@ from benchmarks.common import (
     table,
     write_json,
 )
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.testing.fake_openai import FakeOpenAI
 
 
 def throughput(base: str, queries: list[str], concurrency: int, seconds: float) -> float:
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
     shard_counts = [1, 2] if args.smoke else [int(s) for s in args.shards.split(",")]
     nq, seconds = (10, 2.0) if args.smoke else (args.queries, args.seconds)
 
-    from app.embeddings import LocalEmbeddingModel
+    from ragserve.models.embeddings import LocalEmbeddingModel
 
     texts = make_texts(n, sentences=3, seed=7)
     vectors = cached_embeddings(texts, "retrieval-s7x3")

@@ -208,7 +208,7 @@ def wait_healthy(base: str, timeout_s: float = 600) -> None:
     raise RuntimeError(f"{base} did not become healthy: {last}")
 
 
-MODES = {"default": False, "high-throughput": True}  # Serve's request path (deployments.platform)
+MODES = {"default": False, "high-throughput": True}  # Serve's request path (ragserve.deployments.platform)
 
 
 def parse_mode(spec: str, query_embedding: str = "auto") -> tuple[bool, str]:
@@ -231,7 +231,7 @@ def ray_serve(num_cpus: int = 4, high_throughput: bool | None = None) -> Iterato
     import ray
     from ray import serve
 
-    from deployments.platform import init_local_ray
+    from ragserve.deployments.platform import init_local_ray
 
     port = free_port()
     init_local_ray(num_cpus=num_cpus, high_throughput=high_throughput, log_to_driver=False)
@@ -244,10 +244,10 @@ def ray_serve(num_cpus: int = 4, high_throughput: bool | None = None) -> Iterato
 
 
 def deploy_ragserve(port: int, name: str, settings: dict[str, Any]) -> str:
-    """Run the real application (``deployments.builder:build_app``) under ``/name``; its base URL."""
+    """Run the real application (``ragserve.deployments.builder:build_app``) under ``/name``; its base URL."""
     from ray import serve
 
-    from deployments.builder import build_app
+    from ragserve.deployments.builder import build_app
 
     serve.run(
         build_app({"model_cache_dir": str(MODEL_CACHE), "shard_num_cpus": 0.1, **settings}),
@@ -266,7 +266,7 @@ def raw_query_encode(model: Any, queries: list[str]) -> dict[str, Any]:
     faster by far. ``best`` is the lower p50's summary, the baseline the goals are checked against."""
     import torch
 
-    from app.hardware import usable_cores
+    from ragserve.hardware import usable_cores
 
     before = torch.get_num_threads()
     out: dict[str, Any] = {}
@@ -342,7 +342,7 @@ def cached_embeddings(texts: list[str], tag: str) -> np.ndarray:
     for path in sorted(CACHE.glob(f"{tag}-*.npy"), key=lambda p: int(p.stem.rsplit("-", 1)[1])):
         if int(path.stem.rsplit("-", 1)[1]) >= len(texts):
             return np.load(path, mmap_mode="r")[: len(texts)].copy()
-    from app.embeddings import LocalEmbeddingModel
+    from ragserve.models.embeddings import LocalEmbeddingModel
 
     vecs = LocalEmbeddingModel(None, device="cpu").encode(texts, batch_size=64)
     np.save(CACHE / f"{tag}-{len(texts)}.npy", vecs)
@@ -373,12 +373,12 @@ def build_storage(
     """Write ``texts`` (one chunk each) into ``storage_dir`` exactly as the application lays it out."""
     import asyncio
 
-    from app.api.documents import Document
-    from app.embeddings import LocalEmbeddingModel
-    from app.ingest import DocumentChunker, hf_token_counter
-    from app.service.documents import DocumentService
-    from app.service.pool import LocalShardPool
-    from app.service.shard_service import ShardService, check_layout
+    from ragserve.api.documents import Document
+    from ragserve.ingest import DocumentChunker, hf_token_counter
+    from ragserve.models.embeddings import LocalEmbeddingModel
+    from ragserve.service.documents import DocumentService
+    from ragserve.service.pool import LocalShardPool
+    from ragserve.service.shard_service import ShardService, check_layout
 
     check_layout(storage_dir, num_shards)
     tokenizer = LocalEmbeddingModel(None, device="cpu").tokenizer

@@ -7,7 +7,7 @@
 The serve config goes into ``spec.serveConfigV2`` unchanged except for what a cluster decides
 instead of the file: the HTTP listener (KubeRay's serve service fronts it) and storage_dir (the
 ReadWriteMany volume mounted on every pod). Every pod's environment carries Serve's
-high-throughput switches (``deployments.platform``).
+high-throughput switches (``ragserve.deployments.platform``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from deployments.platform import serve_env
+from ragserve.deployments.platform import serve_env
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "configs" / "gpu.yaml"

@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from app.http.server_timing import parse_server_timing
+from ragserve.http.server_timing import parse_server_timing
 
 WORDS = [
     "retrieval",
@@ -53,7 +53,7 @@ def make_texts(n: int, words: int = 40) -> list[str]:
 
 
 def raw_encode_rate(texts: list[str], batch: int) -> float:
-    from app.embeddings import LocalEmbeddingModel
+    from ragserve.models.embeddings import LocalEmbeddingModel
 
     model = LocalEmbeddingModel(None, device="cpu")
     model.encode(texts[:batch], batch_size=batch)  # warm-up

@@ -28,11 +28,11 @@ TOPICS = ["pump", "valve", "turbine", "boiler", "compressor", "conveyor", "gener
 
 
 def find_server_pid() -> int | None:
-    """The ``serve run`` (or ``make run``: ``python -m deployments.platform run``) process on this
+    """The ``serve run`` (or ``make run``: ``python -m ragserve.deployments.platform run``) process on this
     machine, whose descendants are the whole Ray application."""
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "run" in cmd and (any(c.endswith("serve") for c in cmd[:2]) or "deployments.platform" in cmd):
+        if "run" in cmd and (any(c.endswith("serve") for c in cmd[:2]) or "ragserve.deployments.platform" in cmd):
             return p.pid
     return None
 

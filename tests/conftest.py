@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 class InProcessEmbedder:
-    """``app.service.documents.Embedder`` over the real local model, in this process."""
+    """``ragserve.service.documents.Embedder`` over the real local model, in this process."""
 
     def __init__(self, model):
         self.model = model
@@ -33,7 +33,7 @@ class InProcessEmbedder:
 
 @pytest.fixture(scope="session")
 def embedding_model():
-    from app.embeddings import LocalEmbeddingModel
+    from ragserve.models.embeddings import LocalEmbeddingModel
 
     return LocalEmbeddingModel(None, device="cpu")
 

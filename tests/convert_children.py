@@ -1,4 +1,4 @@
-"""Conversion process targets for tests (``app.ingest.convert._convert_child`` replaced): a child
+"""Conversion process targets for tests (``ragserve.ingest.convert._convert_child`` replaced): a child
 imports its target by name, so these live in a small module of their own."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from app.ingest.convert import _convert_child
+from ragserve.ingest.convert import _convert_child
 
 
 def slow_unless_quick(send: Any, data: bytes, filename: str, *args: Any) -> None:

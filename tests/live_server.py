@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import inprocess_app
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import inprocess_app
 
 
 def free_port() -> int:

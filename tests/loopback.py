@@ -1,5 +1,5 @@
 """Serve an ASGI application on 127.0.0.1 from a background thread (uvicorn), so that a client under
-test talks real HTTP over a real socket to the in-process application (``tests.inprocess``), as a
+test talks real HTTP over a real socket to the in-process application (``ragserve.testing.inprocess``), as a
 separate program (``ragserve-eval``, a load generator) would to a deployed server."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Integration fixtures: one local Ray cluster per test session, one Serve application per module.
 
-The applications are built by the same ``deployments.builder:build_app`` that ``serve run`` uses.
+The applications are built by the same ``ragserve.deployments.builder:build_app`` that ``serve run`` uses.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ def ray_cluster() -> Iterator[int]:
     multi-node test needs a cluster of its own, and one process holds one Ray connection.
 
     Ray starts in the mode ``make run`` uses (high-throughput unless ``RAGSERVE_HIGH_THROUGHPUT=0``,
-    ``deployments.platform``), so the suite tests what is deployed."""
+    ``ragserve.deployments.platform``), so the suite tests what is deployed."""
     import ray
     from ray import serve
 
-    from deployments.platform import init_local_ray
+    from ragserve.deployments.platform import init_local_ray
 
     port = free_port()
     init_local_ray(num_cpus=4)
@@ -47,7 +47,7 @@ def deploy(settings_args: dict, name: str, port: int, timeout_s: float = 600) ->
     """Run the application and wait until /health answers; returns its base URL."""
     from ray import serve
 
-    from deployments.builder import build_app
+    from ragserve.deployments.builder import build_app
 
     serve.run(build_app(settings_args), name=name, route_prefix=f"/{name}", blocking=False)
     base = f"http://127.0.0.1:{port}/{name}"

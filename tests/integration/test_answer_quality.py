@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.engines.transformers_engine import TransformersEngine
 from benchmarks.answer_quality import FACTS, ask, ask_facts, echoes_prompt, index_facts
+from ragserve.models.transformers_engine import TransformersEngine
+from ragserve.testing.inprocess import inprocess_app
 from tests.conftest import InProcessEmbedder
-from tests.inprocess import inprocess_app
 
 pytestmark = pytest.mark.slow
 

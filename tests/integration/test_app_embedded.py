@@ -199,7 +199,7 @@ def test_persist_delete_load(client: httpx.Client, indexed: dict[str, str]) -> N
 def test_killed_shard_restarts_with_every_acknowledged_document(client: httpx.Client, indexed: dict[str, str]) -> None:
     import ray
 
-    from deployments.vector_index import SHARD_NAMESPACE
+    from ragserve.deployments.vector_index import SHARD_NAMESPACE
 
     more = [
         {"text": f"Maintenance log entry {i}: replaced filter on pump {i}.", "doc_id": f"log-{i}"} for i in range(40)

@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.testing.fake_openai import FakeOpenAI
 from tests.integration.conftest import deploy
 
 pytestmark = pytest.mark.slow

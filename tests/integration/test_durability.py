@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.testing.fake_openai import FakeOpenAI
 from tests.integration.conftest import deploy, free_port
 
 pytestmark = pytest.mark.slow
@@ -84,7 +84,7 @@ def all_doc_ids(client: httpx.Client, index: str) -> set[str]:
 def shard_actors() -> list:
     import ray
 
-    from deployments.vector_index import SHARD_NAMESPACE
+    from ragserve.deployments.vector_index import SHARD_NAMESPACE
 
     names = sorted(
         a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == SHARD_NAMESPACE
@@ -213,7 +213,7 @@ def test_full_restart_brings_every_index_back_without_load(app_url: str, storage
     import ray
     from ray import serve
 
-    from deployments.platform import init_local_ray
+    from ragserve.deployments.platform import init_local_ray
 
     with httpx.Client(base_url=app_url, timeout=60) as c:
         before = {name: total(c, name) for name in c.get("/indexes").json()}

@@ -1,4 +1,4 @@
-"""``make run``'s own launcher end to end (``python -m deployments.platform run CONFIG``): it serves
+"""``make run``'s own launcher end to end (``python -m ragserve.deployments.platform run CONFIG``): it serves
 the config on ``RAGSERVE_PORT``, says when it is ready, starts none of the processes it leaves out on
 one machine, keeps HAProxy's side ports on the loopback, and every way of stopping it (Ctrl-C, SIGTERM
 to the launcher or to its whole process group, SIGHUP) ends the whole tree, HAProxy included, so the
@@ -21,8 +21,8 @@ import pytest
 
 from benchmarks.bench_memory import serve_config
 from benchmarks.common import free_port, wait_healthy
-from deployments.platform import high_throughput_enabled, sigint_as_in_a_terminal
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.deployments.platform import high_throughput_enabled, sigint_as_in_a_terminal
+from ragserve.testing.fake_openai import FakeOpenAI
 from tests.integration.conftest import MODEL_CACHE, REPO
 
 pytestmark = pytest.mark.slow
@@ -68,7 +68,7 @@ def test_make_run_serves_the_config_and_a_stop_ends_every_process(tmp_path: Path
         }
         log = open(tmp_path / "server.log", "w")  # noqa: SIM115  (closed below, after the server)
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "deployments.platform", "run", str(config)],
+            [sys.executable, "-m", "ragserve.deployments.platform", "run", str(config)],
             cwd=REPO,
             env=env,
             stdout=log,

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from app.api.documents import Document
-from app.config import Settings
-from app.ingest import DocumentChunker, hf_token_counter
-from app.service.documents import DocumentService
+from ragserve.api.documents import Document
+from ragserve.config import Settings
+from ragserve.ingest import DocumentChunker, hf_token_counter
+from ragserve.service.documents import DocumentService
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from deployments.platform import apply_serve_env
+    from ragserve.deployments.platform import apply_serve_env
 
     apply_serve_env()  # the nodes' raylets inherit the mode, as the pods of kuberay/ do
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})  # no work on the head, as in kuberay/
@@ -38,7 +38,7 @@ def cluster():
 def test_shards_spread_and_survive_node_loss(cluster, tmp_path: Path, embedder) -> None:
     import ray
 
-    from deployments.vector_index import RayShardPool, get_or_create_shards
+    from ragserve.deployments.vector_index import RayShardPool, get_or_create_shards
 
     c, workers = cluster
     settings = Settings(storage_dir=str(tmp_path), num_shards=3, shard_num_cpus=0.5)

@@ -1,7 +1,7 @@
 """The edges of the HTTP path that Serve's mode could change (issue 13), end to end: which
 ingress answers, the processes Ray starts, API keys, request size limits, a client that leaves mid-stream, metrics.
 
-Ray runs in the mode ``make run`` uses (``deployments.platform``); with
+Ray runs in the mode ``make run`` uses (``ragserve.deployments.platform``); with
 ``RAGSERVE_HIGH_THROUGHPUT=0`` the same tests check Serve's default proxy."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from deployments.platform import high_throughput_enabled
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.deployments.platform import high_throughput_enabled
+from ragserve.testing.fake_openai import FakeOpenAI
 from tests.integration.conftest import deploy
 
 pytestmark = pytest.mark.slow

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from app.api.documents import Document
-from app.config import Settings
-from app.ingest import DocumentChunker, hf_token_counter
-from app.service.documents import DocumentService
-from tests.contracts.shard_pool import ShardPoolContract
+from ragserve.api.documents import Document
+from ragserve.config import Settings
+from ragserve.ingest import DocumentChunker, hf_token_counter
+from ragserve.service.documents import DocumentService
+from ragserve.testing.contracts.shard_pool import ShardPoolContract
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def test_redeploy_with_another_index_kind_replaces_the_shards(ray_cluster, tmp_path: Path, embedder) -> None:
     import ray
 
-    from deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
+    from ragserve.deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
 
     flat = Settings(storage_dir=str(tmp_path), num_shards=2, shard_num_cpus=0.1)
     hnsw = flat.model_copy(update={"faiss_index_kind": "hnsw"})
@@ -67,7 +67,7 @@ class TestRayShardPool(ShardPoolContract):
     async def pool(self, ray_cluster, tmp_path: Path):
         import ray
 
-        from deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
+        from ragserve.deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
 
         settings = Settings(storage_dir=str(tmp_path), num_shards=2, shard_num_cpus=0.1)
         actors = await reconcile_shards(settings, get_or_create_shards(settings))

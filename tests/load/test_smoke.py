@@ -20,8 +20,8 @@ import pytest
 import uvicorn
 
 from benchmarks.common import free_port
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import inprocess_app
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import inprocess_app
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

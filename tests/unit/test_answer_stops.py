@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from app.api.openai import SamplingParams
-from app.engines.stops import AnswerCutter, merge_stops
-from app.engines.transformers_engine import TransformersEngine
-from app.retrieval.prompt import build_rag_messages
+from ragserve.api.openai import SamplingParams
+from ragserve.models.stops import AnswerCutter, merge_stops
+from ragserve.models.transformers_engine import TransformersEngine
+from ragserve.rag.prompt import build_rag_messages
 
 COMPLETION = ["\n"]
 

@@ -7,18 +7,11 @@ from typing import Any
 
 import pytest
 
-from app.api.documents import NodeWithScore
-from app.budget import (
-    ContextBudgetError,
-    PromptTooLongError,
-    fit,
-    fit_passthrough,
-    lookup_context_window,
-    resolve_context_window,
-)
-from app.budget.tokenizers import message_text
-from app.retrieval import build_rag_messages
-from app.retrieval.prompt import format_source
+from ragserve.api.documents import NodeWithScore
+from ragserve.api.messages import message_text
+from ragserve.models.windows import lookup_context_window, resolve_context_window
+from ragserve.rag.fit import ContextBudgetError, PromptTooLongError, fit, fit_passthrough
+from ragserve.rag.prompt import build_rag_messages, format_source
 
 
 class WordCounter:

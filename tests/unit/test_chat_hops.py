@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from app.api.documents import Document
-from app.api.openai import ChatCompletionRequest
-from app.config import Settings
-from app.engines.openai_engine import OpenAIEngine
-from app.errors import NotFoundError
-from app.service.local import EngineClient
-from app.service.pool import LocalShardPool
-from app.service.shard_service import ShardService, check_layout
-from app.service.wiring import Services, build_services
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.api.documents import Document
+from ragserve.api.openai import ChatCompletionRequest
+from ragserve.config import Settings
+from ragserve.errors import NotFoundError
+from ragserve.models.openai_engine import OpenAIEngine
+from ragserve.service.local import EngineClient
+from ragserve.service.pool import LocalShardPool
+from ragserve.service.shard_service import ShardService, check_layout
+from ragserve.service.wiring import Services, build_services
+from ragserve.testing.fake_openai import FakeOpenAI
 
 
 class CountingPool(LocalShardPool):

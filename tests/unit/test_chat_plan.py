@@ -7,15 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from app.api.openai import ChatCompletionRequest
-from app.chat import (
-    EMPTY_QUERY_MESSAGE,
-    ChatError,
-    Passthrough,
-    PassthroughReason,
-    RagPlan,
-    plan,
-)
+from ragserve.api.openai import ChatCompletionRequest
+from ragserve.rag.plan import EMPTY_QUERY_MESSAGE, ChatError, Passthrough, PassthroughReason, RagPlan, plan
 
 INDEXES = {"docs_index", "my_index"}
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.cli.client import RagClient
-from app.cli.main import main
-from app.cli.sync import Limits, Syncer, sync_id_for
+from ragserve.cli.client import RagClient
+from ragserve.cli.main import main
+from ragserve.cli.sync import Limits, Syncer, sync_id_for
 from tests.filemakers import make_pdf
 from tests.live_server import live_app
 
@@ -324,8 +324,8 @@ def test_an_unconvertible_file_fails_alone(server: str, tmp_path: Path, capsys, 
     Python's limit) is reported with its reason; the rest is indexed and the exit status says
     something failed. The converter's failure is injected, so the test holds whatever the converter
     learns to handle."""
-    from app.cli import sync
-    from app.ingest.convert import convert
+    from ragserve.cli import sync
+    from ragserve.ingest.convert import convert
 
     def choking(data: bytes, filename: str, **limits: int):
         if filename == "deep.html":
@@ -345,7 +345,7 @@ def test_an_unconvertible_file_fails_alone(server: str, tmp_path: Path, capsys, 
 
 
 def test_a_converter_error_of_any_kind_spares_the_other_files(server: str, tmp_path: Path) -> None:
-    from app.ingest.convert import convert
+    from ragserve.ingest.convert import convert
 
     for name in ("a.md", "b.md", "c.md"):
         (tmp_path / name).write_text(f"# {name}\n\nText of {name}.")
@@ -460,7 +460,7 @@ def test_errors_are_one_line_never_a_traceback(tmp_path: Path, capsys, monkeypat
 
 
 def test_a_failed_listing_or_deletion_is_reported_not_swallowed(server: str, tmp_path: Path) -> None:
-    from app.cli.client import ApiError
+    from ragserve.cli.client import ApiError
 
     (tmp_path / "a.md").write_text("# A\n\nFirst.")
     (tmp_path / "b.md").write_text("# B\n\nSecond.")
@@ -582,8 +582,8 @@ def test_one_odd_file_fails_alone_never_the_run(server: str, tmp_path: Path, cap
     year 9999, a converter calling ``sys.exit()`` or raising GeneratorExit. The rest is indexed."""
     from dataclasses import replace
 
-    from app.cli import sync
-    from app.ingest.convert import convert
+    from ragserve.cli import sync
+    from ragserve.ingest.convert import convert
 
     (tmp_path / "a.md").write_text("# A\n\nFirst file.")
     (tmp_path / "z.md").write_text("# Z\n\nLast file.")
@@ -630,7 +630,7 @@ def test_one_odd_file_fails_alone_never_the_run(server: str, tmp_path: Path, cap
 def test_a_file_gone_before_it_is_read_is_taken_as_gone(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
     """A file removed between the listing of its folder and its reading is not a failure: it is gone,
     listed as stale, and with --delete its documents go like any removed file's."""
-    from app.cli import sync
+    from ragserve.cli import sync
 
     (tmp_path / "a.md").write_text("# A\n\nStays.")
     gone = tmp_path / "gone.md"
@@ -761,7 +761,7 @@ def test_indexes_never_cuts_a_name(server: str, tmp_path: Path, capsys, monkeypa
 
 def test_a_watch_ends_with_the_status_of_its_last_run(server: str, tmp_path: Path, capsys, monkeypatch) -> None:
     """``--watch`` stopped with Ctrl-C exits 1 when its last run left a file failed, as one run does."""
-    from app.cli import main as cli_main
+    from ragserve.cli import main as cli_main
 
     (tmp_path / "a.md").write_text("# A\n\nFine.")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli.files import FileSelector, discover, scope_prefix, sync_base
+from ragserve.cli.files import FileSelector, discover, scope_prefix, sync_base
 
 
 def names(root: Path, base: Path, **kw) -> list[str]:

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.cli.client import RagClient
-from app.cli.sync import Syncer, SyncReport, watch
+from ragserve.cli.client import RagClient
+from ragserve.cli.sync import Syncer, SyncReport, watch
 from tests.filemakers import make_pdf
 from tests.live_server import live_app
 
@@ -54,7 +54,7 @@ def test_ctrl_c_finishes_the_batch_in_flight_and_leaves_no_file_half_indexed(ser
         [
             sys.executable,
             "-m",
-            "app.cli.main",
+            "ragserve.cli.main",
             "ingest",
             str(tmp_path),
             "--index",

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from app.cache import TTLCache, normalise_query
-from app.config import Settings
-from app.paths import PathOutsideStorageError, confine
-from app.routing import group_by_shard, shard_for
+from ragserve.config import Settings
+from ragserve.service.cache import TTLCache, normalise_query
+from ragserve.service.paths import PathOutsideStorageError, confine
+from ragserve.service.routing import group_by_shard, shard_for
 
 
 def test_defaults_are_the_embedded_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,8 +111,8 @@ async def test_ttl_cache_get_or_compute_computes_once() -> None:
 def test_errors_survive_pickling_across_processes() -> None:
     import pickle
 
-    from app.budget import PromptTooLongError
-    from app.errors import EngineError, NotFoundError, ServiceError
+    from ragserve.errors import EngineError, NotFoundError, ServiceError
+    from ragserve.rag.fit import PromptTooLongError
 
     e = pickle.loads(pickle.dumps(EngineError(503, "loading", type_="server_error", body={"a": 1})))
     assert isinstance(e, EngineError) and isinstance(e, ServiceError)
@@ -128,7 +128,7 @@ def test_errors_survive_pickling_across_processes() -> None:
 
 
 def test_a_remote_llm_runs_in_the_ingress_by_default_and_only_a_remote_one() -> None:
-    from app.config import Settings
+    from ragserve.config import Settings
 
     assert Settings(llm_engine="openai", llm_url="http://x/v1").llm_in_ingress is True
     assert Settings(llm_engine="openai", llm_url="http://x/v1", llm_in_ingress=False).llm_in_ingress is False

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.ingest.convert import ConversionError, convert, file_documents, file_kind, split_text
+from ragserve.ingest.convert import ConversionError, convert, file_documents, file_kind, split_text
 from tests.filemakers import make_docx, make_pdf, make_pptx
 
 

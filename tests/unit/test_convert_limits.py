@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app.ingest.convert import (
+from ragserve.ingest.convert import (
     MAX_HTML_DEPTH,
     MAX_TITLE_CHARS,
     ConversionError,
@@ -315,7 +315,7 @@ def _die(*args: Any) -> None:
 def test_a_converter_that_dies_or_cannot_start_is_an_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     """A child killed without an answer is a ConverterCrashed; a process that cannot be started a
     ConverterUnavailable (the server's trouble), never an unhandled error."""
-    import app.ingest.convert as convert_module
+    import ragserve.ingest.convert as convert_module
 
     monkeypatch.setattr(convert_module, "_convert_child", _die)
     with pytest.raises(ConverterCrashed, match="crashed"):
@@ -345,7 +345,7 @@ def test_a_conversion_process_does_not_run_the_parent_main_script(tmp_path: Any)
         f"sys.path.insert(0, {os.getcwd()!r})\n"
         f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
         "if __name__ == '__main__':\n"
-        "    from app.ingest.convert import convert_isolated\n"
+        "    from ragserve.ingest.convert import convert_isolated\n"
         "    for _ in range(3):\n"
         "        assert convert_isolated(b'# T\\nx', 'a.md', max_unpacked_bytes=None, timeout_s=30).title == 'T'\n"
     )

@@ -1,7 +1,7 @@
 """The Grafana dashboard asks only for metrics the application exports, under the names Prometheus
 sees: Ray prefixes ``ray_``, counters gain ``_total``, histograms are read as ``_bucket``/``_sum``/
 ``_count``, gauges as they are. ragserve's own metrics are read from the code that defines them
-(``deployments/*.py``); Ray Serve's from the installed Ray Serve source."""
+(``ragserve/deployments/*.py``); Ray Serve's from the installed Ray Serve source."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deployments.shard_metrics import publish_sizes
+from ragserve.deployments.shard_metrics import publish_sizes
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "dashboards" / "ragserve.json"
@@ -21,9 +21,9 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), 
 
 
 def ragserve_metrics() -> dict[str, str]:
-    """name -> kind for every ``metrics.Counter/Histogram/Gauge("ragserve_...", ...)`` in deployments/."""
+    """name -> kind for every ``metrics.Counter/Histogram/Gauge("ragserve_...", ...)`` in ragserve/deployments/."""
     found: dict[str, str] = {}
-    for path in (REPO / "deployments").glob("*.py"):
+    for path in (REPO / "ragserve" / "deployments").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if (
                 isinstance(node, ast.Call)
@@ -73,7 +73,7 @@ def test_every_query_names_an_exported_metric() -> None:
                 assert re.sub(r"_(bucket|sum|count|total)$", "", bare) in serve, f"not a Ray Serve metric: {name}"
                 continue
             matches = [(m, k) for m, k in exported.items() for s in SUFFIXES[k] if bare == m + s]
-            assert matches, f"{name} in {expr!r} is not exported (as Prometheus names it) by deployments/"
+            assert matches, f"{name} in {expr!r} is not exported (as Prometheus names it) by ragserve/deployments/"
             used.add(matches[0][0])
     # the dashboard covers what the issue asks for
     assert {

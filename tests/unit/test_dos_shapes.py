@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.ingest.sentence import SentenceChunker, sentence_spans
-from app.store.lexical import MAX_PHRASE_TOKENS, MAX_QUERY_TOKENS, lexical_query
+from ragserve.ingest.sentence import SentenceChunker, sentence_spans
+from ragserve.store.lexical import MAX_PHRASE_TOKENS, MAX_QUERY_TOKENS, lexical_query
 
 MB = 1_000_000
 BOUND_S = 2.0
@@ -144,7 +144,7 @@ def reference_spans(text: str) -> list[tuple[int, int]]:
     """The splitting rule written plainly (quadratic, for small texts): an end is a run of ".!?",
     then closing quotes or brackets, then whitespace; or a newline. A "." after an abbreviation or
     a single letter is no end; whitespace-only pieces join the next sentence."""
-    from app.ingest.sentence import _ABBREVIATIONS
+    from ragserve.ingest.sentence import _ABBREVIATIONS
 
     spans, start, i = [], 0, 0
     while i < len(text):
@@ -187,8 +187,8 @@ def test_sentence_spans_match_the_plain_rule(text: str) -> None:
 def test_code_chunking_counts_each_segment_once(embedding_model, language: str, unit: str) -> None:
     """Many tiny statements (or brackets): each segment is counted once, in batches, instead of the
     growing merged text at every step (100 KB took 13-38 s with the real tokenizer, now about 1)."""
-    from app.ingest.chunks import hf_token_counter
-    from app.ingest.code import CodeChunker
+    from ragserve.ingest.chunks import hf_token_counter
+    from ragserve.ingest.code import CodeChunker
 
     count = hf_token_counter(embedding_model.tokenizer)
     chunker = CodeChunker(count, 256, 32)

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import deployments.embedder as embedder_mod
-from app.config import Settings
+import ragserve.deployments.embedder as embedder_mod
+from ragserve.config import Settings
 
 
 class CountingModel:
@@ -71,7 +71,7 @@ async def test_repeated_query_is_served_from_the_cache(embedder) -> None:  # typ
     await embedder.embed_query("what is rag?")
     assert len(embedder.model.calls) == 1
     assert embedder.info()["cache_hits"] == 1
-    # what the ingress decides query embedding from (app.service.query_embedding)
+    # what the ingress decides query embedding from (ragserve.service.query_embedding)
     assert {k: embedder.info()[k] for k in ("remote", "device", "params")} == {
         "remote": False,
         "device": "cpu",

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.embeddings import LocalEmbeddingModel, packaged_embedding_path, plain_pooling
+from ragserve.models.embeddings import LocalEmbeddingModel, packaged_embedding_path, plain_pooling
 
 TEXTS = [
     "What does the pump on line 3 report?",
@@ -95,7 +95,7 @@ class ShapeBranching(torch.nn.Module):
 
 
 def test_a_trace_that_disagrees_with_the_eager_model_is_refused(embedding_model, caplog) -> None:
-    from app.embeddings import _trace_forward
+    from ragserve.models.embeddings import _trace_forward
 
     assert _trace_forward(ShapeBranching(), embedding_model.tokenizer, optimize=False) is None
     assert "disagrees with the eager one" in caplog.text

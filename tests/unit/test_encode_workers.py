@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from app.embeddings import EncodeWorkers, document_workers
+from ragserve.models.embeddings import EncodeWorkers, document_workers
 from tests.unit.test_embeddings_plain import TEXTS  # texts of every awkward kind, empty to over-long
 
 
@@ -118,7 +118,7 @@ async def test_the_real_model_gives_one_calls_vectors_from_several_workers(embed
 def either_model(request, embedding_model):  # type: ignore[no-untyped-def]
     if request.param == "plain":
         return embedding_model
-    from app.embeddings import LocalEmbeddingModel
+    from ragserve.models.embeddings import LocalEmbeddingModel
 
     return LocalEmbeddingModel(None, device="cpu", plain=False)
 
@@ -158,7 +158,7 @@ def test_chunking_counts_while_the_model_encodes_with_the_same_tokenizer(embeddi
     """The ingress sizes chunks (on worker threads) with its query model's tokenizer while that
     model encodes queries; the chunker's counts reconfigured the shared tokenizer under the
     encode ("Unable to create tensor"). ``hf_token_counter`` counts with its own copy."""
-    from app.ingest import hf_token_counter
+    from ragserve.ingest import hf_token_counter
 
     count = hf_token_counter(embedding_model.tokenizer)
     errors: list[BaseException] = []

@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from app.config import Settings
-from app.engines.factory import make_engine, model_cache_dir
-from app.engines.openai_engine import OpenAIEngine
-from app.engines.stops import safe_length, stop_index
-from app.engines.transformers_engine import TransformersEngine
-from app.engines.vllm_engine import VLLMEngine
-from app.errors import BadRequestError
+from ragserve.config import Settings
+from ragserve.errors import BadRequestError
+from ragserve.models.openai_engine import OpenAIEngine
+from ragserve.models.stops import safe_length, stop_index
+from ragserve.models.transformers_engine import TransformersEngine
+from ragserve.models.vllm_engine import VLLMEngine
+from ragserve.service.engine_factory import make_engine, model_cache_dir
 
 
 def test_transformers_is_the_default_and_caches_under_storage(tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.budget.tokenizers import HFTokenCounter
-from app.engines.gemma import render_gemma
+from ragserve.models.gemma import render_gemma
+from ragserve.models.tokenizers import HFTokenCounter
 
 
 def test_single_user_turn_ends_with_generation_prompt() -> None:

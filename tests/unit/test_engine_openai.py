@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from app.engines.base import GenerationDelta
-from app.engines.openai_engine import OpenAIEngine, normalise_base_url
-from app.engines.sampling import SamplingParams
-from app.errors import EngineError
-from tests.contracts.engine import EngineContract
-from tests.fakes.fake_openai import FakeOpenAI, split_answer
+from ragserve.api.generation import GenerationDelta
+from ragserve.api.sampling import SamplingParams
+from ragserve.errors import EngineError
+from ragserve.models.openai_engine import OpenAIEngine, normalise_base_url
+from ragserve.testing.contracts.engine import EngineContract
+from ragserve.testing.fake_openai import FakeOpenAI, split_answer
 
 ANSWER = "Retrieval grounds the answer in the sources [1]."
 MESSAGES = [{"role": "system", "content": "Use the context."}, {"role": "user", "content": "What is RAG?"}]
@@ -315,7 +315,7 @@ class TestOpenAIEngineContract(EngineContract):
     ],
 )
 def test_sse_lines_split_as_the_spec_says(chunks: list[bytes], lines: list[str]) -> None:
-    from app.engines.openai_engine import _lines
+    from ragserve.models.openai_engine import _lines
 
     async def read() -> list[str]:
         async def stream():
@@ -340,7 +340,7 @@ def test_sse_lines_split_as_the_spec_says(chunks: list[bytes], lines: list[str])
 )
 def test_the_environment_proxy_is_honoured_as_httpx_did(monkeypatch, env, url, proxy) -> None:
     """The engine reads HTTP(S)_PROXY and NO_PROXY once, when its session is made."""
-    from app.engines.openai_engine import env_proxy
+    from ragserve.models.openai_engine import env_proxy
 
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)
@@ -377,7 +377,7 @@ async def test_a_lone_surrogate_from_the_upstream_becomes_a_replacement_characte
 
 
 def test_upstream_json_replaces_lone_surrogates_everywhere() -> None:
-    from app.engines.openai_engine import upstream_json
+    from ragserve.models.openai_engine import upstream_json
 
     raw = '{"a\\udc00": ["x\\ud800", {"b": "\\ud83d\\ude00", "c": 1}], "d": "plain"}'
     assert upstream_json(raw) == {"a\ufffd": ["x\ufffd", {"b": "\U0001f600", "c": 1}], "d": "plain"}

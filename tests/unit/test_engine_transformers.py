@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from app.engines.base import GenerationDelta
-from app.engines.sampling import SamplingParams
-from app.engines.transformers_engine import TransformersEngine
-from app.errors import BadRequestError
-from tests.contracts.engine import EngineContract
+from ragserve.api.generation import GenerationDelta
+from ragserve.api.sampling import SamplingParams
+from ragserve.errors import BadRequestError
+from ragserve.models.transformers_engine import TransformersEngine
+from ragserve.testing.contracts.engine import EngineContract
 
 pytestmark = pytest.mark.slow
 
@@ -124,8 +124,8 @@ async def test_passthrough_serves_text_and_rejects_tools(engine: TransformersEng
 
 async def test_openai_engine_counts_with_a_local_tokenizer_when_it_has_one(engine: TransformersEngine) -> None:
     """A remote model whose tokenizer is on this machine is counted with it, not estimated."""
-    from app.engines.openai_engine import OpenAIEngine
-    from tests.fakes.fake_openai import FakeOpenAI
+    from ragserve.models.openai_engine import OpenAIEngine
+    from ragserve.testing.fake_openai import FakeOpenAI
 
     local = str(engine.converted_dir)
     with FakeOpenAI(model=local, max_model_len=2048) as fake:

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from app.engines.base import GenerationDelta
-from app.engines.gemma import render_gemma
-from app.engines.sampling import SamplingParams
-from app.engines.vllm_engine import VLLMEngine
-from app.errors import ServiceError
-from tests.contracts.engine import EngineContract
+from ragserve.api.generation import GenerationDelta
+from ragserve.api.sampling import SamplingParams
+from ragserve.errors import ServiceError
+from ragserve.models.gemma import render_gemma
+from ragserve.models.vllm_engine import VLLMEngine
+from ragserve.testing.contracts.engine import EngineContract
 
 PIECES = ["Hel", "lo", " from", " vLLM", "."]
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello."}]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from app.cli.main import main as cli_main
-from app.eval.beir import Dataset, main, mrr_at, ndcg_at, recall_at
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import inprocess_app
+from ragserve.cli.beir import Dataset, main, mrr_at, ndcg_at, recall_at
+from ragserve.cli.main import main as cli_main
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import inprocess_app
 from tests.loopback import serve_loopback
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "beir-mini"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from app.hardware import cgroup_cpu_quota, usable_cores
+from ragserve.hardware import cgroup_cpu_quota, usable_cores
 
 
 def affinity() -> int:

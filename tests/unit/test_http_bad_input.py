@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import inprocess_app
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import inprocess_app
 
 DOC = {"text": "KAITO is a Kubernetes operator for AI model inference.", "metadata": {"topic": "kaito"}}
 

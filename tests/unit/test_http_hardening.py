@@ -15,12 +15,12 @@ from urllib.parse import quote, unquote
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.documents import NodeWithScore, validate_index_name
-from app.api.values import MAX_JSON_DEPTH, json_depth
-from app.http.headers import MAX_QUERY_HEADER_BYTES, query_headers
-from app.retrieval.citations import _MARKER, parse_citations
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import inprocess_app
+from ragserve.api.documents import NodeWithScore, validate_index_name
+from ragserve.api.values import MAX_JSON_DEPTH, json_depth
+from ragserve.http.headers import MAX_QUERY_HEADER_BYTES, query_headers
+from ragserve.rag.citations import _MARKER, parse_citations
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import inprocess_app
 
 DOC = {"text": "KAITO is a Kubernetes operator for AI model inference.", "metadata": {"topic": "kaito"}}
 
@@ -258,9 +258,9 @@ def test_a_lone_surrogate_in_any_string_is_a_4xx_naming_the_field(
 
 def test_every_request_model_checks_its_strings() -> None:
     """Every model a route reads a body into is a RequestModel (and so is every model inside one)."""
-    import app.api.documents as documents
-    import app.api.openai as openai
-    from app.api.values import RequestModel
+    import ragserve.api.documents as documents
+    import ragserve.api.openai as openai
+    from ragserve.api.values import RequestModel
 
     requests = [documents.IndexRequest, documents.UpdateDocumentsRequest, documents.DeleteDocumentsRequest]
     requests += [
@@ -384,7 +384,7 @@ def test_a_marker_in_code_is_not_reported_over_http(client: TestClient, fake: Fa
     "shape", ["[1,", "[", "[1 ", "[1, ", "`", "` ", "```\n", "`a[1]` ", "~~~\n[1]\n", "[1]\n```\n", "\\[1"]
 )
 def test_citation_parsing_is_linear_on_a_megabyte_of_worst_shapes(shape: str) -> None:
-    from app.retrieval.citations import code_regions
+    from ragserve.rag.citations import code_regions
 
     text = shape * (2**20 // len(shape))
     t0 = time.perf_counter()
@@ -526,7 +526,7 @@ def test_a_long_run_of_digits_inside_a_string_is_only_text(client: TestClient) -
 
 
 def test_finding_a_long_integer_is_linear() -> None:
-    from app.api.values import number_error_message
+    from ragserve.api.values import number_error_message
 
     t0 = time.process_time()
     for shape in ("1" * 4300 + " ") * 240, "1" * 1_000_000, ("12 " * 333_333):

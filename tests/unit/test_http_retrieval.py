@@ -11,8 +11,8 @@ from urllib.parse import unquote
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import inprocess_app
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import inprocess_app
 
 DOCS = [
     {
@@ -237,7 +237,7 @@ def test_a_stream_sends_rag_first_and_citations_in_its_final_chunk(client: TestC
 def test_chat_without_top_k_retrieves_enough_candidates_for_its_budget(
     client: TestClient, fake: FakeOpenAI, monkeypatch
 ) -> None:
-    from app.service.documents import DocumentService
+    from ragserve.service.documents import DocumentService
 
     seen: list[int] = []
     original = DocumentService.retrieve

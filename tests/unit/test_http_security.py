@@ -9,10 +9,10 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from app.http.security import KeyChecker
-from app.service.access import FULL_ACCESS, Principal, Role
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import inprocess_app
+from ragserve.http.security import KeyChecker
+from ragserve.service.access import FULL_ACCESS, Principal, Role
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import inprocess_app
 
 KEY = "sk-test-key-0123456789"
 OPEN = {"/health", "/metrics", "/ui", "/ui/"}  # probes, and the playground page (its API calls need the key)
@@ -300,7 +300,7 @@ def test_passthrough_chat_needs_only_a_valid_key(scoped: TestClient) -> None:
     ],
 )
 def test_an_open_server_beyond_the_loopback_refuses_to_start(host: str, keys: bool, allow: bool, ok: bool) -> None:
-    from app.service.access import check_exposure
+    from ragserve.service.access import check_exposure
 
     if ok:
         check_exposure(host, keys, allow)
@@ -364,7 +364,7 @@ def test_a_snapshot_without_a_recorded_source_is_refused_to_a_scoped_key(scoped:
     ],
 )
 def test_require_source(principal: Principal, source: object, ok: bool) -> None:
-    from app.service.access import ForbiddenError
+    from ragserve.service.access import ForbiddenError
 
     if ok:
         principal.require_source(source, "the snapshot at 'p'")

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import RecordingTelemetry, inprocess_app
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import RecordingTelemetry, inprocess_app
 
 TIMEOUT_S = 1.0
 QUESTION = [{"role": "user", "content": "What does the KAITO operator automate?"}]

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.api.stats import IndexStats
-from app.errors import NotFoundError
-from app.service.documents import DocumentService
-from app.service.pool import LocalShardPool
-from app.service.shard_service import ShardService, check_layout
-from app.store import ChunkWrite, DocumentWrite
+from ragserve.api.stats import IndexStats
+from ragserve.errors import NotFoundError
+from ragserve.service.documents import DocumentService
+from ragserve.service.pool import LocalShardPool
+from ragserve.service.shard_service import ShardService, check_layout
+from ragserve.store import ChunkWrite, DocumentWrite
 
 
 def write(doc_id: str, text: str, chunks: int, dim: int = 8) -> DocumentWrite:

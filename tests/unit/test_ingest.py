@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from app.ingest import (
+from ragserve.ingest import (
     SUPPORTED_LANGUAGES,
     CodeChunker,
     DocumentChunker,
@@ -17,7 +17,7 @@ from app.ingest import (
     new_doc_id,
     node_id_for,
 )
-from app.ingest.sentence import sentence_spans
+from ragserve.ingest.sentence import sentence_spans
 
 
 def words(text: str) -> int:

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from app.config import Settings
+from ragserve.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT.parent / "shared" / "kuberay-crds" / "ray.io_rayservices.yaml"
@@ -52,7 +52,7 @@ def check_serve_config(doc: dict[str, Any]) -> None:
         ServeDeploySchema, "model_validate"
     ) else ServeDeploySchema.parse_obj(cfg)
     for app in cfg["applications"]:
-        assert app["import_path"] == "deployments.builder:build_app"
+        assert app["import_path"] == "ragserve.deployments.builder:build_app"
         Settings(**app["args"])
 
 
@@ -109,7 +109,7 @@ def test_every_serve_config_is_valid(config: Path) -> None:
 
 def test_every_pod_starts_ray_in_high_throughput_mode() -> None:
     """Ray reads the switches when a pod's raylet starts: head and every worker group carry them."""
-    from deployments.platform import HIGH_THROUGHPUT_VARS
+    from ragserve.deployments.platform import HIGH_THROUGHPUT_VARS
 
     cluster = rayservices()[0][1]["spec"]["rayClusterConfig"]
     groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]

@@ -44,7 +44,7 @@ def test_run_installs_only_what_serving_needs_and_test_adds_the_rest(tmp_path: P
 
 
 def test_make_run_port_sets_the_variable_the_server_and_the_cli_read(tmp_path: Path) -> None:
-    from app.ports import PORT_ENV
+    from ragserve.serve_port import PORT_ENV
 
     venv = tmp_path / "venv"
     stamp(venv / ".installed-run")

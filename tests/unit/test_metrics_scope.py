@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.http.telemetry import without_index_labels
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import inprocess_app
+from ragserve.http.telemetry import without_index_labels
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import inprocess_app
 
 ADMIN, TEAM, READER = "sk-metrics-admin", "sk-metrics-team", "sk-metrics-reader"
 SECRET = "secret-merger-plans"

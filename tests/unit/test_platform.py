@@ -1,10 +1,10 @@
-"""The one definition of the environment Ray starts with (deployments.platform)."""
+"""The one definition of the environment Ray starts with (ragserve.deployments.platform)."""
 
 from __future__ import annotations
 
 import pytest
 
-from deployments.platform import HIGH_THROUGHPUT_VARS, SWITCH, high_throughput_enabled, serve_env
+from ragserve.deployments.platform import HIGH_THROUGHPUT_VARS, SWITCH, high_throughput_enabled, serve_env
 
 
 @pytest.mark.parametrize(
@@ -24,7 +24,7 @@ def test_off_is_written_out_so_an_inherited_value_cannot_turn_it_on(monkeypatch:
 
 # --- make run: port, side ports, what a stop leaves (issue 21) -------------------------------------
 def test_the_port_comes_from_ragserve_port_over_the_config() -> None:
-    from deployments.platform import served_config, url_of
+    from ragserve.deployments.platform import served_config, url_of
 
     config = {"http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600}, "applications": []}
     assert served_config(config, {}) == (config, "127.0.0.1", 8000)
@@ -40,7 +40,7 @@ def test_the_port_comes_from_ragserve_port_over_the_config() -> None:
 
 
 def test_the_cli_calls_the_port_the_server_serves_on() -> None:
-    from app.cli.client import default_url
+    from ragserve.cli.client import default_url
 
     assert default_url({}) == "http://127.0.0.1:8000"
     assert default_url({"RAGSERVE_PORT": "8123"}) == "http://127.0.0.1:8123"
@@ -50,7 +50,7 @@ def test_the_cli_calls_the_port_the_server_serves_on() -> None:
 def test_side_ports_are_free_ones_on_the_host_and_a_set_one_is_kept() -> None:
     import socket
 
-    from deployments.platform import FIXED_PORT_VARS, private_haproxy_ports
+    from ragserve.deployments.platform import FIXED_PORT_VARS, private_haproxy_ports
 
     ports = private_haproxy_ports("127.0.0.1", {"RAY_SERVE_HAPROXY_STATS_PORT": "18404"})
     assert set(ports) == set(FIXED_PORT_VARS) and ports["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
@@ -68,7 +68,7 @@ def test_haproxy_side_ports_listen_on_the_frontend_host() -> None:
 
     from ray.serve._private import haproxy_templates
 
-    from deployments.platform import SIDE_PORTS_HOOK, side_ports_on_the_frontend_host
+    from ragserve.deployments.platform import SIDE_PORTS_HOOK, side_ports_on_the_frontend_host
 
     original = haproxy_templates.HAPROXY_CONFIG_TEMPLATE
     try:
@@ -87,7 +87,7 @@ def test_haproxy_side_ports_listen_on_the_frontend_host() -> None:
 
 
 def test_each_run_keeps_haproxys_files_in_its_own_folder(tmp_path) -> None:
-    from deployments.platform import HAPROXY_FILE_VARS, haproxy_files
+    from ragserve.deployments.platform import HAPROXY_FILE_VARS, haproxy_files
 
     files = haproxy_files(tmp_path / "haproxy")
     assert set(files) == set(HAPROXY_FILE_VARS)
@@ -101,7 +101,7 @@ def test_a_left_haproxy_of_this_run_is_stopped_and_no_other(tmp_path) -> None:
     import sys
     import time
 
-    from deployments.platform import find_haproxies, stop_haproxies
+    from ragserve.deployments.platform import find_haproxies, stop_haproxies
 
     fake = tmp_path / "bin" / "haproxy"  # a process named haproxy, as Ray starts it: haproxy -db -f CFG
     fake.parent.mkdir()
@@ -126,7 +126,7 @@ def test_a_left_haproxy_of_this_run_is_stopped_and_no_other(tmp_path) -> None:
 
 
 def test_the_servers_environment(tmp_path) -> None:
-    from deployments.platform import FIXED_PORT_VARS, HAPROXY_FILE_VARS, SINGLE_NODE_VAR, server_env
+    from ragserve.deployments.platform import FIXED_PORT_VARS, HAPROXY_FILE_VARS, SINGLE_NODE_VAR, server_env
 
     env = server_env("127.0.0.1", {"PATH": "/bin", "RAY_SERVE_HAPROXY_STATS_PORT": "18404"}, tmp_path)
     assert env["PATH"] == "/bin" and env[SINGLE_NODE_VAR] == "0"  # a loopback server: a loopback Ray
@@ -143,7 +143,7 @@ def test_on_a_loopback_ray_grpc_servers_bind_the_loopback(monkeypatch: pytest.Mo
     makes that the loopback (and leaves an explicit address, and any other Ray, alone)."""
     from ray._common import tls_utils
 
-    from deployments.platform import SINGLE_NODE_VAR, _grpc_on_the_loopback
+    from ragserve.deployments.platform import SINGLE_NODE_VAR, _grpc_on_the_loopback
 
     class Server:
         def __init__(self) -> None:

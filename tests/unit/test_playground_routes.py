@@ -11,9 +11,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.fakes.fake_openai import FakeOpenAI
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import inprocess_app
 from tests.filemakers import make_docx, make_pdf
-from tests.inprocess import inprocess_app
 
 KEY = "sk-routes-test"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -150,7 +150,7 @@ def test_upload_names_are_checked_alike_and_each_refusal_names_its_rule(client: 
 @pytest.fixture()
 def busy_app(tmp_path, embedding_model, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     """At most 2 conversions at once, 2 s each; files named slow* convert for a minute."""
-    import app.ingest.convert as convert_module
+    import ragserve.ingest.convert as convert_module
     from tests.conftest import InProcessEmbedder
     from tests.convert_children import slow_unless_quick
 
@@ -171,7 +171,7 @@ def test_slow_uploads_are_bounded_and_leave_the_rest_of_the_server_alone(
     indexed during eight slow uploads answers at once (the default executor, which chunking uses, is
     not theirs); an upload that finds every slot busy past the short wait is a 503 with Retry-After;
     one that runs past max_convert_seconds a 422 naming it; one that waits within the wait converts."""
-    import app.service.files as files
+    import ragserve.service.files as files
 
     async def main() -> None:
         transport = httpx.ASGITransport(app=busy_app)  # type: ignore[arg-type]
@@ -288,7 +288,7 @@ def test_the_page_and_its_assets_send_security_headers(client: TestClient) -> No
 def test_the_key_is_written_to_local_storage_only_when_remembered() -> None:
     """The page's script keeps the API key in sessionStorage, in localStorage only behind the
     "remember" box (tests/ui/test_playground.py checks it in Chromium)."""
-    from app.http.routes.playground import UI_DIR
+    from ragserve.http.routes.playground import UI_DIR
 
     js = (UI_DIR / "app.js").read_text()
     assert 'id="key-remember"' in (UI_DIR / "index.html").read_text()

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from app.service.pool import LocalShardPool
-from app.service.shard_service import ShardService, check_layout
-from tests.contracts.shard_pool import ShardPoolContract
+from ragserve.service.pool import LocalShardPool
+from ragserve.service.shard_service import ShardService, check_layout
+from ragserve.testing.contracts.shard_pool import ShardPoolContract
 
 
 class TestLocalShardPool(ShardPoolContract):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pickle
 
-from app.api.documents import NodeWithScore
-from app.budget import fit
-from app.budget.tokenizers import HFTokenCounter
-from app.engines.prompt_format import completion_renderer, render_completion, resolve_format
-from app.retrieval.prompt import CONTEXT_INSTRUCTIONS, build_rag_messages, carries_sources
+from ragserve.api.documents import NodeWithScore
+from ragserve.models.prompt_format import completion_renderer, render_completion, resolve_format
+from ragserve.models.tokenizers import HFTokenCounter
+from ragserve.rag.fit import fit
+from ragserve.rag.prompt import CONTEXT_INSTRUCTIONS, build_rag_messages, carries_sources
 
 
 def node(text: str, title: str, score: float = 0.9) -> NodeWithScore:

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from app.service.query_embedding import (
+from ragserve.service.query_embedding import (
     MAX_INGRESS_EMBEDDING_PARAMS,
     InProcessQueryEmbedder,
     choose_query_embedding,

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.documents import NodeWithScore
-from app.retrieval.rerank import CrossEncoderReranker, rerank
-from tests.fakes.fake_openai import FakeOpenAI
-from tests.inprocess import inprocess_app
+from ragserve.api.documents import NodeWithScore
+from ragserve.rag.rerank import CrossEncoderReranker, rerank
+from ragserve.testing.fake_openai import FakeOpenAI
+from ragserve.testing.inprocess import inprocess_app
 
 
 @pytest.fixture(scope="module")

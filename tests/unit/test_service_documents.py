@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from app.api.documents import Document, UpdateDocument
-from app.errors import BadRequestError, ConflictError, NotFoundError
-from app.ingest import DocumentChunker, hf_token_counter
-from app.routing import shard_for
-from app.service.documents import DocumentService
-from app.service.pool import LocalShardPool
-from app.service.shard_service import LayoutMismatchError, ShardService, check_layout
+from ragserve.api.documents import Document, UpdateDocument
+from ragserve.errors import BadRequestError, ConflictError, NotFoundError
+from ragserve.ingest import DocumentChunker, hf_token_counter
+from ragserve.service.documents import DocumentService
+from ragserve.service.pool import LocalShardPool
+from ragserve.service.routing import shard_for
+from ragserve.service.shard_service import LayoutMismatchError, ShardService, check_layout
 
 TEXTS = {
     "kaito": "KAITO is a Kubernetes operator that automates AI model inference and fine-tuning on GPU nodes.",
@@ -254,7 +254,7 @@ async def test_an_update_racing_a_delete_does_not_bring_the_document_back(tmp_pa
 async def test_the_query_encoder_gets_a_bounded_part_of_a_pasted_page(service: DocumentService, embedder) -> None:
     """The encoder reads its first max_seq_length tokens; a megabyte pasted as the query was split
     whole by its tokenizer first (seconds of a worker thread). It is given QUERY_EMBED_CHARS."""
-    from app.service.documents import QUERY_EMBED_CHARS
+    from ragserve.service.documents import QUERY_EMBED_CHARS
 
     await service.add_documents("kb", docs("kaito", "bread"))
     seen: list[str] = []

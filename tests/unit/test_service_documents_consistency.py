@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from app.api.documents import Document, UpdateDocument
-from app.errors import BadRequestError, ConflictError
-from app.ingest import DocumentChunker, hf_token_counter
-from app.service.documents import DocumentService
-from app.service.pool import LocalShardPool
-from app.service.shard_service import ShardService, check_layout
+from ragserve.api.documents import Document, UpdateDocument
+from ragserve.errors import BadRequestError, ConflictError
+from ragserve.ingest import DocumentChunker, hf_token_counter
+from ragserve.service.documents import DocumentService
+from ragserve.service.pool import LocalShardPool
+from ragserve.service.shard_service import ShardService, check_layout
 from tests.unit.test_service_documents import TEXTS, docs, make_service
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.store import (
+from ragserve.store import (
     ChunkWrite,
     DimensionMismatchError,
     DocumentWrite,
@@ -19,7 +19,7 @@ from app.store import (
     Shard,
     read_export,
 )
-from app.store.filters import filter_sql
+from ragserve.store.filters import filter_sql
 
 DIM = 16
 rng = np.random.default_rng(7)

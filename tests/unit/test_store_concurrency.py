@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.store import ChunkWrite, DocumentWrite, Shard
-from app.store.types import IndexDroppedError, IndexExistsError
+from ragserve.store import ChunkWrite, DocumentWrite, Shard
+from ragserve.store.types import IndexDroppedError, IndexExistsError
 
 DIM = 16
 PAUSE_S = 0.5  # how long a paused writer waits for the one that (on the old code) overtook it
@@ -240,8 +240,8 @@ def test_a_load_swaps_its_staging_copy_in_once_and_never_over_a_newer_index(tmp_
 def test_a_shard_that_restarts_during_a_load_keeps_its_staging_copy(tmp_path: Path) -> None:
     """A staging copy survives a restart (the swap that follows still finds it); one whose load
     is long gone is removed at open; a swap that finds its copy missing is a 409, not an empty part."""
-    from app.errors import ConflictError
-    from app.service.shard_service import STAGING_MAX_AGE_S, ShardService
+    from ragserve.errors import ConflictError
+    from ragserve.service.shard_service import STAGING_MAX_AGE_S, ShardService
 
     svc = ShardService(tmp_path, 0, 1)
     svc._shard.upsert_documents("~staging~a~ix", [make_doc("a", 1)])

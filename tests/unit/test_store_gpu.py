@@ -8,8 +8,8 @@ import faiss
 import numpy as np
 import pytest
 
-from app.store import ChunkWrite, DocumentWrite, Shard
-from app.store.gpu import resolve_faiss_device
+from ragserve.store import ChunkWrite, DocumentWrite, Shard
+from ragserve.store.gpu import resolve_faiss_device
 
 DIM = 8
 rng = np.random.default_rng(3)

@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.api.documents import Document, UpdateDocument
-from app.errors import BadRequestError, ConflictError, NotFoundError
-from app.ingest import DocumentChunker, content_hash
-from app.service.documents import DocumentService, content_doc_id
-from app.service.pool import LocalShardPool
-from app.service.shard_service import ShardService, check_layout
+from ragserve.api.documents import Document, UpdateDocument
+from ragserve.errors import BadRequestError, ConflictError, NotFoundError
+from ragserve.ingest import DocumentChunker, content_hash
+from ragserve.service.documents import DocumentService, content_doc_id
+from ragserve.service.pool import LocalShardPool
+from ragserve.service.shard_service import ShardService, check_layout
 
 DIM = 24
 STEPS = 50

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from app.config import Settings
-from app.index_spec import IndexSpec
-from app.store import ChunkWrite, DocumentWrite, Shard
+from ragserve.api.index_spec import IndexSpec
+from ragserve.config import Settings
+from ragserve.store import ChunkWrite, DocumentWrite, Shard
 
 DIM = 32
 

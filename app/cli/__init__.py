@@ -1,1 +1,0 @@
-"""The ``ragserve`` command line: ingest and sync folders, chat, query, list indexes (``app.cli.main``)."""

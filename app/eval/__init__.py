@@ -1,1 +1,0 @@
-"""Offline evaluation of a running ragserve server (``ragserve-eval``)."""

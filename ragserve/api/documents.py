@@ -1,0 +1,214 @@
+"""Document API models, shaped after KAITO RAGEngine's REST API (docs/architecture.md §8)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator
+
+from ragserve.api.sampling import SamplingParams
+from ragserve.api.values import INT64_MAX, INT64_MIN, RequestModel, check_filter, check_metadata
+
+#: Matched whole with ``fullmatch`` (``$`` would also match before a trailing newline).
+INDEX_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+INDEX_NAME_RULE = "index names are 1-128 characters: letters, digits, '_', '-' and '.', starting with a letter or digit"
+
+#: Flat metadata, checked by :func:`ragserve.api.values.check_metadata`.
+Metadata = Annotated[dict[str, Any], AfterValidator(check_metadata)]
+#: Document and query text (valid Unicode, as every string of a :class:`RequestModel`).
+Text = Annotated[str, Field(min_length=1)]
+
+
+def validate_index_name(name: str) -> str:
+    """Raise ``ValueError`` with the rule when ``name`` is not a valid index name."""
+    if not INDEX_NAME_RE.fullmatch(name) or name in {".", ".."}:
+        raise ValueError(f"invalid index name {name!r}: {INDEX_NAME_RULE}")
+    return name
+
+
+def validate_metadata_filter(flt: Any) -> dict[str, Any] | None:
+    """A filter is ``{key: scalar}`` (see :func:`ragserve.api.values.check_filter`)."""
+    return check_filter(flt)
+
+
+#: How a retrieval searches: dense and lexical candidates fused, cosine only, or BM25 only.
+RetrievalMode = Literal["hybrid", "dense", "lexical"]
+RETRIEVAL_MODES: tuple[str, ...] = get_args(RetrievalMode)
+#: How chat turns a follow-up question into a retrieval query (besides joining earlier turns).
+QueryRewrite = Literal["off", "llm"]
+#: The largest page of documents a listing can return; ``max_list_limit`` may lower it.
+MAX_LIST_PAGE = 1000
+
+
+class Document(RequestModel):
+    """A document to index: text plus optional metadata and client-chosen id."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: Text
+    metadata: Metadata = Field(default_factory=dict)
+    doc_id: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+class IndexRequest(RequestModel):
+    """``POST /index``: create an index or extend it with documents."""
+
+    model_config = ConfigDict(extra="forbid")
+    index_name: str
+    documents: list[Document] = Field(min_length=1)
+
+    _check_name = field_validator("index_name")(lambda cls, v: validate_index_name(v))
+
+
+class DocumentRecord(BaseModel):
+    """A stored document as the API returns it."""
+
+    doc_id: str
+    text: str
+    hash_value: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    is_truncated: bool = False
+
+
+class ListDocumentsResponse(BaseModel):
+    documents: list[DocumentRecord]
+    count: int
+    total_items: int
+
+
+class UpdateDocument(RequestModel):
+    model_config = ConfigDict(extra="ignore")  # KAITO clients send hash_value back; it is recomputed
+    doc_id: str = Field(min_length=1)
+    text: Text
+    metadata: Metadata | None = None  # omitted: keep the stored metadata
+
+
+class UpdateDocumentsRequest(RequestModel):
+    """``POST /indexes/{name}/documents``: new text (and metadata) for documents by id."""
+
+    model_config = ConfigDict(extra="forbid")
+    documents: list[UpdateDocument] = Field(min_length=1)
+
+
+class UpdateDocumentsResponse(BaseModel):
+    """Which documents changed (re-chunked and re-embedded), which were already so, which do not exist."""
+
+    updated_documents: list[DocumentRecord] = Field(description="Changed: re-chunked and re-embedded.")
+    unchanged_documents: list[DocumentRecord] = Field(description="Same text and metadata: nothing was done.")
+    not_found_documents: list[UpdateDocument] = Field(description="No such doc_id in the index (as sent).")
+
+
+class DeleteDocumentsRequest(RequestModel):
+    """``POST /indexes/{name}/documents/delete``."""
+
+    model_config = ConfigDict(extra="forbid")
+    doc_ids: list[str] = Field(min_length=1, description="Ids to delete; a repeated id counts once.")
+
+
+class DeleteDocumentsResponse(BaseModel):
+    """Each requested id once, in one of the two lists."""
+
+    deleted_doc_ids: list[str] = Field(description="Deleted, in the order asked.")
+    not_found_doc_ids: list[str] = Field(description="Not in the index (already deleted, or never there).")
+
+
+class MessageResponse(BaseModel):
+    message: str
+
+
+class NodeWithScore(BaseModel):
+    """A retrieved chunk: which document, which node, its text, cosine score and metadata; with how
+    retrieval ranked it. ``score`` stays the cosine similarity in every mode, so that
+    ``similarity_threshold`` keeps one meaning."""
+
+    doc_id: str
+    node_id: str
+    text: str
+    score: float = Field(description="Cosine similarity to the query (lexical hits too, from their stored vector).")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    fused_score: float | None = Field(
+        default=None,
+        description="Reciprocal rank fusion score over the rankings that found it: results are in this order.",
+    )
+    sources: list[Literal["dense", "lexical"]] | None = Field(
+        default=None, description="Which rankings found it: dense (cosine), lexical (BM25)."
+    )
+    rerank_score: float | None = Field(
+        default=None, description="The reranker's score (reranker_model), when one reordered the candidates."
+    )
+    keyword_match: bool | None = Field(
+        default=None,
+        description="It contains every term of a query of at least lexical_match_min_terms terms, "
+        "so it counts as relevant whatever its score.",
+    )
+
+
+class _RetrievalRequest(RequestModel):
+    """The fields ``/query`` and ``/retrieve`` share: which index, what to look for, how relevant."""
+
+    model_config = ConfigDict(extra="forbid")
+    index_name: str
+    query: Text
+    metadata_filter: dict[str, Any] | None = None
+    similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
+    retrieval_mode: RetrievalMode | None = Field(
+        default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted."
+    )
+
+    _check_name = field_validator("index_name")(lambda cls, v: validate_index_name(v))
+    _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
+
+
+class LLMParams(RequestModel):
+    """``/query``'s ``llm_params``: the sampling fields the engines serve, strictly typed (a string
+    where a number belongs is the client's mistake to hear about, not the engine's to choke on);
+    any other key is refused by name rather than dropped."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
+    stop: str | list[str] | None = Field(default=None, max_length=4)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+
+    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, stop=stop, seed=self.seed
+        )
+
+
+class QueryRequest(_RetrievalRequest):
+    """``POST /query``: retrieve and answer (KAITO's shape)."""
+
+    top_k: int = Field(default=5, ge=1, le=1000)
+    llm_params: LLMParams = Field(default_factory=LLMParams)
+
+
+class QueryResponse(BaseModel):
+    response: str
+    source_nodes: list[NodeWithScore]
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RetrieveRequest(_RetrievalRequest):
+    """``POST /retrieve``: nodes only, no generation."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    max_node_count: int = Field(default=5, ge=1, le=1000, validation_alias=AliasChoices("max_node_count", "top_k"))
+
+
+class RetrieveResponse(BaseModel):
+    query: str
+    results: list[NodeWithScore]
+    count: int
+
+
+class HealthResponse(BaseModel):
+    """``GET /health``: ``ok`` once every shard and the model are ready, with what is served."""
+
+    model_config = ConfigDict(extra="allow")
+    status: str = "ok"
+    model: str | None = None
+    embedding_model: str | None = None
+    shards: int | None = None

@@ -1,0 +1,585 @@
+"""Sync folders into an index: the engine behind ``ragserve ingest``.
+
+Document ids come from the file's path relative to the folder synced (``guide.md``; a PDF page is
+``report.pdf#p3``; a file too large for one document is ``big.txt#part2``; see
+``ragserve.cli.files.sync_base``), and every document the sync writes is marked as its own: metadata
+``source: ragserve-cli`` and ``sync_root``, a stable id of the synced folder. A run only ever
+updates or deletes documents carrying its own mark: a UI upload, another client's document, another
+folder's sync, or a document indexed before the mark existed is never touched, and a file whose id
+such a document holds is reported as failed instead of overwriting it. A second run knows which
+documents are whose:
+
+- a new file is added (``POST /index``);
+- a changed file is updated (``POST /indexes/{name}/documents``), its vanished pages deleted;
+- an unchanged file is skipped without being read when its recorded ``mtime`` matches, and
+  otherwise when its text and metadata hash to the stored ``hash_value`` (``ragserve.ingest.ids``: the
+  server computes the same sha256, so nothing is sent to find out). A file that was only touched
+  keeps its old ``mtime`` and costs no re-embedding;
+- with ``delete``, documents of this sync whose ``path`` lies under the synced folders but names
+  no file there any more are deleted.
+
+Requests stay within the server's limits (documents per request, bytes per request, characters
+per document), and all documents of one file travel in the same request, so stopping (Ctrl-C sets
+``stop``) between two batches never leaves a file half-indexed: the batch in flight completes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ragserve.cli.client import ApiError, RagClient
+from ragserve.cli.files import FileSelector, LocalFile, discover, given_roots, scope_prefix, shown, sync_base
+from ragserve.config import Settings
+from ragserve.ingest.convert import ConversionError, Converted, convert, file_documents, iso_mtime
+from ragserve.ingest.ids import content_hash
+
+JSON_OVERHEAD = 512  # request envelope and per-document keys, on top of text and metadata
+_LOOKAHEAD = 4  # files converted ahead of the batch being sent
+SOURCE = "ragserve-cli"  # metadata ``source`` of every document a sync writes
+
+
+def sync_id_for(base: Path) -> str:
+    """The mark of the sync of the folder ``base``: the same from every working directory (the
+    folder's resolved path), different for different folders; no machine path stored in the index."""
+    return hashlib.sha256(os.fsencode(Path(base).resolve())).hexdigest()[:16]  # any bytes a name may hold
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may carry; the server's values by default (``GET /ui/config`` tells them)."""
+
+    max_documents_per_request: int = 1000
+    max_request_bytes: int = 32 * 1024 * 1024
+    max_document_chars: int = 1_000_000
+    max_list_limit: int = 100
+    max_unpacked_bytes: int = Settings.model_fields["max_unpacked_bytes"].default  # defined once, in Settings
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any] | None) -> Limits:
+        given = (config or {}).get("limits") or {}
+        return cls(**{k: int(v) for k, v in given.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class RemoteDoc:
+    hash_value: str
+    metadata: dict[str, Any]
+
+
+@dataclass
+class SyncReport:
+    """What one sync did, file by file (paths), for the summary and ``--json``."""
+
+    index: str
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)  # files gone from disk, kept because delete was off
+    links_outside: list[str] = field(default_factory=list)  # links whose target is outside the folder
+    not_processed: list[str] = field(default_factory=list)  # left when stopped
+    warnings: list[tuple[str, str]] = field(default_factory=list)
+    documents_sent: int = 0
+    documents_deleted: int = 0
+    seconds: float = 0.0
+    interrupted: bool = False
+    fatal: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.interrupted and not self.fatal
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "added": self.added,
+            "updated": self.updated,
+            "unchanged": len(self.unchanged),
+            "deleted": self.deleted,
+            "failed": [{"path": p, "reason": r} for p, r in self.failed],
+            "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
+            "stale": self.stale,
+            "links_outside": self.links_outside,
+            "not_processed": self.not_processed,
+            "warnings": [{"path": p, "warning": w} for p, w in self.warnings],
+            "documents_sent": self.documents_sent,
+            "documents_deleted": self.documents_deleted,
+            "seconds": round(self.seconds, 3),
+            "interrupted": self.interrupted,
+            "fatal": self.fatal or None,
+            "ok": self.ok,
+        }
+
+
+class ProgressSink(Protocol):
+    """Where the sync reports its progress (a rich progress bar, or nothing)."""
+
+    def start(self, files: int, total_bytes: int) -> None: ...
+
+    def advance(self, files: int, nbytes: int, documents: int) -> None: ...
+
+    def chunks(self, total: int) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class NoProgress:
+    def start(self, files: int, total_bytes: int) -> None:
+        pass
+
+    def advance(self, files: int, nbytes: int, documents: int) -> None:
+        pass
+
+    def chunks(self, total: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+def _doc_bytes(doc: dict[str, Any]) -> int:
+    return len(json.dumps(doc, ensure_ascii=False).encode("utf-8")) + 8
+
+
+@dataclass
+class FilePlan:
+    """What to send for one file."""
+
+    file: LocalFile
+    status: str  # added | updated | unchanged | failed | skipped | vanished (gone since discovery)
+    adds: list[dict[str, Any]] = field(default_factory=list)
+    updates: list[dict[str, Any]] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+    reason: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def writes(self) -> int:
+        return len(self.adds) + len(self.updates) + len(self.deletes)
+
+    @functools.cached_property
+    def size(self) -> int:
+        return sum(_doc_bytes(d) for d in (*self.adds, *self.updates)) + sum(len(i) + 4 for i in self.deletes)
+
+
+class Syncer:
+    """Keeps an index in sync with files. Each run reads what the index holds first, so a document
+    another client wrote meanwhile (``--watch`` runs for hours) is seen as not this sync's."""
+
+    def __init__(
+        self,
+        client: RagClient,
+        index: str,
+        roots: Sequence[Path],
+        *,
+        base: Path | None = None,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        gitignore: bool = True,
+        delete: bool = False,
+        limits: Limits | None = None,
+        batch_documents: int = 16,
+        batch_bytes: int = 64 * 1024,
+        progress: ProgressSink | None = None,
+        convert_file: Callable[[bytes, str], Converted] | None = None,
+        checksum: bool = False,
+        sync_id: str | None = None,
+    ):
+        self.client = client
+        self.index = index
+        self.roots = given_roots(roots, base)
+        self.base = sync_base(self.roots, base)  # ValueError: a root outside ``base``
+        self.sync_id = sync_id or sync_id_for(self.base)
+        self.selector = FileSelector(include, exclude)
+        self.gitignore = gitignore
+        self.delete = delete
+        self.limits = limits or Limits()
+        self.batch_documents = max(1, min(batch_documents, self.limits.max_documents_per_request))
+        self.max_bytes = int(self.limits.max_request_bytes * 0.9) - JSON_OVERHEAD
+        # A soft target: small requests keep the progress bar moving (the server embeds while we wait);
+        # a single file larger than it still travels whole, up to max_bytes.
+        self.batch_bytes = max(1, min(batch_bytes, self.max_bytes))
+        self.progress = progress or NoProgress()
+        # ragserve.ingest.convert's, shared with the upload route: Office files bounded by the server's
+        # limit before they are unpacked, as an upload is.
+        bounded = functools.partial(convert, max_unpacked_bytes=self.limits.max_unpacked_bytes)
+        self.convert_file = convert_file or bounded
+        self.checksum = checksum  # read every file and compare hashes, even when its mtime is unchanged
+        self.remote: dict[str, RemoteDoc] | None = None  # this sync's documents under the roots
+        self.foreign: dict[str, str] = {}  # doc_id -> whose, for ids this sync must not write
+        self._last_chunks = 0.0
+
+    # --- what the index holds ------------------------------------------------------------------
+    def _prefixes(self) -> list[str]:
+        return [p for p in (scope_prefix(r, self.base) for r in self.roots) if p is not None]
+
+    def _in_scope(self, path: str) -> bool:
+        return any(p == "" or path == p or path.startswith(p + "/") for p in self._prefixes())
+
+    def mark(self) -> dict[str, str]:
+        """The metadata that says a document is this sync's own."""
+        return {"source": SOURCE, "sync_root": self.sync_id}
+
+    def owns(self, metadata: dict[str, Any]) -> bool:
+        return metadata.get("source") == SOURCE and metadata.get("sync_root") == self.sync_id
+
+    def load_remote(self) -> dict[str, RemoteDoc]:
+        """This sync's documents with a ``path`` under the synced roots, and the ids of the index's
+        other documents, which the sync must neither overwrite nor delete (paged listing)."""
+        remote: dict[str, RemoteDoc] = {}
+        foreign: dict[str, str] = {}
+        for d in self.client.iter_documents(self.index, page_size=self.limits.max_list_limit, max_text_length=1):
+            meta = d.get("metadata") or {}
+            path = meta.get("path")
+            if not self.owns(meta):
+                foreign[d["doc_id"]] = _whose(meta)
+            elif isinstance(path, str) and self._in_scope(path):
+                remote[d["doc_id"]] = RemoteDoc(d["hash_value"], meta)
+        self.remote, self.foreign = remote, foreign
+        return remote
+
+    def _by_path(self) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for doc_id, doc in (self.remote or {}).items():
+            out.setdefault(str(doc.metadata.get("path")), set()).add(doc_id)
+        return out
+
+    # --- planning ------------------------------------------------------------------------------
+    def plan_file(self, file: LocalFile, existing_ids: set[str]) -> FilePlan:
+        """What to send for one file. Every step of it (the name, the modification time, reading,
+        converting, sizing the request) fails this file alone: a file is never a reason to stop
+        the run, only a real Ctrl-C is."""
+        try:
+            plan = self._plan_file(file, existing_ids)
+            _ = plan.size  # every document encodes (a name or text that is not UTF-8 fails here)
+            return plan
+        except KeyboardInterrupt:
+            raise
+        except FileNotFoundError:  # gone since discovery: as if it had not been found (see run)
+            return FilePlan(file, "vanished")
+        except BaseException as e:  # a converter's SystemExit or bug spares the rest
+            return FilePlan(file, "failed", reason=f"cannot index the file: {_what(e)}")
+
+    def _plan_file(self, file: LocalFile, existing_ids: set[str]) -> FilePlan:
+        remote = self.remote or {}
+        try:
+            file.rel.encode("utf-8")
+        except UnicodeEncodeError:
+            return FilePlan(file, "failed", reason="the file name is not valid UTF-8 (rename the file to index it)")
+        try:
+            mtime = iso_mtime(file.mtime)
+        except (ValueError, OverflowError, OSError) as e:
+            return FilePlan(
+                file, "failed", reason=f"its modification time cannot be recorded ({e}); set it with `touch`"
+            )
+        if not self.checksum and existing_ids and all(remote[i].metadata.get("mtime") == mtime for i in existing_ids):
+            return FilePlan(file, "unchanged")
+        try:
+            data = file.path.read_bytes()
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            return FilePlan(file, "failed", reason=f"cannot read the file: {e.strerror or e}")
+        try:
+            converted = self.convert_file(data, file.path.name)
+            docs = file_documents(file.rel, file.mtime, converted, self.limits.max_document_chars)
+        except ConversionError as e:
+            return FilePlan(file, "failed", reason=str(e) or type(e).__name__)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # deep HTML's RecursionError, a converter's sys.exit()
+            return FilePlan(file, "failed", reason=f"cannot convert the file: {_what(e)}")
+        taken = [(d["doc_id"], self.foreign[d["doc_id"]]) for d in docs if d["doc_id"] in self.foreign]
+        if taken:
+            doc_id, whose = taken[0]
+            return FilePlan(
+                file,
+                "failed",
+                reason=f"document id {doc_id!r} is already in the index, from {whose}; it is left as it is "
+                "(sync into another index, or delete that document first)",
+            )
+        for doc in docs:
+            doc["metadata"].update(self.mark())
+        plan = FilePlan(file, "added" if not existing_ids else "unchanged", warnings=list(converted.warnings))
+        if not docs:  # empty: nothing to index, and what an earlier version indexed goes
+            plan.deletes = sorted(existing_ids)
+            plan.status = "updated" if plan.deletes else "skipped"
+            plan.reason = "empty file"
+            return plan
+        for doc in docs:
+            old = remote.get(doc["doc_id"])
+            if old is None:
+                plan.adds.append(doc)
+                continue
+            # Only touched: the stored mtime stands, so the hash compares text and the rest.
+            same = dict(doc["metadata"], mtime=old.metadata.get("mtime", mtime))
+            if content_hash(doc["text"], same) == old.hash_value:
+                continue
+            plan.updates.append(doc)
+        plan.deletes = sorted(existing_ids - {d["doc_id"] for d in docs})
+        if existing_ids and plan.writes:
+            plan.status = "updated"
+        return plan
+
+    def _plans(self, files: Sequence[LocalFile], stop: threading.Event) -> Iterator[FilePlan]:
+        """Plans in file order, converted a few files ahead in a worker thread, so reading and
+        converting overlap with the server's embedding of the batch before."""
+        by_path = self._by_path()
+        with ThreadPoolExecutor(1, thread_name_prefix="ragserve-convert") as pool:
+            pending: list[Future[FilePlan]] = []
+            it = iter(files)
+            exhausted = False
+            while True:
+                while not exhausted and len(pending) < _LOOKAHEAD:
+                    f = next(it, None)
+                    if f is None:
+                        exhausted = True
+                        break
+                    pending.append(pool.submit(self.plan_file, f, by_path.get(f.rel, set())))
+                if not pending:
+                    return
+                yield pending.pop(0).result()
+                if stop.is_set():
+                    for p in pending:
+                        p.cancel()
+                    return
+
+    # --- sending -------------------------------------------------------------------------------
+    def _fits(self, batch: list[FilePlan], plan: FilePlan) -> bool:
+        if not batch:
+            return True
+        adds = sum(len(p.adds) for p in batch) + len(plan.adds)
+        updates = sum(len(p.updates) for p in batch) + len(plan.updates)
+        deletes = sum(len(p.deletes) for p in batch) + len(plan.deletes)
+        size = sum(p.size for p in batch) + plan.size
+        return max(adds + updates, deletes) <= self.batch_documents and size <= self.batch_bytes
+
+    def _split(self, docs: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+        """Requests within the document-count and byte limits (a single file larger than one request)."""
+        part: list[dict[str, Any]] = []
+        size = 0
+        for d in docs:
+            n = _doc_bytes(d)
+            if part and (len(part) >= self.limits.max_documents_per_request or size + n > self.max_bytes):
+                yield part
+                part, size = [], 0
+            part.append(d)
+            size += n
+        if part:
+            yield part
+
+    def _send(self, batch: list[FilePlan]) -> None:
+        """Adds, then updates, then deletions of stale pages; raises ApiError."""
+        adds = [d for p in batch for d in p.adds]
+        updates = [d for p in batch for d in p.updates]
+        deletes = [i for p in batch for i in p.deletes]
+        for part in self._split(adds):
+            self.client.add_documents(self.index, part)
+        for part in self._split(updates):
+            answer = self.client.update_documents(self.index, part)
+            gone = {d["doc_id"] for d in answer.get("not_found_documents") or []}
+            if gone:  # deleted by someone else meanwhile: add them back
+                self.client.add_documents(self.index, [d for d in part if d["doc_id"] in gone])
+        for i in range(0, len(deletes), self.limits.max_documents_per_request):
+            self.client.delete_documents(self.index, deletes[i : i + self.limits.max_documents_per_request])
+        remote = self.remote if self.remote is not None else {}
+        for d in (*adds, *updates):
+            remote[d["doc_id"]] = RemoteDoc(content_hash(d["text"], d["metadata"]), d["metadata"])
+        for doc_id in deletes:
+            remote.pop(doc_id, None)
+
+    def _flush(self, batch: list[FilePlan], report: SyncReport, done: set[str]) -> None:
+        """Send a batch; on a client error, send its files one by one so the error is pinned on the
+        file that caused it. Connection failures, 401/403 and server errors stop the run (raised).
+        The files of the batch are added to ``done`` (recorded in the report) either way."""
+        done.update(p.file.rel for p in batch)
+        try:
+            self._send(batch)
+            sent = batch
+        except ApiError as e:
+            if _fatal(e) or len(batch) == 1:
+                self._failed(batch[0] if len(batch) == 1 else None, batch, e, report)
+                return
+            sent = []
+            for p in batch:
+                try:
+                    self._send([p])
+                    sent.append(p)
+                except ApiError as e1:
+                    self._failed(p, [p], e1, report)
+        for p in sent:
+            (report.added if p.status == "added" else report.updated).append(p.file.rel)
+            report.documents_sent += len(p.adds) + len(p.updates)
+            self.progress.advance(1, p.file.size, len(p.adds) + len(p.updates))
+        self._report_chunks()
+
+    def _failed(self, plan: FilePlan | None, batch: list[FilePlan], e: ApiError, report: SyncReport) -> None:
+        if _fatal(e):
+            report.fatal = e.message
+            report.failed += [(p.file.rel, e.message) for p in batch]
+            raise e
+        assert plan is not None
+        report.failed.append((plan.file.rel, e.message))
+        self.progress.advance(1, plan.file.size, 0)
+
+    def _report_chunks(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_chunks < 1.0:
+            return
+        self._last_chunks = now
+        with contextlib.suppress(ApiError, KeyError, TypeError, ValueError):  # a server without /stats
+            self.progress.chunks(int(self.client.stats(self.index)["chunks"]))
+
+    # --- one run -------------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> SyncReport:
+        """One pass over the roots; ``stop`` ends it after the batch in flight."""
+        stop = stop or threading.Event()
+        t0 = time.monotonic()
+        report = SyncReport(self.index)
+        unreadable: list[tuple[str, str]] = []
+        files = discover(
+            self.roots,
+            self.base,
+            self.selector,
+            gitignore=self.gitignore,
+            skipped=report.skipped,
+            links_outside=report.links_outside,
+            unreadable=unreadable,
+        )
+        # A folder that could not be read is a failure, and what the index holds under it stays:
+        # its files are not known to be gone.
+        report.failed += [(shown(rel or "."), reason) for rel, reason in unreadable]
+        kept = [rel for rel, _ in unreadable]
+        done: set[str] = set()  # files recorded in the report, by their own names
+        vanished: set[str] = set()  # gone between discovery and reading: as if never found
+        batch: list[FilePlan] = []
+        try:
+            self.load_remote()
+            self.progress.start(len(files), sum(f.size for f in files))
+            for plan in self._plans(files, stop):
+                report.warnings += [(shown(plan.file.rel), w) for w in plan.warnings]
+                if plan.status == "vanished":
+                    vanished.add(plan.file.rel)
+                    self.progress.advance(1, plan.file.size, 0)
+                elif plan.status in ("failed", "skipped"):
+                    entry = (shown(plan.file.rel), plan.reason)
+                    (report.failed if plan.status == "failed" else report.skipped).append(entry)
+                    self.progress.advance(1, plan.file.size, 0)
+                elif not plan.writes:
+                    report.unchanged.append(plan.file.rel)
+                    self.progress.advance(1, plan.file.size, 0)
+                else:
+                    if not self._fits(batch, plan):
+                        self._flush(batch, report, done)
+                        batch = []
+                        if stop.is_set():
+                            break
+                    batch.append(plan)
+                    continue
+                done.add(plan.file.rel)
+            else:  # every planned file is sent, even when stop came meanwhile: nothing is left half done
+                if batch:
+                    self._flush(batch, report, done)
+            if not stop.is_set():
+                self._delete_gone({f.rel for f in files} - vanished, kept, report)
+            self._report_chunks(force=True)
+        except ApiError as e:  # the listing, a deletion, or a fatal error of a batch (already recorded)
+            report.fatal = report.fatal or e.message
+        finally:
+            self.progress.finish()
+        left = [shown(f.rel) for f in files if f.rel not in done and f.rel not in vanished]
+        report.interrupted = stop.is_set() and bool(left)
+        report.not_processed = left if (report.interrupted or report.fatal) else []
+        report.seconds = time.monotonic() - t0
+        return report
+
+    def _delete_gone(self, present: set[str], kept: Sequence[str], report: SyncReport) -> None:
+        """This sync's documents whose files are gone: deleted with ``delete``, else listed as stale.
+        Nothing under ``kept`` (folders that could not be read) counts as gone."""
+        gone: dict[str, list[str]] = {}
+        for doc_id, doc in (self.remote or {}).items():
+            path = str(doc.metadata.get("path"))
+            if path in present or not self._in_scope(path) or _under(path, kept):
+                continue
+            gone.setdefault(path, []).append(doc_id)
+        if not gone:
+            return
+        if not self.delete:
+            report.stale = sorted(gone)
+            return
+        ids = sorted(i for v in gone.values() for i in v)
+        step = self.limits.max_documents_per_request
+        for i in range(0, len(ids), step):
+            self.client.delete_documents(self.index, ids[i : i + step])
+        for doc_id in ids:
+            (self.remote or {}).pop(doc_id, None)
+        report.deleted = sorted(gone)
+        report.documents_deleted = len(ids)
+
+
+def _under(path: str, folders: Sequence[str]) -> bool:
+    return any(f == "" or path == f or path.startswith(f + "/") for f in folders)
+
+
+def _what(e: BaseException) -> str:
+    """An exception in words: its type, and its message when it has one."""
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def _whose(metadata: dict[str, Any]) -> str:
+    """Who wrote a document that is not this sync's, in words."""
+    if metadata.get("source") == SOURCE:
+        return "the ragserve sync of another folder"
+    return "another client (an upload, another program, or a ragserve version before sync marks)"
+
+
+def _fatal(e: ApiError) -> bool:
+    """Errors that would fail every file alike: unreachable server, wrong key, server fault."""
+    return e.status in (0, 401, 403) or e.status >= 500
+
+
+def watch(syncer: Syncer, stop: threading.Event, on_report: Callable[[SyncReport], None], poll_s: float = 1.0) -> None:
+    """Sync again whenever a file under the roots changes, until ``stop`` is set. Uses watchfiles
+    (inotify and friends) when installed, else polls the tree's (path, size, mtime) every ``poll_s``."""
+    watchfiles: Any
+    try:
+        import watchfiles
+    except ImportError:  # pragma: no cover - watchfiles is a dependency; polling is the fallback
+        watchfiles = None
+    if watchfiles is not None:
+        for _changes in watchfiles.watch(
+            *syncer.roots,
+            stop_event=stop,
+            debounce=400,
+            rust_timeout=500,
+            yield_on_timeout=False,
+            raise_interrupt=False,
+        ):
+            if stop.is_set():
+                return
+            on_report(syncer.run(stop))
+        return
+    last = _fingerprint(syncer)
+    while not stop.wait(poll_s):
+        now = _fingerprint(syncer)
+        if now != last:
+            last = now
+            on_report(syncer.run(stop))
+
+
+def _fingerprint(syncer: Syncer) -> frozenset[tuple[str, int, float]]:
+    files = discover(syncer.roots, syncer.base, syncer.selector, gitignore=syncer.gitignore)
+    return frozenset((f.rel, f.size, f.mtime) for f in files)

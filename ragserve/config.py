@@ -1,0 +1,295 @@
+"""The application's settings: the configuration contract of docs/architecture.md §3.
+
+One model is the ``args`` of ``ragserve.deployments.builder:build_app`` in every serve config file.
+Every field can be overridden by an environment variable ``RAGSERVE_<FIELD>`` (list and dict
+values as JSON), and the environment wins over the config file, so that one config file
+serves many environments (a KubeRay pod sets ``RAGSERVE_LLM_URL`` without editing YAML).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from ragserve.api.documents import MAX_LIST_PAGE, QueryRewrite, RetrievalMode
+from ragserve.api.index_spec import IndexSpec
+
+LlmEngineName = Literal["transformers", "vllm", "openai"]
+
+
+class ScopedKey(BaseModel):
+    """An API key limited to some indexes (glob patterns) and a role: ``read`` may retrieve, query,
+    chat and list; ``write`` also changes documents; ``admin`` also drops, persists and loads indexes."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: SecretStr
+    indexes: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
+    role: Literal["read", "write", "admin"] = "read"
+
+
+QueryEmbeddingSetting = Literal["ingress", "deployment", "auto"]
+
+
+class Settings(BaseSettings):
+    """Everything a ragserve application needs to know; defaults are the embedded CPU setup."""
+
+    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", validate_default=True)
+
+    # --- generation -------------------------------------------------------------------------
+    llm_engine: LlmEngineName = "transformers"
+    llm_model: str | None = Field(
+        default=None,
+        description="Model id or local path. None: the packaged Gemma 3 270M GGUF (transformers engine).",
+    )
+    llm_url: str | None = Field(default=None, description="Base URL of a remote OpenAI-compatible server.")
+    llm_api_key: SecretStr | None = Field(default=None, description="Bearer key of the remote LLM (never logged).")
+    llm_timeout_s: float = Field(default=120.0, gt=0)
+    llm_engine_args: dict[str, Any] = Field(
+        default_factory=dict, description="Extra engine arguments (vLLM AsyncEngineArgs, transformers)."
+    )
+    model_cache_dir: str | None = Field(
+        default=None, description="Where converted models are cached. None: <storage_dir>/models."
+    )
+    llm_in_ingress: bool | None = Field(
+        default=None,
+        description="Run the remote (openai) engine inside the ingress, not in a Generator "
+        "deployment: it is only an HTTP client, and this saves an actor hop per request. None: yes for openai.",
+    )
+    prompt_format: Literal["auto", "chat", "completion"] = Field(
+        default="auto",
+        description="How the transformers engine prompts its model. auto: the model's chat "
+        "template if it has one, else plain text ending 'Question: ... Answer:' (a base model, like the packaged "
+        "Gemma 3 270M, answers that and echoes chat turns); chat or completion force one.",
+    )
+    context_window: int | None = Field(default=None, gt=0, description="Overrides what the engine reports.")
+    default_max_tokens: int = Field(default=256, gt=0, description="Completion reserve when a request sets none.")
+    min_completion_tokens: int = Field(default=16, gt=0, description="Smallest completion worth sending.")
+
+    # --- embeddings -------------------------------------------------------------------------
+    embedding_model: str | None = Field(
+        default=None, description="sentence-transformers id or path. None: the packaged all-MiniLM-L6-v2."
+    )
+    embedding_url: str | None = None
+    embedding_api_key: SecretStr | None = None
+    embedding_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="torch threads of each of the Embedder's workers. None: the usable cores shared among the workers.",
+    )
+    embedding_workers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Threads of the Embedder that encode document batches side by side, a batch each "
+        "(ragserve.models.embeddings.EncodeWorkers). None: every usable core on a CPU, one on a GPU.",
+    )
+    embedding_batch_size: int = Field(default=32, gt=0)
+    embedding_batch_wait_s: float = Field(default=0.005, ge=0)
+    embedding_cache_size: int = Field(default=10_000, ge=0)
+    embedding_cache_ttl_s: float = Field(default=24 * 3600.0, gt=0)
+    query_embedding: QueryEmbeddingSetting = Field(
+        default="auto",
+        description="Where queries are embedded: in each ingress replica (a model copy per "
+        "replica, no hop to the Embedder), in the Embedder deployment, or auto: the ingress for a small "
+        "local CPU model (ragserve.service.query_embedding), the deployment for remote, GPU or large ones. "
+        "Documents are always embedded by the Embedder deployment.",
+    )
+    query_embedding_graph: Literal["eager", "traced", "optimized"] = Field(
+        default="optimized",
+        description="How the ingress's query model runs on the CPU: eager (transformers' Python "
+        "code), traced (a frozen TorchScript graph of the same operations) or optimized (traced, with fused, "
+        "pre-packed oneDNN layers: on one thread all-MiniLM-L6-v2 encodes a query in ~3.4 ms instead of ~7, "
+        "for ~60 MiB more in each ingress replica). A trace that disagrees with the eager model on probe texts "
+        "is not used (ragserve.models.embeddings).",
+    )
+    query_embedding_threads: int = Field(
+        default=1,
+        ge=1,
+        description="torch threads of the ingress's query model. One: a query is one short "
+        "text, a second thread gains little, and on a busy machine threads that wait for each other's cores "
+        "make an encode 10-50x slower (docs/benchmarks.md).",
+    )
+
+    # --- storage and retrieval --------------------------------------------------------------
+    storage_dir: str = "./data"
+    num_shards: int = Field(default=2, ge=1, le=256)
+    faiss_device: Literal["cpu", "gpu", "auto"] = "cpu"
+    faiss_index_kind: Literal["flat", "ivf", "hnsw"] = Field(
+        default="flat", description="FAISS index of each shard: flat (exact), ivf or hnsw (approximate)."
+    )
+    faiss_index_params: dict[str, float] = Field(
+        default_factory=dict,
+        description="ivf: nlist, nprobe, train_min, retrain_growth; "
+        "hnsw: m, ef_construction, ef_search, max_deleted_ratio.",
+    )
+    shard_num_cpus: float = Field(default=0.1, ge=0, description="CPUs reserved by each shard actor.")
+    similarity_threshold: float = Field(default=0.5, ge=-1.0, le=1.0)
+    top_k: int = Field(default=5, ge=1, le=100)
+    chunk_size: int = Field(default=256, ge=16, description="Sentence chunk size in embedding-model tokens.")
+    chunk_overlap: int = Field(default=32, ge=0)
+
+    # --- retrieval quality (docs/quality.md) ---------------------------------------------------
+    retrieval_mode: RetrievalMode = Field(
+        default="hybrid",
+        description="hybrid: dense and lexical (BM25) candidates fused by reciprocal rank "
+        "fusion; dense: cosine only; lexical: BM25 only. Requests may choose their own.",
+    )
+    rrf_k: int = Field(default=60, ge=0, description="Reciprocal rank fusion's k: score = sum(w / (k + rank)).")
+    rrf_dense_weight: float = Field(default=1.0, ge=0, description="Weight of the dense ranking in the fusion.")
+    rrf_lexical_weight: float = Field(default=1.0, ge=0, description="Weight of the lexical ranking in the fusion.")
+    retrieval_candidates: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="Candidates each shard returns per list (dense, lexical) for "
+        "the fusion; at least the request's top_k.",
+    )
+    lexical_min_match: float = Field(
+        default=0.3,
+        ge=0,
+        le=1,
+        description="Share of a query's terms (rounded up, at least one) a lexical hit "
+        "must contain to be a candidate: a chunk sharing one common word with a long question is no evidence, "
+        "yet rank fusion would credit it like a real match.",
+    )
+    lexical_max_postings: int | None = Field(
+        default=2000,
+        ge=1,
+        description="Bounds the cost of a lexical search per shard: BM25 is computed for every "
+        "row a term matches, so terms are searched rarest first while the rows they match add up to at most this "
+        "(frequent terms weigh little in BM25). None: every term, whatever it costs.",
+    )
+    lexical_match_min_terms: int | None = Field(
+        default=2,
+        ge=1,
+        description="A chunk containing every term of a query of at least this many terms "
+        "(stopwords aside) counts as relevant whatever its cosine score: a part number or a name matched word "
+        "for word passes similarity_threshold on its own. None: only the cosine score decides.",
+    )
+    reranker_model: str | None = Field(
+        default=None,
+        description="Local path of a sentence-transformers CrossEncoder that reorders the fused "
+        "candidates (retrieval_candidates of them) before selection. None: no reranking (the CPU default: it "
+        "runs a transformer over every candidate on every request).",
+    )
+    followup_max_tokens: int = Field(
+        default=128,
+        ge=1,
+        description="A follow-up question that retrieves nothing alone is retried joined to "
+        "the previous user turns, newest first, up to this many tokens.",
+    )
+    query_rewrite: QueryRewrite = Field(
+        default="off",
+        description="llm: a follow-up question is first rewritten into a standalone one by the "
+        "generator (one short extra generation); off: only the deterministic join.",
+    )
+    sources_in_content: bool = Field(
+        default=False,
+        description="Append a plain 'Sources:' list to RAG answers' text, for clients that "
+        "drop the response's extra fields (citations, source_nodes).",
+    )
+
+    # --- token budget (docs/architecture.md §5) -----------------------------------------------------
+    context_token_ratio: float = Field(default=0.5, ge=0.2, le=0.8)
+    history_min_messages: int = Field(default=0, ge=0)
+    history_max_messages: int = Field(default=200, ge=0)
+    budget_safety_ratio: float | None = Field(
+        default=None,
+        gt=0,
+        le=1.0,
+        description="Share of the free budget filled. None: 1.0 with an exact tokenizer, 0.8 if approximate.",
+    )
+
+    # --- access and limits (every limit is a clear 4xx) ---------------------------------------
+    api_keys: list[SecretStr | ScopedKey] | None = Field(
+        default=None,
+        description="Bearer keys accepted on every route but /health and /metrics: a bare key has "
+        "full access, {key, indexes, role} is scoped. None: open (only allowed on the loopback, see "
+        "allow_unauthenticated).",
+    )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="Serve without api_keys on an address other than the loopback. Off: such a "
+        "deployment refuses to start, so an index is never open to a network by accident.",
+    )
+    max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Request body size (413).")
+    max_documents_per_request: int = Field(default=1000, ge=1, description="Documents per /index or update call.")
+    max_document_chars: int = Field(default=1_000_000, ge=1, description="Characters of one document's text.")
+    max_unpacked_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="What an uploaded or ingested Office file (DOCX, PPTX: zip archives) may "
+        "unpack to, by its zip directory, checked before it is unpacked (413); it also may not unpack to more "
+        "than 100 times its size.",
+    )
+    max_convert_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Time one uploaded file's conversion may take; it runs in a process of its "
+        "own, stopped after this (422, conversion_timeout).",
+    )
+    max_convert_memory_bytes: int = Field(
+        default=2 * 1024 * 1024 * 1024,
+        ge=64 * 1024 * 1024,
+        description="Memory one uploaded file's conversion may take beyond what its process "
+        "starts with (its address space is bounded; 413).",
+    )
+    max_concurrent_conversions: int | None = Field(
+        default=None,
+        ge=1,
+        description="Uploaded files converted at once (each a process of its own, on threads of their "
+        "own); an upload that finds them all busy for a few seconds is a 503 with Retry-After. None: the "
+        "cores this process may use.",
+    )
+    max_chat_messages: int = Field(default=1000, ge=1, description="Messages in one chat completion request.")
+    max_top_k: int = Field(default=100, ge=1, le=1000, description="Largest top_k / max_node_count.")
+    max_list_limit: int = Field(default=100, ge=1, le=MAX_LIST_PAGE, description="Largest page of a document listing.")
+
+    @field_validator("api_keys")
+    @classmethod
+    def _no_empty_keys(cls, keys: list[SecretStr | ScopedKey] | None) -> list[SecretStr | ScopedKey] | None:
+        if keys is not None and any(not (k.key if isinstance(k, ScopedKey) else k).get_secret_value() for k in keys):
+            raise ValueError("api_keys must not contain empty strings")
+        return keys or None
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> Settings:
+        if self.chunk_overlap >= self.chunk_size:
+            raise ValueError("chunk_overlap must be smaller than chunk_size")
+        IndexSpec.parse(self.faiss_index_kind, self.faiss_index_params)  # names what the kind takes
+        if self.llm_in_ingress is None:
+            self.llm_in_ingress = self.llm_engine == "openai"
+        elif self.llm_in_ingress and self.llm_engine != "openai":
+            raise ValueError("llm_in_ingress is for the remote 'openai' engine; a local model needs its own deployment")
+        if self.prompt_format != "auto" and self.llm_engine != "transformers":
+            raise ValueError(
+                "prompt_format applies to the transformers engine; vLLM and remote servers apply "
+                "the model's chat template themselves"
+            )
+        if self.llm_engine == "openai" and not self.llm_url:
+            raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
+        # Resolve where the config is read: replicas may run with another working directory.
+        self.storage_dir = str(Path(self.storage_dir).expanduser().resolve())
+        if self.model_cache_dir:
+            self.model_cache_dir = str(Path(self.model_cache_dir).expanduser().resolve())
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment first: RAGSERVE_<FIELD> wins over the config file's args (§3).
+        return env_settings, init_settings, dotenv_settings, file_secret_settings
+
+
+def secret(value: SecretStr | None) -> str | None:
+    """The clear value of an optional secret, for the one call that sends it."""
+    return value.get_secret_value() if value is not None else None

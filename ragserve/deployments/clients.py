@@ -1,0 +1,139 @@
+"""Adapters from deployment handles to the protocols the ``ragserve.service`` layer expects.
+
+They translate Ray's wrapped exceptions back into the application's own (``ServiceError``) so
+the services never see Ray types.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import numpy as np
+from ray.serve import metrics
+
+from ragserve.api.generation import GenerationDelta, GenerationResult
+from ragserve.api.messages import Message
+from ragserve.api.openai import ChatCompletionChunk, ChatCompletionResponse
+from ragserve.api.sampling import SamplingParams
+from ragserve.deployments.common import log, unwrap_error
+from ragserve.errors import ServiceError
+from ragserve.models.tokenizers import counter_for_model
+from ragserve.ports import TokenCounter
+from ragserve.service.cache import TTLCache, normalise_query
+
+
+def _reraise(exc: BaseException) -> None:
+    inner = unwrap_error(exc)
+    if isinstance(inner, ServiceError):
+        raise inner from None
+    raise exc
+
+
+def query_cache_counters() -> Callable[[bool], None]:
+    """Counts the ingress replica's query-vector cache lookups (hit or miss) as Serve metrics,
+    wherever its queries are embedded (``HandleEmbedder``, ``InProcessQueryEmbedder``)."""
+    hits = metrics.Counter(
+        "ragserve_ingress_query_cache_hits", "Query embeddings found in the ingress replica's cache."
+    )
+    misses = metrics.Counter(
+        "ragserve_ingress_query_cache_misses", "Query embeddings computed here or asked of the embedder deployment."
+    )
+    return lambda hit: (hits if hit else misses).inc()
+
+
+class HandleEmbedder:
+    """``ragserve.service.documents.TextEmbedder`` over the Embedder deployment.
+
+    Query vectors are also kept here, in the ingress replica (a first-level cache in front of the
+    embedder's shared one): a repeated query then costs no call to another actor, which on a
+    small machine is most of a warm retrieval's time."""
+
+    def __init__(
+        self,
+        handle: Any,
+        cache_size: int = 0,
+        cache_ttl_s: float = 3600.0,
+        on_lookup: Callable[[bool], None] | None = None,
+    ):
+        self._h = handle
+        self._cache: TTLCache[np.ndarray] = TTLCache(cache_size, cache_ttl_s)
+        self._on_lookup = on_lookup
+
+    async def embed_documents(self, texts: list[str]) -> np.ndarray:
+        return await self._h.embed_documents.remote(texts)
+
+    async def embed_query(self, text: str) -> np.ndarray:
+        vec, hit = await self._cache.get_or_compute(normalise_query(text), lambda: self._h.embed_query.remote(text))
+        if self._on_lookup is not None:
+            self._on_lookup(hit)
+        return vec
+
+    async def count_tokens(self, texts: list[str]) -> int:
+        return await self._h.count_tokens.remote(texts)
+
+
+class HandleGenerator:
+    """``ragserve.service.chat.LanguageModel`` over the Generator deployment. Model id, window and the token
+    counter are fetched once and kept, so the budget is computed locally."""
+
+    def __init__(self, handle: Any):
+        self._h = handle
+        self.model_id = ""
+        self._window = 0
+        self._counter: TokenCounter | None = None
+        self._lock = asyncio.Lock()
+
+    async def ready(self) -> None:
+        async with self._lock:
+            if self._counter is not None:
+                return
+            info = await self._h.info.remote()
+            self.model_id, self._window = info["model_id"], info["context_window"]
+            try:
+                self._counter = await self._h.token_counter.remote()
+            except Exception as e:  # a tokenizer that does not pickle: count here instead
+                log.warning("generator token counter not transferable (%s); loading one locally", e)
+                self._counter = counter_for_model(self.model_id)
+
+    async def context_window(self) -> int:
+        await self.ready()
+        return self._window
+
+    async def token_counter(self) -> TokenCounter:
+        await self.ready()
+        assert self._counter is not None
+        return self._counter
+
+    async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
+        try:
+            return await self._h.chat.remote(list(messages), params)
+        except Exception as e:
+            _reraise(e)
+            raise
+
+    async def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
+        try:
+            async for delta in self._h.options(stream=True).chat_stream.remote(list(messages), params):
+                yield delta
+        except Exception as e:
+            _reraise(e)
+            raise
+
+    async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse:
+        try:
+            return await self._h.passthrough.remote(body, default_max_tokens)
+        except Exception as e:
+            _reraise(e)
+            raise
+
+    async def passthrough_stream(
+        self, body: dict[str, Any], default_max_tokens: int
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        try:
+            async for chunk in self._h.options(stream=True).passthrough_stream.remote(body, default_max_tokens):
+                yield chunk
+        except Exception as e:
+            _reraise(e)
+            raise

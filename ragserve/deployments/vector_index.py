@@ -1,0 +1,125 @@
+"""The sharded vector index: N shard actors, each owning one ``ragserve.store`` shard on disk.
+
+Shards are named, detached Ray actors (so every ingress replica shares the same N shards),
+restarted by Ray when they die (``max_restarts=-1``) and reopening their SQLite file, with calls
+retried across the restart (``max_task_retries=-1``; every shard write is idempotent). They are
+placed with the SPREAD strategy so that shards land on different nodes of a cluster.
+
+Because the shards outlive the application (a redeploy, ``serve run`` again on a running Ray),
+``reconcile_shards`` compares how each opened its vectors with the settings now deployed and
+replaces a shard opened under other ones: changing ``faiss_index_kind`` and redeploying takes
+effect instead of being silently ignored. Nothing is lost: every acknowledged write is in SQLite.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any, cast
+
+import ray
+
+from ragserve.config import Settings
+from ragserve.deployments.common import log
+from ragserve.deployments.shard_metrics import start_size_gauges
+from ragserve.service.shard_service import ShardService, check_layout, vector_options
+
+SHARD_NAMESPACE = "ragserve"
+
+
+@ray.remote
+class ShardActor(ShardService):
+    """A shard in a Ray actor; adds what only Ray can tell."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        start_size_gauges(self)  # ray_ragserve_shard_documents/_chunks for the dashboard
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+
+def shard_actor_name(settings: Settings, index: int) -> str:
+    """Names include the storage location, so two applications on different data never share shards."""
+    from pathlib import Path
+
+    tag = hashlib.sha1(str(Path(settings.storage_dir).resolve()).encode()).hexdigest()[:10]
+    return f"ragserve-shard-{tag}-{index:03d}-of-{settings.num_shards:03d}"
+
+
+def shard_open_options(settings: Settings) -> dict[str, Any]:
+    """What ``ShardService.open_options`` answers for a shard opened under ``settings``."""
+    return vector_options(settings.faiss_index_kind, settings.faiss_device, settings.faiss_index_params)
+
+
+def _get_or_create_shard(settings: Settings, i: int) -> Any:
+    return (
+        cast(Any, ShardActor)
+        .options(  # @ray.remote made it an ActorClass
+            name=shard_actor_name(settings, i),
+            namespace=SHARD_NAMESPACE,
+            get_if_exists=True,
+            lifetime="detached",
+            max_restarts=-1,
+            max_task_retries=-1,
+            max_concurrency=16,
+            num_cpus=settings.shard_num_cpus,
+            scheduling_strategy="SPREAD",
+        )
+        .remote(settings.storage_dir, i, settings.num_shards, **shard_open_options(settings))
+    )
+
+
+def get_or_create_shards(settings: Settings) -> list[Any]:
+    """The shard actors for ``settings``, created on first use (see ``reconcile_shards``)."""
+    check_layout(settings.storage_dir, settings.num_shards)
+    return [_get_or_create_shard(settings, i) for i in range(settings.num_shards)]
+
+
+async def reconcile_shards(settings: Settings, actors: list[Any], timeout_s: float = 60.0) -> list[Any]:
+    """``actors`` with every shard opened under other vector options replaced by one opened under
+    ``settings`` (killed, its name waited free, created again; it reopens the same files)."""
+    want = shard_open_options(settings)
+    have = await asyncio.gather(*(a.open_options.remote() for a in actors))
+    out = list(actors)
+    for i, opened in enumerate(have):
+        if opened == want:
+            continue
+        log.warning("shard %d opened with %s; the settings ask for %s: replacing it", i, opened, want)
+        killed = actors[i]._actor_id
+        ray.kill(actors[i], no_restart=True)
+        name, deadline = shard_actor_name(settings, i), time.monotonic() + timeout_s
+        while True:  # get_if_exists would hand back the dying actor until its name is released
+            try:
+                if ray.get_actor(name, namespace=SHARD_NAMESPACE)._actor_id != killed:
+                    break  # another replica of this deployment replaced it first
+            except ValueError:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"shard actor {name} did not go away within {timeout_s:.0f} s")
+            await asyncio.sleep(0.1)
+        out[i] = _get_or_create_shard(settings, i)
+        if await out[i].open_options.remote() != want:  # another replica raced us with other settings
+            raise RuntimeError(f"shard {i} is held open under other vector options by another deployment")
+    return out
+
+
+class RayShardPool:
+    """``ragserve.service.pool.ShardPool`` over shard actor handles."""
+
+    def __init__(self, actors: list[Any]):
+        self._actors = actors
+
+    @property
+    def num_shards(self) -> int:
+        return len(self._actors)
+
+    async def call(self, shard: int, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await getattr(self._actors[shard], method).remote(*args, **kwargs)
+
+    async def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        return list(await asyncio.gather(*(self.call(i, method, *args, **kwargs) for i in range(self.num_shards))))
+
+    async def wait_ready(self) -> None:
+        await self.call_all("ping")

@@ -1,0 +1,68 @@
+"""JSON request bodies, checked before FastAPI parses them (docs/architecture.md, "API decisions").
+
+Parsing JSON, validating it and forwarding it upstream all recurse, so a body nesting arrays or
+objects thousands deep would end in a ``RecursionError`` somewhere (a 500, or FastAPI's bare
+"There was an error parsing the body" in the wrong error shape). :class:`CheckedJSONRoute` reads
+the body first and refuses, with a 400 that says what to fix, one that nests deeper than
+``MAX_JSON_DEPTH`` (a linear scan, :func:`ragserve.api.values.json_depth`) or is not text JSON can
+hold; FastAPI then parses and validates it as before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+
+from ragserve.api.values import check_json_depth, number_error_message
+from ragserve.errors import BadRequestError
+
+
+def check_json_body(body: bytes) -> None:
+    """:class:`BadRequestError` when ``body`` cannot be JSON text or nests too deep."""
+    encoding = json.detect_encoding(body)  # what json.loads decodes with (UTF-8 unless a BOM says)
+    try:
+        text = body.decode(encoding, "surrogatepass")
+    except UnicodeDecodeError as e:
+        raise BadRequestError(
+            f"the body is not valid {encoding.upper()} (byte {e.start}): send JSON as UTF-8 text", code="invalid_json"
+        ) from e
+    try:  # UTF-8 is scanned as the bytes it came as (no second encoding of the whole body)
+        check_json_depth(body if encoding == "utf-8" else text, "the body")
+    except ValueError as e:
+        raise BadRequestError(str(e), code="json_too_deep") from e
+
+
+async def _parse_once(request: Request) -> None:
+    """Parse the body here, where a number Python refuses (an integer of thousands of digits: a
+    ``ValueError`` that is not a ``JSONDecodeError``, which FastAPI turns into a bare "error parsing
+    the body") becomes a 400 saying where it is. Starlette keeps the parsed value on the request,
+    so FastAPI does not parse it again; malformed JSON is left to FastAPI's own report (line, column)."""
+    try:
+        await request.json()
+    except json.JSONDecodeError:
+        return
+    except ValueError as e:
+        text = (await request.body()).decode("utf-8", "replace")
+        raise BadRequestError(number_error_message(text), code="invalid_json") from e
+
+
+class CheckedJSONRoute(APIRoute):
+    """A route whose JSON body is checked by :func:`check_json_body` before it is parsed."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def checked(request: Request) -> Response:
+            body = await request.body()  # kept on the request: the handler reads it from there
+            if body:
+                check_json_body(body)
+                await _parse_once(request)
+            return await handler(request)
+
+        return checked

@@ -1,0 +1,31 @@
+"""Small HTTP helpers the routers share."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from ragserve.api.documents import validate_index_name
+from ragserve.errors import BadRequestError
+from ragserve.http.security import principal_of
+from ragserve.service.access import Principal, Role
+from ragserve.telemetry import Telemetry
+
+
+def checked_index(name: str) -> str:
+    """A path's index name, checked by the same rule as a body's (400 naming the rule)."""
+    try:
+        return validate_index_name(name)
+    except ValueError as e:
+        raise BadRequestError(str(e), param="index_name") from e
+
+
+def allow(request: Request, role: Role, index: str | None = None) -> Principal:
+    """The caller's principal, once it is known to may act as ``role`` (on ``index``); else a 403."""
+    principal = principal_of(request.scope)
+    principal.require(role, index)
+    return principal
+
+
+def report_latencies(telemetry: Telemetry, timings: dict[str, float]) -> None:
+    for stage, seconds in timings.items():
+        telemetry.latency(stage, seconds)

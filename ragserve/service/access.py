@@ -1,0 +1,112 @@
+"""Who may do what: API keys scoped to indexes and roles (docs/architecture.md, "Access").
+
+A key is either a bare string (full access) or ``{key, indexes: [glob, ...], role}``, where the
+role is ``read`` (retrieve, query, chat, list), ``write`` (also index, update and delete documents)
+or ``admin`` (also delete an index, persist, load). The HTTP layer authenticates (constant time,
+``ragserve.http.security``) and attaches the key's :class:`Principal` to the request; each route then
+asks :meth:`Principal.require` for what it is about to do. Pure, so every rule is a unit test.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import logging
+from dataclasses import dataclass
+from enum import IntEnum
+
+from ragserve.errors import ServiceError
+
+log = logging.getLogger(__name__)
+
+
+class Role(IntEnum):
+    READ = 1
+    WRITE = 2
+    ADMIN = 3
+
+
+class ForbiddenError(ServiceError):
+    """The key is valid but does not reach this index or this operation (403)."""
+
+    status = 403
+    type = "permission_error"
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: Role
+    indexes: tuple[str, ...] = ("*",)
+
+    def sees(self, index: str) -> bool:
+        return any(fnmatch.fnmatchcase(index, pattern) for pattern in self.indexes)
+
+    @property
+    def sees_all(self) -> bool:
+        """Whether the key reaches every index, including one whose name is not known."""
+        return "*" in self.indexes
+
+    def require(self, role: Role, index: str | None = None) -> None:
+        """Raise :class:`ForbiddenError` unless this key may act as ``role`` (on ``index``)."""
+        if self.role < role:
+            raise ForbiddenError(
+                f"this API key has the {self.role.name.lower()} role; the operation needs {role.name.lower()}",
+                code="insufficient_role",
+            )
+        if index is not None and not self.sees(index):
+            raise ForbiddenError(
+                f"this API key does not grant access to index '{index}'", param="index_name", code="index_not_allowed"
+            )
+
+    def require_source(self, source: object, what: str) -> None:
+        """Raise :class:`ForbiddenError` unless this key may read the data ``what`` (e.g. "the
+        snapshot at 'P'") that was taken from index ``source``: data copied out of an index is that
+        index's, so a key scoped to some indexes cannot bring another's into one it owns. Data
+        whose source index is not recorded (``source`` not a name) reaches only an unscoped key."""
+        if self.sees_all or (isinstance(source, str) and source and self.sees(source)):
+            return
+        if not isinstance(source, str) or not source:
+            raise ForbiddenError(
+                f"{what} does not record the index it was taken from, and this API key reaches only the "
+                f"indexes {list(self.indexes)}: only a key for every index may use it",
+                param="path",
+                code="source_not_allowed",
+            )
+        raise ForbiddenError(
+            f"{what} was taken from an index this API key does not grant access to (it reaches only "
+            f"{list(self.indexes)}); use a snapshot persisted from one of those indexes",
+            param="path",
+            code="source_not_allowed",
+        )
+
+
+#: No authentication configured (a laptop), or a bare key: everything.
+FULL_ACCESS = Principal(Role.ADMIN, ("*",))
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or name the proxy listens on) is reachable from this machine only."""
+    if host in {"localhost", "localhost.localdomain"}:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: assume it is reachable from elsewhere
+
+
+def check_exposure(host: str, has_keys: bool, allow_unauthenticated: bool) -> None:
+    """Refuse to serve an open index beyond the loopback: listening on ``host`` without API keys is a
+    configuration mistake unless ``allow_unauthenticated`` says it is meant (then it is logged)."""
+    if has_keys or is_loopback(host):
+        return
+    if allow_unauthenticated:
+        log.warning(
+            "serving WITHOUT authentication on %s: anyone who can reach it can read, change and drop "
+            "every index (allow_unauthenticated is set)",
+            host,
+        )
+        return
+    raise ValueError(
+        f"ragserve listens on {host}, beyond the loopback, but has no api_keys: set api_keys "
+        "(RAGSERVE_API_KEYS) or, to serve openly on purpose, allow_unauthenticated: true"
+    )

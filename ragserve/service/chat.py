@@ -1,0 +1,435 @@
+"""The chat-completion pipeline: plan → (passthrough | retrieve → fit → generate) → OpenAI response.
+
+It talks to a ``LanguageModel`` (the generator deployment, or an engine in-process) and to the
+``DocumentService``. The HTTP layer only turns a request into a call of ``ChatService.complete``
+and the outcome (a response model, or a stream of chunk models) back into HTTP (headers, SSE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ragserve.api.documents import NodeWithScore, QueryRequest, QueryResponse, RetrieveRequest, RetrieveResponse
+from ragserve.api.generation import GenerationDelta
+from ragserve.api.openai import (
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    DeltaMessage,
+    RagInfo,
+    ResponseMessage,
+    new_completion_id,
+)
+from ragserve.api.sampling import SamplingParams
+from ragserve.config import Settings
+from ragserve.errors import BadRequestError, NotFoundError, ServiceError
+from ragserve.ports import LanguageModel
+from ragserve.rag.citations import parse_citations, sources_footer
+from ragserve.rag.context import passes_threshold, relevant
+from ragserve.rag.fit import ContextBudgetError, FitResult, fit, fit_passthrough
+from ragserve.rag.followup import REWRITE_MAX_TOKENS, joined_query, previous_user_turns, rewrite_messages
+from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
+from ragserve.service.documents import DocumentService
+
+log = logging.getLogger("ragserve.chat")
+
+
+@dataclass
+class ChatOutcome:
+    """What happened and what to send: a whole body, or a stream of chunk bodies."""
+
+    mode: str  # "rag" | "passthrough"
+    reason: str | None
+    response: ChatCompletionResponse | None = None
+    stream: AsyncGenerator[ChatCompletionChunk, None] | None = None
+    source_nodes: list[NodeWithScore] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, int] = field(default_factory=dict)
+    rag: RagInfo | None = None  # what retrieval searched with, when it ran
+
+
+def _stamp(body: ChatCompletionResponse | ChatCompletionChunk, cid: str, created: int) -> None:
+    """Give a body from an engine the id, object and creation time of this answer, unless it came
+    with its own (a remote upstream's are relayed as sent)."""
+    if not body.id:
+        body.id = cid
+    if body.created == 0 or "created" not in body.model_fields_set:
+        body.created = created
+    body.object = body.object  # marks it set, so it is written
+
+
+class ChatService:
+    def __init__(self, settings: Settings, documents: DocumentService, llm: LanguageModel):
+        self.settings = settings
+        self.documents = documents
+        self.llm = llm
+
+    # --- entry points -------------------------------------------------------------------------
+    async def complete(self, request: ChatCompletionRequest) -> ChatOutcome:
+        # No separate existence call to every shard before a RAG request's search: the search
+        # reports a missing index itself (``_rag``), so the plan assumes the index exists. Only an
+        # outcome that will not search (a bypass, a client error) asks the shards, and is decided
+        # again knowing, so a missing index is a 404 in the same cases and order as before.
+        decided = plan(request, lambda _name: True)
+        if (
+            request.index_name
+            and not isinstance(decided, RagPlan)
+            and not await self.documents.index_exists(request.index_name)
+        ):
+            decided = plan(request, lambda _name: False)
+        if isinstance(decided, ServiceError):
+            raise decided
+        if isinstance(decided, Passthrough):
+            return await self._passthrough(decided.body, decided.reason, request.stream)
+        return await self._rag(decided, request)
+
+    async def query(self, req: QueryRequest) -> QueryResponse:
+        """KAITO's ``/query``: retrieve, answer with the relevant nodes, return both."""
+        threshold = self._threshold(req.similarity_threshold)
+        nodes, _ = await self.documents.retrieve(
+            req.index_name, req.query, req.top_k, req.metadata_filter, req.retrieval_mode
+        )
+        result = await self._fit(
+            system=[],
+            history=[],
+            query=req.query,
+            nodes=nodes,
+            requested=req.llm_params.max_tokens,
+            threshold=threshold,
+            ratio=None,
+            max_tokens_param="llm_params.max_tokens",
+        )
+        answer = await self.llm.chat(result.messages, req.llm_params.to_sampling_params(result.max_tokens))
+        used = result.nodes_used
+        return QueryResponse(response=answer.text, source_nodes=used, metadata={n.node_id: n.metadata for n in used})
+
+    async def retrieve(self, req: RetrieveRequest) -> tuple[RetrieveResponse, dict[str, float]]:
+        """KAITO's ``/retrieve``: the best nodes, without generation; with ``similarity_threshold``
+        only those that reach it. Also returns the stage timings."""
+        nodes, timings = await self.documents.retrieve(
+            req.index_name, req.query, req.max_node_count, req.metadata_filter, req.retrieval_mode
+        )
+        if req.similarity_threshold is not None:
+            nodes = [n for n in nodes if passes_threshold(n, req.similarity_threshold)]
+        return RetrieveResponse(query=req.query, results=nodes, count=len(nodes)), timings
+
+    # --- passthrough --------------------------------------------------------------------------
+    async def _passthrough(
+        self, body: dict[str, Any], reason: PassthroughReason, stream: bool, timings: dict[str, float] | None = None
+    ) -> ChatOutcome:
+        body = dict(body)
+        counter = await self.llm.token_counter()
+        window = await self.llm.context_window()
+        requested = body.get("max_completion_tokens") or body.get("max_tokens")
+        # token counting reads the client's messages (up to the request size): on a worker thread
+        prompt_tokens, max_tokens = await asyncio.to_thread(
+            fit_passthrough,
+            counter=counter,
+            window=window,
+            messages=body["messages"],
+            requested_max_tokens=requested,
+            default_max_tokens=self.settings.default_max_tokens,
+            min_completion_tokens=self.settings.min_completion_tokens,
+        )
+        if requested is not None and requested > max_tokens:  # forwarded as sent, unless it cannot fit
+            body["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"] = max_tokens
+        outcome = ChatOutcome(
+            mode="passthrough", reason=reason.value, timings=dict(timings or {}), stats={"prompt_tokens": prompt_tokens}
+        )
+        if stream:
+            outcome.stream = self._relay(self.llm.passthrough_stream(body, max_tokens), outcome)
+        else:
+            t0 = time.perf_counter()
+            outcome.response = await self.llm.passthrough(body, max_tokens)
+            outcome.timings["generate"] = time.perf_counter() - t0
+            _stamp(outcome.response, new_completion_id(), int(time.time()))
+        return outcome
+
+    async def _relay(
+        self, chunks: AsyncIterator[ChatCompletionChunk], outcome: ChatOutcome
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
+        t0 = time.perf_counter()
+        cid, created = new_completion_id(), int(time.time())
+        try:
+            async for chunk in chunks:
+                _stamp(chunk, cid, created)
+                yield chunk
+        finally:
+            outcome.timings["generate"] = time.perf_counter() - t0
+            await _close(chunks)
+
+    # --- RAG ----------------------------------------------------------------------------------
+    def _threshold(self, requested: float | None) -> float:
+        return self.settings.similarity_threshold if requested is None else requested
+
+    async def _fit(
+        self,
+        *,
+        system: list[dict[str, Any]],
+        history: list[dict[str, Any]],
+        query: str,
+        nodes: list[NodeWithScore],
+        requested: int | None,
+        threshold: float,
+        ratio: float | None,
+        max_tokens_param: str,
+    ) -> FitResult:
+        """The request fitted into the window; ``ContextBudgetError`` when relevant nodes were
+        retrieved but none fits (``max_tokens_param`` names the field to lower)."""
+        counter = await self.llm.token_counter()
+        window = await self.llm.context_window()
+        s = self.settings
+        result = await asyncio.to_thread(  # counts the client's messages: on a worker thread
+            fit,
+            counter=counter,
+            window=window,
+            system=system,
+            history=history,
+            query=query,
+            nodes=nodes,
+            requested_max_tokens=requested,
+            default_max_tokens=s.default_max_tokens,
+            min_completion_tokens=s.min_completion_tokens,
+            context_ratio=ratio if ratio is not None else s.context_token_ratio,
+            similarity_threshold=threshold,
+            safety_ratio=s.budget_safety_ratio,
+            history_min_messages=s.history_min_messages,
+            history_max_messages=s.history_max_messages,
+        )
+        if result.relevant_sources and not result.nodes_used:
+            raise ContextBudgetError(result, param=max_tokens_param, requested_max_tokens=requested)
+        return result
+
+    async def _rag(self, p: RagPlan, request: ChatCompletionRequest) -> ChatOutcome:
+        k = p.params.top_k or await self._chat_top_k(p, request)
+        threshold = self._threshold(p.params.similarity_threshold)
+        try:
+            nodes, timings, rag = await self._retrieve_for_chat(p, k, threshold)
+        except NotFoundError as e:  # every shard said it has no such index
+            raise unknown_index(p.params.index_name) from e
+        except BadRequestError as e:
+            raise BadRequestError(e.message, param="metadata_filter") from e
+        if not relevant(nodes, threshold):
+            return self._with_rag(
+                await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings), rag
+            )
+        t_fit = time.perf_counter()
+        result = await self._fit(
+            system=p.system,
+            history=p.history,
+            query=p.query,
+            nodes=nodes,
+            requested=request.requested_max_tokens(),
+            threshold=threshold,
+            ratio=p.params.context_token_ratio,
+            max_tokens_param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
+        )
+        timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
+        sampling = request.to_sampling_params(result.max_tokens)
+        footer = (
+            self.settings.sources_in_content if p.params.sources_in_content is None else p.params.sources_in_content
+        )
+        outcome = ChatOutcome(
+            mode="rag",
+            reason=None,
+            source_nodes=result.nodes_used,
+            timings=timings,
+            rag=rag,
+            stats={
+                "prompt_tokens": result.prompt_tokens,
+                "context_tokens": result.context_tokens,
+                "history_tokens": result.history_tokens,
+                "history_dropped": result.history_dropped,
+                "nodes_used": len(result.nodes_used),
+            },
+        )
+        if request.stream:
+            include_usage = bool((request.stream_options or {}).get("include_usage"))
+            outcome.stream = self._rag_stream(
+                result.messages, sampling, result.nodes_used, include_usage, outcome, footer
+            )
+            return outcome
+        t0 = time.perf_counter()
+        answer = await self.llm.chat(result.messages, sampling)
+        outcome.timings["generate"] = time.perf_counter() - t0
+        citations, invalid = parse_citations(answer.text, result.nodes_used)
+        text = answer.text + (sources_footer(result.nodes_used, citations) if footer else "")
+        outcome.response = ChatCompletionResponse(
+            id=new_completion_id(),
+            object="chat.completion",
+            created=int(time.time()),
+            model=answer.model or self.llm.model_id,
+            choices=[
+                ChatCompletionChoice(
+                    index=0, message=ResponseMessage(role="assistant", content=text), finish_reason=answer.finish_reason
+                )
+            ],
+            usage=answer.usage(),
+            source_nodes=result.nodes_used,
+            citations=citations,
+            invalid_citations=invalid,
+            rag=rag,
+        )
+        return outcome
+
+    @staticmethod
+    def _with_rag(outcome: ChatOutcome, rag: RagInfo) -> ChatOutcome:
+        outcome.rag = rag  # a no_context fallback still says what it searched with (a header, not the body)
+        return outcome
+
+    # --- what chat retrieves with (candidates, follow-ups) ------------------------------------
+    async def _chat_top_k(self, p: RagPlan, request: ChatCompletionRequest) -> int:
+        """Candidates for a request without ``top_k``: enough to fill the context budget (about the
+        budget divided by the chunk size), at least 5 and at most ``max_top_k``; ``fit`` then
+        selects from them by score, as many as fit."""
+        s = self.settings
+        window = await self.llm.context_window()
+        reserve = request.requested_max_tokens() or s.default_max_tokens
+        ratio = p.params.context_token_ratio if p.params.context_token_ratio is not None else s.context_token_ratio
+        budget = max(0, window - reserve) * ratio
+        return min(s.max_top_k, max(5, int(budget // s.chunk_size)))
+
+    async def _retrieve_for_chat(
+        self, p: RagPlan, k: int, threshold: float
+    ) -> tuple[list[NodeWithScore], dict[str, float], RagInfo]:
+        """Retrieve for the newest user turn; when it finds nothing relevant and there are earlier user
+        turns, retry with them joined to it (``ragserve.rag.followup``). With ``query_rewrite: llm`` a
+        standalone rewrite by the generator is tried first. Returns the nodes, the summed timings and
+        which query found them (the newest turn alone when none did)."""
+        mode = p.params.retrieval_mode or self.settings.retrieval_mode
+        rewrite = p.params.query_rewrite or self.settings.query_rewrite
+        previous = previous_user_turns(p.history)
+        timings: dict[str, float] = {}
+        attempts: list[tuple[str, Literal["message", "joined", "rewritten"]]] = []
+        if rewrite == "llm" and previous:
+            t0 = time.perf_counter()
+            rewritten = await self._rewrite(p)
+            timings["rewrite"] = time.perf_counter() - t0
+            if rewritten:
+                attempts.append((rewritten, "rewritten"))
+        attempts.append((p.query, "message"))
+        if previous:
+            counter = await self.llm.token_counter()
+            joined = await asyncio.to_thread(
+                joined_query, p.query, previous, counter.count_text, self.settings.followup_max_tokens
+            )
+            if joined != p.query:
+                attempts.append((joined, "joined"))
+        first: tuple[list[NodeWithScore], RagInfo] | None = None
+        for query, source in attempts:
+            nodes, spent = await self.documents.retrieve(p.params.index_name, query, k, p.params.metadata_filter, mode)
+            for stage, seconds in spent.items():
+                timings[stage] = timings.get(stage, 0.0) + seconds
+            info = RagInfo(query=query, query_source=source, retrieval_mode=mode)
+            if relevant(nodes, threshold):
+                return nodes, timings, info
+            if source == "message":
+                first = (nodes, info)
+        assert first is not None  # the newest turn itself is always attempted
+        return first[0], timings, first[1]
+
+    async def _rewrite(self, p: RagPlan) -> str | None:
+        """A standalone version of the newest question, by the generator (greedy, short); None when
+        the generator fails or answers nothing, so retrieval goes on deterministically."""
+        try:
+            answer = await self.llm.chat(
+                rewrite_messages(p.history, p.query), SamplingParams(max_tokens=REWRITE_MAX_TOKENS, temperature=0.0)
+            )
+        except ServiceError as e:
+            log.warning("query rewrite failed, retrieving without it: %s", e.message)
+            return None
+        text = answer.text.strip().strip('"').strip()
+        return text.splitlines()[0].strip() if text else None
+
+    async def _rag_stream(
+        self,
+        messages: list[dict[str, Any]],
+        sampling: SamplingParams,
+        sources: list[NodeWithScore],
+        include_usage: bool,
+        outcome: ChatOutcome,
+        footer: bool = False,
+    ) -> AsyncGenerator[ChatCompletionChunk, None]:
+        """OpenAI chunks; the first carries the role, ``source_nodes`` and ``rag``; the final one (with
+        the finish reason) the answer's ``citations``, preceded by the "Sources:" text when
+        ``footer``. ``model`` names the model that generates the answer (the remote server's own
+        name for it, where it says)."""
+        cid, created = new_completion_id(), int(time.time())
+        model = self.llm.model_id
+
+        def chunk(delta: DeltaMessage, finish: str | None = None) -> ChatCompletionChunk:
+            return ChatCompletionChunk(
+                id=cid,
+                object="chat.completion.chunk",
+                created=created,
+                model=model,
+                choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)],
+            )
+
+        def closing(finish: str | None) -> list[ChatCompletionChunk]:
+            citations, invalid = parse_citations("".join(text), sources)
+            out = []
+            if footer and (extra := sources_footer(sources, citations)):
+                out.append(chunk(DeltaMessage(content=extra)))
+            last = chunk(DeltaMessage(), finish)
+            last.citations, last.invalid_citations = citations, invalid
+            out.append(last)
+            return out
+
+        t0 = time.perf_counter()
+        deltas = aiter(self.llm.chat_stream(messages, sampling))
+        text: list[str] = []
+        try:
+            # Wait for the model's first output before the first chunk: an upstream that fails at once
+            # becomes an HTTP error status (as in passthrough), not a 200 with an error event.
+            first = await anext(deltas, None)
+            model = (first.model if first is not None else None) or model
+            head = chunk(DeltaMessage(role="assistant", content=""))
+            head.source_nodes = sources
+            if outcome.rag is not None:
+                head.rag = outcome.rag
+            yield head
+            usage = None
+            closed = False
+            async for d in _prepend(first, deltas):
+                usage = d.usage() or usage
+                if d.text:
+                    text.append(d.text)
+                    yield chunk(DeltaMessage(content=d.text))
+                if d.finish_reason and not closed:
+                    closed = True
+                    for c in closing(d.finish_reason):
+                        yield c
+            if not closed:
+                for c in closing(None):
+                    yield c
+            if include_usage and usage is not None:
+                yield ChatCompletionChunk(
+                    id=cid, object="chat.completion.chunk", created=created, model=model, choices=[], usage=usage
+                )
+        finally:
+            outcome.timings["generate"] = time.perf_counter() - t0
+            await _close(deltas)
+
+
+async def _close(iterator: AsyncIterator[Any]) -> None:
+    """Close an async generator early (a client that left): the engine stops generating."""
+    close = getattr(iterator, "aclose", None)
+    if close is not None:
+        await close()
+
+
+async def _prepend(
+    first: GenerationDelta | None, rest: AsyncIterator[GenerationDelta]
+) -> AsyncIterator[GenerationDelta]:
+    if first is not None:
+        yield first
+    async for item in rest:
+        yield item

@@ -1,0 +1,279 @@
+"""Indexing one uploaded file (``POST /indexes/{name}/files``), converted on the server exactly as
+``ragserve ingest`` converts it (``ragserve.ingest.convert``); a new version of a file replaces the old
+one, pages that are gone included. Also the settings the playground may show."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import unicodedata
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import PurePosixPath
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import ValidationError
+
+from ragserve.api.documents import Document
+from ragserve.api.files import UploadResponse
+from ragserve.config import Settings
+from ragserve.errors import (
+    BadRequestError,
+    PayloadTooLargeError,
+    ServiceError,
+    ServiceUnavailableError,
+    UnsupportedMediaTypeError,
+)
+from ragserve.ingest.convert import (
+    MAX_MTIME,
+    ConversionError,
+    ConversionTimeout,
+    ConversionTooLarge,
+    Converted,
+    ConverterCrashed,
+    ConverterUnavailable,
+    convert_isolated,
+    file_documents,
+    is_supported,
+)
+from ragserve.service.documents import DocumentService
+from ragserve.service.limits import RequestLimits
+
+UPLOAD_PREFIX = "uploads"
+
+# Settings the playground shows. An allow-list, so a new secret setting is never shown by default.
+PUBLIC_SETTINGS = (
+    "llm_engine",
+    "llm_model",
+    "context_window",
+    "default_max_tokens",
+    "min_completion_tokens",
+    "embedding_model",
+    "num_shards",
+    "faiss_device",
+    "faiss_index_kind",
+    "faiss_index_params",
+    "similarity_threshold",
+    "top_k",
+    "chunk_size",
+    "chunk_overlap",
+    "context_token_ratio",
+    "history_min_messages",
+    "history_max_messages",
+    "budget_safety_ratio",
+    "embedding_cache_size",
+    "llm_timeout_s",
+)
+
+
+def public_settings(settings: Settings) -> dict[str, Any]:
+    """The settings in force that are safe to show: no key, no credential, no server path."""
+    out: dict[str, Any] = {k: getattr(settings, k) for k in PUBLIC_SETTINGS}
+    out["llm_url"] = _safe_url(settings.llm_url)
+    out["embedding_url"] = _safe_url(settings.embedding_url)
+    return out
+
+
+#: Unicode categories a name may not hold: control characters (C0, DEL, C1), format characters
+#: (bidi overrides such as U+202E, zero-width ones), lone surrogates, line and paragraph separators.
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _clean_name(value: str, param: str) -> PurePosixPath:
+    """``value`` as a relative POSIX path (backslashes are separators, NFC), or a 400 naming
+    ``param`` and the rule it breaks: no control or format characters, not absolute, no ``..``,
+    ending in a file name."""
+    for i, c in enumerate(value):
+        if unicodedata.category(c) in _REFUSED_CATEGORIES:
+            raise BadRequestError(
+                f"{param} must not contain control or format characters: U+{ord(c):04X} at position {i}",
+                param=param,
+            )
+    name = unicodedata.normalize("NFC", value.strip().replace("\\", "/"))
+    pure = PurePosixPath(name)
+    if pure.is_absolute():
+        raise BadRequestError(f"{param} must be a relative path, not start with '/': {name!r}", param=param)
+    if ".." in pure.parts:
+        raise BadRequestError(f"{param} must not contain '..' (a parent directory): {name!r}", param=param)
+    if not pure.name or name.endswith("/"):
+        raise BadRequestError(f"{param} must end with a file name: {name!r}", param=param)
+    return pure
+
+
+def _upload_path(filename: str, path: str | None) -> str:
+    """The metadata path of an uploaded file: ``path`` if given, else ``uploads/<file name>``.
+    Both are checked and normalised alike (:func:`_clean_name`): the path becomes a document id and
+    is shown to people."""
+    name = _clean_name(filename, "filename").name
+    if path is not None and path.strip():
+        return _clean_name(path, "path").as_posix()
+    return f"{UPLOAD_PREFIX}/{name}"
+
+
+def check_mtime(mtime: float | None) -> None:
+    """An upload's ``mtime``: a finite number of Unix seconds that a date can hold (else a 400)."""
+    if mtime is not None and not (math.isfinite(mtime) and 0 <= mtime <= MAX_MTIME):
+        raise BadRequestError(
+            f"mtime must be a finite number of Unix seconds from 0 to {MAX_MTIME:.0f} (9999-12-31), got {mtime!r}",
+            param="mtime",
+        )
+
+
+def _convert(
+    data: bytes, filename: str, rel: str, mtime: float | None, limits: RequestLimits
+) -> tuple[Converted, list[dict[str, Any]]]:
+    converted = convert_isolated(
+        data,
+        filename,
+        max_unpacked_bytes=limits.max_unpacked_bytes,
+        timeout_s=limits.max_convert_seconds,
+        memory_bytes=limits.max_convert_memory_bytes,
+    )
+    stamp = mtime if mtime is not None else time.time()
+    return converted, file_documents(rel, stamp, converted, limits.max_document_chars)
+
+
+#: How long an upload waits for a conversion slot (max_concurrent_conversions) before it is a 503.
+CONVERT_QUEUE_WAIT_S = 5.0
+_T = TypeVar("_T")
+
+
+class _Conversions:
+    """At most ``bound`` conversions at once, each waited for on a thread of this pool's own (not
+    the default executor's, which chunking, query parsing and token counting share): a conversion
+    holds its thread while its process runs, up to max_convert_seconds. The slot is freed when the
+    conversion ends, even when the request that asked for it is gone."""
+
+    def __init__(self, bound: int) -> None:
+        self.bound = bound
+        self.executor = ThreadPoolExecutor(bound, thread_name_prefix="ragserve-convert")
+        self._gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def run(self, fn: Callable[[], _T], wait_s: float) -> _T:
+        loop = asyncio.get_running_loop()
+        gate = self._gates.setdefault(loop, asyncio.Semaphore(self.bound))
+        try:
+            await asyncio.wait_for(gate.acquire(), wait_s)
+        except asyncio.TimeoutError:
+            raise ServiceUnavailableError(
+                f"the server is busy converting other uploads ({self.bound} at once, max_concurrent_conversions): "
+                "send the file again in a few seconds",
+                retry_after=max(1, math.ceil(wait_s)),
+                code="busy_converting",
+            ) from None
+        future = loop.run_in_executor(self.executor, fn)
+        future.add_done_callback(lambda _: gate.release())
+        return await asyncio.shield(future)  # the thread cannot be stopped: its slot is held until it ends
+
+
+_conversions: dict[int, _Conversions] = {}
+
+
+def conversions(bound: int) -> _Conversions:
+    """The conversion slots of this process for ``bound`` (one pool, made on first use)."""
+    if bound not in _conversions:
+        _conversions[bound] = _Conversions(bound)
+    return _conversions[bound]
+
+
+def _conversion_error(filename: str, e: ConversionError) -> ServiceError:
+    """The 4xx a file that could not be converted gets."""
+    if isinstance(e, ConversionTooLarge):
+        return PayloadTooLargeError(f"{filename}: {e}", param="body")
+    unprocessable = _UNPROCESSABLE.get(type(e))
+    if unprocessable is not None:
+        return ServiceError(
+            f"{filename}: {e}", status=422, param="body", code=unprocessable, type_="invalid_request_error"
+        )
+    return BadRequestError(f"{filename}: {e}", param="body")
+
+
+#: Files that are well formed but could not be converted here: a 422 with these codes.
+_UNPROCESSABLE: dict[type[ConversionError], str] = {
+    ConversionTimeout: "conversion_timeout",
+    ConverterCrashed: "converter_crashed",
+}
+
+
+def _first_error(e: ValidationError) -> str:
+    err = e.errors()[0]
+    where = ".".join(str(x) for x in err.get("loc", ()))
+    return f"{where}: {err.get('msg', 'invalid')}" if where else str(err.get("msg", "invalid"))
+
+
+def _safe_url(url: str | None) -> str | None:
+    """A URL without its user:password part (credentials are sometimes written into one)."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        parts = parts._replace(netloc=(parts.hostname or "") + (f":{parts.port}" if parts.port else ""))
+    return urlunsplit(parts)
+
+
+async def index_file(
+    docs: DocumentService,
+    limits: RequestLimits,
+    index: str,
+    filename: str,
+    data: bytes,
+    path: str | None,
+    mtime: float | None,
+) -> UploadResponse:
+    """Convert ``data`` by ``filename``'s extension and index it under ``path`` (default
+    ``uploads/<filename>``), deleting what an earlier version of the same path left behind."""
+    rel = _upload_path(filename, path)
+    if not is_supported(filename):
+        raise UnsupportedMediaTypeError(
+            f"unsupported file type {PurePosixPath(filename).suffix or filename!r}: send markdown, text, code, "
+            "HTML, PDF, DOCX or PPTX",
+            param="filename",
+        )
+    check_mtime(mtime)
+    if not data:
+        raise BadRequestError("the request body is empty: send the file's bytes", param="body")
+    try:  # in a process of its own, waited for off the event loop and off the default executor
+        converted, new = await conversions(limits.max_concurrent_conversions).run(
+            lambda: _convert(data, filename, rel, mtime, limits), CONVERT_QUEUE_WAIT_S
+        )
+    except ConversionError as e:
+        raise _conversion_error(filename, e) from e
+    except ConverterUnavailable as e:
+        raise ServiceUnavailableError(f"{filename}: {e}; send the file again", retry_after=5, param="body") from e
+    if not new:
+        raise BadRequestError(f"{filename}: the file has no text to index", param="body")
+    limits.documents([d["text"] for d in new])
+    old: list[str] = []
+    if await docs.index_exists(index):
+        offset = 0
+        while True:  # every document an earlier upload of this path made (PDF pages)
+            page = await docs.list_documents(
+                index, limit=100, offset=offset, max_text_length=0, metadata_filter={"path": rel}
+            )
+            old += [d.doc_id for d in page.documents]
+            offset += page.count
+            if not page.count or offset >= page.total_items:
+                break
+    try:
+        documents = [Document(**d) for d in new]
+    except ValidationError as e:  # what the file holds breaks a document rule (metadata, text)
+        raise BadRequestError(f"{filename}: {_first_error(e)}", param="body") from e
+    records = await docs.add_documents(index, documents)
+    keep = {d["doc_id"] for d in new}
+    stale = [i for i in old if i not in keep]
+    if stale:
+        await docs.delete_documents(index, stale)
+    return UploadResponse(
+        index_name=index,
+        path=rel,
+        title=converted.title,
+        file_type=converted.file_type,
+        doc_ids=[r.doc_id for r in records],
+        deleted_doc_ids=stale,
+        warnings=converted.warnings,
+    )

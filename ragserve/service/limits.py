@@ -1,0 +1,69 @@
+"""Request limits checked on parsed requests: each one a setting and each a clear 4xx that names the
+field and the allowed maximum (docs/architecture.md, "Limits").
+
+The values come only from :class:`ragserve.config.Settings` (the one place their defaults live); the
+body size is enforced while the body streams in, by ``ragserve.http.limits.BodySizeMiddleware``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from ragserve.errors import BadRequestError, PayloadTooLargeError
+from ragserve.hardware import usable_cores
+
+if TYPE_CHECKING:
+    from ragserve.config import Settings
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_request_bytes: int
+    max_documents_per_request: int
+    max_document_chars: int
+    max_unpacked_bytes: int
+    max_convert_seconds: float
+    max_convert_memory_bytes: int
+    max_concurrent_conversions: int
+    max_chat_messages: int
+    max_top_k: int
+    max_list_limit: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RequestLimits:
+        values = {f.name: getattr(settings, f.name) for f in fields(cls)}
+        values["max_concurrent_conversions"] = values["max_concurrent_conversions"] or usable_cores()
+        return cls(**values)
+
+    def document_count(self, n: int, field: str = "documents") -> None:
+        if n > self.max_documents_per_request:
+            raise PayloadTooLargeError(
+                f"{field}: {n} items in one request; at most {self.max_documents_per_request} "
+                "are accepted, send them in several requests",
+                param=field,
+            )
+
+    def documents(self, texts: list[str], field: str = "documents") -> None:
+        self.document_count(len(texts), field)
+        for i, text in enumerate(texts):
+            if len(text) > self.max_document_chars:
+                raise PayloadTooLargeError(
+                    f"{field}[{i}].text has {len(text)} characters; at most {self.max_document_chars} are "
+                    "accepted, split the document",
+                    param=f"{field}[{i}].text",
+                )
+
+    def messages(self, n: int) -> None:
+        if n > self.max_chat_messages:
+            raise BadRequestError(
+                f"messages: {n} messages; at most {self.max_chat_messages} are accepted", param="messages"
+            )
+
+    def top_k(self, value: int | None, field: str = "top_k") -> None:
+        if value is not None and value > self.max_top_k:
+            raise BadRequestError(f"{field} must be at most {self.max_top_k}, got {value}", param=field)
+
+    def list_limit(self, value: int) -> None:
+        if value > self.max_list_limit:
+            raise BadRequestError(f"limit must be at most {self.max_list_limit}, got {value}", param="limit")

@@ -1,0 +1,328 @@
+"""One shard as a service: the ``ragserve.store.Shard`` plus the operations that span files
+(portable export parts, import with re-routing) and the storage layout on disk.
+
+Under Ray this class is the body of a shard actor (``ragserve.deployments.vector_index``); it keeps every
+method explicit so that Ray can expose it as an actor method. Store errors a client caused or can
+retry are turned into ``ragserve.errors`` here (they survive Ray's pickling with their status).
+
+Shard 0 is every index's *home*: it always holds the index (empty if no document routes to it)
+and allocates its generation (see ``ragserve.store.shard``), so the document service asks it, and only
+it, which generation a write, a drop or a load is about.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ragserve.errors import BadRequestError, ConflictError
+from ragserve.service.routing import shard_for
+from ragserve.store import DocumentWrite, SearchCandidates, SearchHit, Shard, StoredDocument, read_export
+from ragserve.store.types import IndexDroppedError, IndexExistsError, IndexNotFoundError
+
+LAYOUT_FILE = "ragserve-layout.json"
+IMPORT_BATCH = 256
+HOME_SHARD = 0
+STAGING_PREFIX = "~staging~"  # index names start with a letter or digit, so none can look like this
+# A staging index older than this at shard open belongs to a load whose service died; a younger one
+# may belong to a load still running (this shard restarted under it), so it is kept for the swap.
+STAGING_MAX_AGE_S = 3600.0
+log = logging.getLogger("ragserve.store")
+
+
+def is_staging(index: str) -> bool:
+    """A load's private copy of a snapshot, invisible to clients until it is swapped in."""
+    return index.startswith(STAGING_PREFIX)
+
+
+def dropped_while_writing(index: str) -> ConflictError:
+    return ConflictError(
+        f"Index '{index}' was deleted or replaced while these documents were being written; "
+        "none of them were kept. Retry to write them into the index as it is now."
+    )
+
+
+class LayoutMismatchError(RuntimeError):
+    """``storage_dir`` was written with another number of shards; routing would lose documents."""
+
+
+def shard_directory(storage_dir: str | Path, index: int) -> Path:
+    return Path(storage_dir) / "shards" / f"shard-{index:03d}"
+
+
+def check_layout(storage_dir: str | Path, num_shards: int) -> None:
+    """Record ``num_shards`` on first use and refuse a different value later: documents are routed
+    by ``shard_for(doc_id, num_shards)``, so changing it silently would strand documents."""
+    root = Path(storage_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LAYOUT_FILE
+    if path.exists():
+        recorded = json.loads(path.read_text())["num_shards"]
+        if recorded != num_shards:
+            raise LayoutMismatchError(
+                f"{root} holds {recorded} shards but num_shards={num_shards}; use the same value, "
+                f"or persist each index and load it into a fresh storage_dir"
+            )
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"num_shards": num_shards, "version": 1}))
+    tmp.replace(path)
+
+
+def vector_options(
+    faiss_kind: str = "flat", faiss_device: str = "cpu", faiss_params: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """How a shard opens its vectors, as ``ShardService``'s keyword arguments: what a running shard
+    reports (``open_options``) and what settings ask for compare equal exactly when they agree."""
+    return {"faiss_kind": faiss_kind, "faiss_device": faiss_device, "faiss_params": dict(faiss_params or {})}
+
+
+class ShardService:
+    """The shard numbered ``shard_index`` of ``num_shards`` under ``storage_dir``."""
+
+    def __init__(
+        self,
+        storage_dir: str | Path,
+        shard_index: int,
+        num_shards: int,
+        *,
+        faiss_kind: str = "flat",
+        faiss_device: str = "cpu",
+        faiss_params: dict[str, Any] | None = None,
+    ):
+        self.shard_index = shard_index
+        self.num_shards = num_shards
+        self._open_options = vector_options(faiss_kind, faiss_device, faiss_params)
+        self._shard = Shard(
+            shard_directory(storage_dir, shard_index),
+            faiss_kind=faiss_kind,
+            faiss_device=faiss_device,
+            faiss_params=faiss_params,
+        )
+        for name in self._shard.list_indexes():  # loads that never finished (their service died)
+            created = self._shard.created_at(name)
+            if is_staging(name) and created is not None and time.time() - created > STAGING_MAX_AGE_S:
+                log.warning("shard %d: dropping %r, left by a load that did not finish", shard_index, name)
+                self._shard.drop_index(name)
+
+    # --- indexes ------------------------------------------------------------------------------
+    def ping(self) -> int:
+        return self.shard_index
+
+    def open_options(self) -> dict[str, Any]:
+        """How this shard opened its vectors (kind, device, params): a long-lived shard process
+        opened under other settings must be replaced to apply new ones."""
+        return dict(self._open_options)
+
+    def list_indexes(self) -> list[str]:
+        return [name for name in self._shard.list_indexes() if not is_staging(name)]
+
+    def has_index(self, index: str) -> bool:
+        return self._shard.has_index(index) and not is_staging(index)
+
+    def index_generation(self, index: str) -> int | None:
+        """The generation of ``index`` on this shard (ask the home shard), None when absent."""
+        return self._shard.generation(index)
+
+    def ensure_index(self, index: str, dim: int) -> int:
+        """On the home shard: the generation writes to ``index`` carry, creating it when absent."""
+        return self._shard.ensure_index(index, dim)
+
+    def drop_index(self, index: str, generation: int | None = None) -> bool:
+        return self._shard.drop_index(index, generation)
+
+    def replace_index(
+        self,
+        staging: str,
+        index: str,
+        generation: int | None = None,
+        overwrite: bool = True,
+        dim: int | None = None,
+        expect_staged: bool = False,
+    ) -> int | None:
+        """Swap a load's staging copy in as ``index`` (``Shard.replace_index``); 409 when it exists
+        and ``overwrite`` is false (asked of the home shard first, before any other changes), or
+        when the staging copy this shard imported is gone."""
+        try:
+            return self._shard.replace_index(
+                staging, index, generation=generation, overwrite=overwrite, dim=dim, expect_staged=expect_staged
+            )
+        except IndexExistsError as e:
+            raise ConflictError(f"Index {index} already exists; pass overwrite=true to replace it.") from e
+        except IndexNotFoundError as e:
+            raise ConflictError(
+                f"The load of index {index} was interrupted (shard {self.shard_index} lost its "
+                "imported copy); retry the load"
+            ) from e
+
+    def verify(self) -> list[str]:
+        """The shard's self-check (``Shard.verify``): empty when healthy."""
+        return self._shard.verify()
+
+    # Reads of an index this shard does not hold (never had, or dropped while the call was on its
+    # way) answer empty: whether the index exists is the document service's question, not a 500.
+    def count_documents(self, index: str) -> int:
+        try:
+            return self._shard.count_documents(index)
+        except IndexNotFoundError:
+            return 0
+
+    def stats(self) -> dict[str, Any]:
+        """Documents and chunks of each index (the shard metrics), each index's counts taken
+        together (``Shard.index_stats``, without reading the texts); an index dropped meanwhile is
+        left out."""
+        indexes: dict[str, dict[str, int]] = {}
+        for name in self.list_indexes():
+            counts = self._shard.index_stats(name, text_bytes=False)
+            if counts is not None:
+                indexes[name] = {"documents": counts["documents"], "chunks": counts["chunks"]}
+        return {"shard": self.shard_index, "indexes": indexes}
+
+    # --- documents ----------------------------------------------------------------------------
+    def find_by_hash(self, index: str, hashes: list[str]) -> dict[str, str]:
+        try:
+            return self._shard.find_by_hash(index, hashes)
+        except IndexNotFoundError:
+            return {}
+
+    def get_documents(self, index: str, doc_ids: list[str]) -> dict[str, StoredDocument]:
+        try:
+            return self._shard.get_documents(index, doc_ids)
+        except IndexNotFoundError:
+            return {}
+
+    def upsert_documents(
+        self,
+        index: str,
+        docs: list[DocumentWrite],
+        only_existing: bool = False,
+        generation: int | None = None,
+        if_absent: bool = False,
+    ) -> list[str]:
+        """``Shard.upsert_documents``; a write for a dropped or replaced generation is a 409."""
+        try:
+            return self._shard.upsert_documents(
+                index, docs, only_existing=only_existing, if_absent=if_absent, generation=generation
+            )
+        except IndexDroppedError as e:
+            raise dropped_while_writing(index) from e
+
+    def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
+        try:
+            return self._shard.delete_documents(index, doc_ids)
+        except IndexNotFoundError:
+            return [], list(dict.fromkeys(doc_ids))
+
+    def list_documents(
+        self,
+        index: str,
+        *,
+        limit: int,
+        offset: int,
+        max_text_length: int | None,
+        metadata_filter: dict[str, Any] | None,
+    ) -> tuple[list[StoredDocument], int]:
+        try:
+            return self._shard.list_documents(
+                index, limit=limit, offset=offset, max_text_length=max_text_length, metadata_filter=metadata_filter
+            )
+        except IndexNotFoundError:
+            return [], 0
+
+    def search(
+        self, index: str, vector: np.ndarray, k: int, metadata_filter: dict[str, Any] | None = None
+    ) -> list[SearchHit] | None:
+        """Hits, or None when this shard has no such index (so a search needs no existence check)."""
+        try:
+            return self._shard.search(index, vector, k, metadata_filter=metadata_filter)
+        except IndexNotFoundError:
+            return None
+
+    def search_candidates(
+        self,
+        index: str,
+        vector: np.ndarray,
+        text: str,
+        k: int,
+        mode: str = "hybrid",
+        metadata_filter: dict[str, Any] | None = None,
+        min_match: float = 0.0,
+        max_postings: int | None = None,
+    ) -> SearchCandidates | None:
+        """A retrieval's dense and lexical candidates in one call (``Shard.search_candidates``), or
+        None when this shard has no such index."""
+        try:
+            return self._shard.search_candidates(
+                index,
+                vector,
+                text,
+                k,
+                mode=mode,
+                metadata_filter=metadata_filter,
+                min_match=min_match,
+                max_postings=max_postings,
+            )
+        except IndexNotFoundError:
+            return None
+
+    # --- persistence --------------------------------------------------------------------------
+    def export_part(self, index: str, dest_dir: str, tag: str = "") -> dict[str, Any]:
+        """Write this shard's part of ``index`` to ``dest_dir/part-NNN[-tag].sqlite`` (a tag gives
+        each persist its own part files, so a new snapshot never overwrites the one it replaces)."""
+        dest = Path(dest_dir) / f"part-{self.shard_index:03d}{'-' + tag if tag else ''}.sqlite"
+        if not self._shard.has_index(index):
+            return {"file": None, "documents": 0, "dim": None}
+        try:
+            dim = self._shard.dim(index)
+            docs = self._shard.export_index(index, dest)
+        except IndexNotFoundError as e:
+            raise ConflictError(f"Index '{index}' was deleted while it was being persisted; nothing was written") from e
+        return {"file": dest.name if docs or dest.exists() else None, "documents": docs, "dim": dim}
+
+    def import_parts(self, index: str, part_files: list[str]) -> int:
+        """Import, from every part of a snapshot, the documents that route to this shard. Each shard
+        reads the parts itself, so a snapshot taken with N shards loads into any number of shards.
+        A load imports into a staging index (``STAGING_PREFIX``) and swaps it in only once every
+        shard has succeeded. An unreadable part (truncated, not a snapshot) is a 400 naming it."""
+        imported = 0
+        for f in part_files:
+            try:
+                _, docs = read_export(f)
+                batch: list[DocumentWrite] = []
+                for doc in docs:
+                    if shard_for(doc.doc_id, self.num_shards) != self.shard_index:
+                        continue
+                    batch.append(doc)
+                    if len(batch) >= IMPORT_BATCH:
+                        self._shard.upsert_documents(index, batch)
+                        imported += len(batch)
+                        batch = []
+                if batch:
+                    self._shard.upsert_documents(index, batch)
+                    imported += len(batch)
+            except (sqlite3.DatabaseError, ValueError, KeyError, TypeError) as e:
+                raise BadRequestError(
+                    f"snapshot part {Path(f).name!r} is unreadable ({e}); the snapshot is "
+                    "damaged or incomplete, nothing was loaded",
+                    param="path",
+                ) from e
+        return imported
+
+    def snapshot(self) -> None:
+        self._shard.snapshot()
+
+    def close(self) -> None:
+        self._shard.close()
+
+    # --- statistics ---------------------------------------------------------------------------
+    def index_stats(self, index: str) -> dict[str, Any] | None:
+        """This shard's counts for ``index`` (``Shard.index_stats``) with its shard number; None when
+        the shard has no such index. A Ray shard actor exposes it as it does every method here."""
+        stats = self._shard.index_stats(index)
+        return None if stats is None else {"shard": self.shard_index, **stats}

@@ -1,0 +1,38 @@
+"""What the application reports (docs/architecture.md, "Metrics"): a protocol, so that the pure
+layers report without knowing Ray. The Ray Serve shell implements it with ``ray.serve.metrics``
+(``ragserve.deployments.telemetry``); tests record or ignore what they are told."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Telemetry(Protocol):
+    def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None: ...
+
+    def latency(self, stage: str, seconds: float) -> None: ...
+
+    def chat_tokens(self, context_tokens: int, history_tokens: int, history_dropped: int) -> None: ...
+
+    def indexed(self, documents: int) -> None: ...
+
+    def upstream_error(self, kind: str) -> None: ...
+
+
+class NullTelemetry:
+    """Reports nowhere: the default of an application built outside Ray."""
+
+    def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None:
+        pass
+
+    def latency(self, stage: str, seconds: float) -> None:
+        pass
+
+    def chat_tokens(self, context_tokens: int, history_tokens: int, history_dropped: int) -> None:
+        pass
+
+    def indexed(self, documents: int) -> None:
+        pass
+
+    def upstream_error(self, kind: str) -> None:
+        pass

@@ -1,1 +1,0 @@
-"""Fakes of the systems ragserve talks to, for unit and integration tests."""

@@ -1,0 +1,171 @@
+"""docs/architecture.md §2: the package's floors, in reading order, and the rule that holds them.
+
+A module may import from its own part and from parts on lower floors, never from a higher floor and
+never from a sibling on its own floor. Every import counts, wherever it is written (a function body,
+an ``if TYPE_CHECKING`` block): an import that runs up the floors is a loop waiting to happen.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "ragserve"
+
+#: Lowest floor first: each part of ``ragserve`` (a sub-package or a top-level module) on one floor.
+FLOORS: list[set[str]] = [
+    {"errors", "telemetry", "hardware", "serve_port"},  # leaves: import nothing of ragserve
+    {"api"},  # every shape that crosses a boundary
+    {"ports"},  # every seam (protocols over api shapes)
+    {"ingest", "store"},  # documents to chunks; one shard's storage
+    {"rag"},  # the pure steps of one RAG request
+    {"models"},  # generation engines, embedding models, tokenizers: what loads weights
+    {"config"},  # Settings, built into narrow options by the services
+    {"service"},  # the logic behind each route, wiring (§11)
+    {"http"},  # FastAPI routers over the services
+    {"deployments", "cli"},  # the Ray Serve shells; the command line (an HTTP client)
+    {"testing"},  # what tests and benchmarks share
+]
+FLOOR = {part: n for n, parts in enumerate(FLOORS) for part in parts}
+
+
+def module_name(path: Path) -> str:
+    parts = ("ragserve", *path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def part_of(module: str) -> str | None:
+    """``ragserve.rag.fit`` → ``rag``; the package itself (``ragserve``) → None."""
+    pieces = module.split(".")
+    return pieces[1] if len(pieces) > 1 and pieces[0] == "ragserve" else None
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, module) for every ``ragserve`` import in the file, relative ones resolved."""
+    here = module_name(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[: len(package) - node.level + 1]) if node.level else ""
+            module = ".".join(p for p in (base, node.module or "") if p)
+            for a in node.names:  # ``from . import x`` names a module
+                found.append((node.lineno, f"{module}.{a.name}" if not node.module and node.level else module))
+    return [(line, m) for line, m in found if m == "ragserve" or m.startswith("ragserve.")]
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(f): f for f in sorted(PACKAGE.rglob("*.py"))}
+
+
+def violations(files: dict[str, Path]) -> list[str]:
+    bad = []
+    for name, path in files.items():
+        mine = part_of(name)
+        if mine is None:
+            continue
+        for line, target in imports_of(path):
+            theirs = part_of(target)
+            if theirs is None:
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports the package root ({target})")
+            elif theirs != mine and FLOOR[theirs] >= FLOOR[mine]:
+                way = "across to a sibling" if FLOOR[theirs] == FLOOR[mine] else "up"
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}: {way} from {mine} to {theirs}")
+    return bad
+
+
+def test_every_part_of_the_package_is_on_a_floor() -> None:
+    parts = {part_of(m) for m in modules()} - {None}
+    assert parts - FLOOR.keys() == set(), "add the new part to FLOORS and to docs/architecture.md §2"
+    assert FLOOR.keys() - parts == set(), "a floor names a part that no longer exists"
+
+
+def test_no_import_runs_up_the_floors_or_across_to_a_sibling() -> None:
+    assert violations(modules()) == []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    files = modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in files.items():
+        for _, target in imports_of(path):
+            while target not in files and "." in target:  # from ragserve.api.openai import X
+                target = target.rsplit(".", 1)[0]
+            if target != name:
+                graph[name].add(target)
+    cycles = strongly_connected(graph, list(files))
+    assert [c for c in cycles if len(c) > 1] == []
+
+
+def strongly_connected(graph: dict[str, set[str]], nodes: list[str]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in nodes:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                out.append(sorted(component))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("part", "source", "expected"),
+    [
+        ("store", "from ragserve.service.documents import DocumentService\n", "up from store to service"),
+        ("ingest", "def f():\n    import ragserve.store.shard\n", "across to a sibling from ingest to store"),
+        ("api", "from ragserve import config\n", "imports the package root"),
+    ],
+)
+def test_the_rule_catches_an_upward_import(part: str, source: str, expected: str) -> None:
+    """The check itself: a module planted on a floor with a forbidden import is reported."""
+    planted = PACKAGE / part / "_planted_for_test.py"
+    files = {module_name(planted): planted}
+    real_read = Path.read_text
+
+    def read(self: Path, *args: object, **kwargs: object) -> str:
+        return source if self == planted else real_read(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Path, "read_text", read)
+        found = violations(files)
+    assert len(found) == 1 and expected in found[0], found
+
+
+def test_a_cycle_is_found() -> None:
+    graph = defaultdict(set, {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
+    assert [sorted(c) for c in strongly_connected(graph, ["a", "b", "c", "d"]) if len(c) > 1] == [["a", "b", "c"]]
