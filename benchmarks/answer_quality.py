@@ -179,8 +179,8 @@ def inprocess_client(prompt_format: str, model_cache: Path) -> Iterator[Any]:
 
     from ragserve.models.embeddings import LocalEmbeddingModel
     from ragserve.models.transformers_engine import TransformersEngine
+    from ragserve.testing.embedder import InProcessEmbedder
     from ragserve.testing.inprocess import inprocess_app
-    from tests.conftest import InProcessEmbedder
 
     engine = TransformersEngine(None, model_cache, prompt_format=prompt_format)  # type: ignore[arg-type]
     asyncio.run(engine.start())
