@@ -20,21 +20,18 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.cells import cell_len
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from ragserve.api.documents import validate_index_name
 from ragserve.cli.client import DEFAULT_URL, ApiError, RagClient, default_url
 from ragserve.cli.files import given_roots, shown, sync_base
-from ragserve.cli.sync import SOURCE, Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
+from ragserve.cli.output import RichProgress, document_rows, print_indexes, print_json, print_report, print_sources
+from ragserve.cli.sync import Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REASONS = {
@@ -46,81 +43,8 @@ REASONS = {
 }
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"  # pragma: no cover
-
-
-class RichProgress:
-    """The ingest progress bar: files, documents, chunks in the index, docs/s and time left (by bytes)."""
-
-    def __init__(self, console: Console):
-        self.console = console
-        self.progress: Progress | None = None
-        self.task: Any = None
-        self.files = self.docs = 0
-        self.total_files = 0
-        self.t0 = time.monotonic()
-
-    def start(self, files: int, total_bytes: int) -> None:
-        self.files = self.docs = 0
-        self.total_files = files
-        self.t0 = time.monotonic()
-        self.progress = Progress(
-            SpinnerColumn(),
-            TextColumn("[bold]ingest"),
-            BarColumn(),
-            TaskProgressColumn(),
-            TextColumn("{task.fields[files]}/{task.fields[total_files]} files"),
-            TextColumn("{task.fields[docs]} docs sent"),
-            TextColumn("{task.fields[chunks]} chunks"),
-            TextColumn("{task.fields[rate]} docs/s"),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=False,
-        )
-        self.task = self.progress.add_task(
-            "ingest", total=max(total_bytes, 1), files=0, total_files=files, docs=0, chunks="–", rate="0.0"
-        )
-        self.progress.start()
-
-    def advance(self, files: int, nbytes: int, documents: int) -> None:
-        if self.progress is None:
-            return
-        self.files += files
-        self.docs += documents
-        rate = self.docs / max(time.monotonic() - self.t0, 1e-6)
-        self.progress.update(
-            self.task,
-            advance=nbytes or (1 if self.total_files == 0 else 0),
-            files=self.files,
-            docs=self.docs,
-            rate=f"{rate:.1f}",
-        )
-
-    def chunks(self, total: int) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, chunks=total)
-
-    def finish(self) -> None:
-        if self.progress is not None:
-            self.progress.update(self.task, completed=self.progress.tasks[0].total)
-            self.progress.stop()
-            self.progress = None
-
-
 class UsageError(Exception):
     """A mistake in the command line: a one-line message and exit status 2."""
-
-
-def _print_json(obj: Any) -> None:
-    text = json.dumps(obj, indent=2, ensure_ascii=False)
-    # A path that is not UTF-8 (a name may hold any bytes) as the JSON escape \udce9: stdout never fails on it.
-    sys.stdout.write(text.encode("utf-8", errors="backslashreplace").decode("utf-8") + "\n")
-    sys.stdout.flush()
 
 
 def _filter_arg(text: str | None) -> dict[str, Any] | None:
@@ -166,50 +90,11 @@ def _fail(args: argparse.Namespace, console: Console, error: Exception, status: 
     line = shown(str(error))  # a path that is not UTF-8 (any bytes make a name) as \xe9
     console.print(f"[red]ragserve: {escape(line)}[/red]", highlight=False, soft_wrap=True)
     if getattr(args, "json", False):
-        _print_json({"error": {"status": getattr(error, "status", None), "message": message}})
+        print_json({"error": {"status": getattr(error, "status", None), "message": message}})
     return status
 
 
 # --- ingest -------------------------------------------------------------------------------------
-def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | None) -> None:
-    console.print(
-        f"[bold]{report.index}[/bold]: {len(report.added)} added, {len(report.updated)} updated, "
-        f"{len(report.unchanged)} unchanged, {len(report.deleted)} deleted, "
-        f"[{'red' if report.failed else 'default'}]{len(report.failed)} failed[/] "
-        f"({report.documents_sent} documents sent in {report.seconds:.1f} s)"
-    )
-    for path, reason in report.failed:
-        console.print(f"  [red]failed[/red]  {escape(path)}: {escape(reason)}")
-    for path, warning in report.warnings:
-        console.print(f"  [yellow]warning[/yellow] {escape(path)}: {escape(warning)}")
-    for path, reason in report.skipped:
-        console.print(f"  [dim]skipped {escape(path)}: {escape(reason)}[/dim]")
-    if report.links_outside:
-        listed = ", ".join(report.links_outside[:10]) + (", …" if len(report.links_outside) > 10 else "")
-        n = len(report.links_outside)
-        console.print(
-            f"  [yellow]skipped {n} link{'' if n == 1 else 's'} leaving the folder: {escape(listed)} "
-            "(to index a link's target, name the target itself)[/yellow]"
-        )
-    if report.stale:
-        console.print(
-            f"  [yellow]{len(report.stale)} file(s) are gone from disk but still indexed; "
-            "run with --delete to remove them[/yellow]"
-        )
-    if report.fatal:
-        console.print(f"  [red]stopped: {escape(report.fatal)}[/red]")
-    if report.interrupted:
-        console.print(
-            f"  [yellow]interrupted: {len(report.not_processed)} file(s) not processed; every file "
-            "sent was indexed whole. Run the same command again to finish.[/yellow]"
-        )
-    if stats:
-        console.print(
-            f"  index now: {stats['documents']} documents, {stats['chunks']} chunks, "
-            f"{human_bytes(stats['bytes'])} of text"
-        )
-
-
 def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, out: Console) -> int:
     _index_arg(args.index)
     roots = [Path(p) for p in args.paths]
@@ -267,7 +152,7 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
             except ApiError:
                 stats = None
         if args.json:
-            _print_json({**report.to_json(), "stats": stats})
+            print_json({**report.to_json(), "stats": stats})
         else:
             print_report(report, out, stats)
 
@@ -291,23 +176,6 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
 
 
 # --- questions ----------------------------------------------------------------------------------
-def _source_line(i: int, node: dict[str, Any]) -> str:
-    meta = node.get("metadata") or {}
-    where = meta.get("path") or node.get("doc_id")
-    page = f" p.{meta['page']}" if meta.get("page") else ""
-    title = meta.get("title")
-    label = f"{where}{page}" + (f" — {title}" if title and not str(where).endswith(str(title)) else "")
-    return f"  [{i}] {label}  (score {float(node.get('score', 0)):.3f})"
-
-
-def print_sources(nodes: Sequence[dict[str, Any]], console: Console) -> None:
-    if not nodes:
-        return
-    console.print("[bold]Sources[/bold]")
-    for i, node in enumerate(nodes, start=1):
-        console.print(escape(_source_line(i, node)), highlight=False)
-
-
 def cmd_query(args: argparse.Namespace, client: RagClient, err: Console, console: Console) -> int:
     params = {"max_tokens": args.max_tokens} if args.max_tokens else None
     answer = client.query(
@@ -318,7 +186,7 @@ def cmd_query(args: argparse.Namespace, client: RagClient, err: Console, console
         llm_params=params,
     )
     if args.json:
-        _print_json(answer)
+        print_json(answer)
         return EXIT_OK
     console.print(escape(answer["response"]), highlight=False)
     print_sources(answer.get("source_nodes") or [], console)
@@ -385,7 +253,7 @@ def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console:
         messages = [*history, {"role": "user", "content": " ".join(args.message)}]
         _, result = _chat_once(args, client, console, messages)
         if args.json:
-            _print_json(result)
+            print_json(result)
         return EXIT_OK
     if not args.json:
         console.print(
@@ -411,7 +279,7 @@ def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console:
             status = _fail(args, err, e)  # one line on stderr; with --json {"error": ...} on stdout
             continue
         if args.json:
-            _print_json(result)
+            print_json(result)
         history = [*messages, {"role": "assistant", "content": text}]
 
 
@@ -425,36 +293,12 @@ def cmd_indexes(args: argparse.Namespace, client: RagClient, err: Console, conso
                 raise
             rows.append({"index_name": name})
     if args.json:
-        _print_json(rows)
+        print_json(rows)
         return EXIT_OK
     if not rows:
         console.print("no indexes yet: ragserve ingest PATH --index NAME")
         return EXIT_OK
-    cells = [
-        (
-            str(r["index_name"]),
-            str(r.get("documents", "?")),
-            str(r.get("chunks", "?")),
-            human_bytes(r["bytes"]) if "bytes" in r else "?",
-            str(r.get("index_kind", "?")),
-            str(len(r.get("shards", []))) if "shards" in r else "?",
-        )
-        for r in rows
-    ]
-    widest = max(cell_len(c[0]) for c in cells)
-    if console.width < widest + 50:  # a name is never cut (it is what the next command needs)
-        for name, docs, chunks, size, kind, shards in cells:
-            console.print(
-                f"[bold]{escape(name)}[/bold]: {docs} documents, {chunks} chunks, {size}, {kind}, {shards} shards",
-                soft_wrap=True,
-                highlight=False,
-            )
-        return EXIT_OK
-    table = Table("index", "documents", "chunks", "bytes", "kind", "shards")
-    table.columns[0].no_wrap, table.columns[0].min_width = True, widest
-    for row in cells:
-        table.add_row(escape(row[0]), *row[1:])
-    console.print(table)
+    print_indexes(rows, console)
     return EXIT_OK
 
 
@@ -480,7 +324,7 @@ def cmd_docs_list(args: argparse.Namespace, client: RagClient, err: Console, con
         if not got or offset >= total:
             break
     if args.json:
-        _print_json({"index": index, "total": total, "offset": args.offset, "count": len(docs), "documents": docs})
+        print_json({"index": index, "total": total, "offset": args.offset, "count": len(docs), "documents": docs})
         return EXIT_OK
     if not docs:
         what = "no documents match the filter" if flt else "no documents"
@@ -489,50 +333,10 @@ def cmd_docs_list(args: argparse.Namespace, client: RagClient, err: Console, con
         )
         return EXIT_OK
     console.print(f"{escape(index)}: documents {args.offset + 1}–{args.offset + len(docs)} of {total}")
-    _document_rows(docs, console)
+    document_rows(docs, console)
     if args.offset + len(docs) < total:
         console.print(f"[dim]{total - args.offset - len(docs)} more: --offset {args.offset + len(docs)}[/dim]")
     return EXIT_OK
-
-
-def _document_rows(docs: Sequence[dict[str, Any]], console: Console) -> None:
-    """The documents as a table whose ids are never cut (an id is what the next command needs):
-    the other columns wrap or shorten instead, the path column shows only where it says more than
-    the id (a PDF page's file), and a terminal too narrow for that gets one block per document."""
-    rows = []
-    for d in docs:
-        meta = d.get("metadata") or {}
-        text = " ".join(str(d.get("text") or "").split())
-        rows.append(
-            (
-                str(d.get("doc_id")),
-                str(meta.get("path", "")),
-                str(meta.get("title", "")),
-                str(meta.get("file_type", "")),
-                "ragserve ingest" if meta.get("source") == SOURCE else "",
-                text[:60] + ("…" if len(text) > 60 else ""),
-            )
-        )
-    widest = max(cell_len(r[0]) for r in rows)
-    show_path = any(r[1] not in ("", r[0]) for r in rows)
-    if console.width < widest + (50 if show_path else 34):
-        for doc_id, path, title, kind, by, text in rows:
-            console.print(f"[bold]{escape(doc_id)}[/bold]", soft_wrap=True, highlight=False)
-            details = " · ".join(x for x in ((path if path != doc_id else ""), title, kind, by) if x)
-            if details:
-                console.print(f"  {escape(details)}", soft_wrap=False, highlight=False)
-            console.print(f"  [dim]{escape(text)}[/dim]", soft_wrap=False, highlight=False)
-        return
-    table = Table()
-    table.add_column("doc_id", no_wrap=True, min_width=widest)
-    if show_path:
-        table.add_column("path", overflow="fold")
-    for name in ("title", "type", "by"):
-        table.add_column(name, overflow="fold")
-    table.add_column("text", overflow="ellipsis")
-    for doc_id, path, *rest in rows:
-        table.add_row(*(escape(c) for c in (doc_id, *([path] if show_path else []), *rest)))
-    console.print(table)
 
 
 def _at_least(minimum: int) -> Callable[[str], int]:
