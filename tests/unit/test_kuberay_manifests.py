@@ -132,3 +132,17 @@ def test_every_pod_takes_the_api_keys_from_a_secret_and_the_manifest_holds_none(
     serve = yaml.safe_load(doc["spec"]["serveConfigV2"])
     for app in serve["applications"]:
         assert "api_keys" not in app["args"] and "allow_unauthenticated" not in app["args"]
+
+
+def test_the_image_copies_the_package_and_what_it_installs_from() -> None:
+    """kuberay/Dockerfile's COPY sources exist (a renamed package left behind fails the image build,
+    which nothing here runs), and the package the import path names is among them."""
+    sources = []
+    for line in (ROOT / "kuberay" / "Dockerfile").read_text().splitlines():
+        words = [w for w in line.split() if not w.startswith("--")]
+        if words[:1] == ["COPY"]:
+            sources += words[1:-1]
+    assert sources, "the Dockerfile copies nothing"
+    assert [s for s in sources if not (ROOT / s).exists()] == []
+    import_path = yaml.safe_load((ROOT / "configs" / "gpu.yaml").read_text())["applications"][0]["import_path"]
+    assert import_path.split(".")[0] in sources
