@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 
 from benchmarks.answer_quality import FACTS, ask, ask_facts, echoes_prompt, index_facts
 from ragserve.models.transformers_engine import TransformersEngine
+from ragserve.testing.embedder import InProcessEmbedder
 from ragserve.testing.inprocess import inprocess_app
-from tests.conftest import InProcessEmbedder
 
 pytestmark = pytest.mark.slow
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, embedding_model) -> Iterator[str]:
     """The in-process application (real shards and embedder, fake upstream LLM) on a real socket."""
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     embedder = InProcessEmbedder(embedding_model)
     with (

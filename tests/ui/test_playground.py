@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory, embedding_model) -> Iterator[str]:
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     with live_app(tmp_path_factory.mktemp("ui"), InProcessEmbedder(embedding_model), answer=ANSWER, api_keys=[KEY]) as (
         url,

@@ -23,7 +23,7 @@ from tests.live_server import live_app
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, embedding_model) -> Iterator[str]:
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     with live_app(
         tmp_path_factory.mktemp("cli"),
@@ -213,7 +213,7 @@ def test_stats_route(server: str, tmp_path: Path) -> None:
 
 
 def test_api_keys(tmp_path: Path, embedding_model, capsys, monkeypatch) -> None:
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     with live_app(tmp_path / "s", InProcessEmbedder(embedding_model), api_keys=["sk-test"]) as (url, _):
         code, _, err = run(capsys, "--url", url, "indexes")
@@ -382,7 +382,7 @@ def test_chat_json_writes_only_json_on_stdout(server: str, tmp_path: Path, capsy
 @pytest.fixture(scope="module")
 def small_pages(tmp_path_factory, embedding_model) -> Iterator[str]:
     """A server whose largest listing page is 3 documents."""
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     with live_app(tmp_path_factory.mktemp("pages"), InProcessEmbedder(embedding_model), max_list_limit=3) as (url, _):
         yield url

@@ -40,7 +40,7 @@ class SlowEmbedder:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, embedding_model) -> Iterator[str]:
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     with live_app(tmp_path_factory.mktemp("sig"), SlowEmbedder(InProcessEmbedder(embedding_model), 0.25)) as (url, _):
         yield url

@@ -28,7 +28,7 @@ QUESTION = "What does the KAITO operator automate?"
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory, embedding_model) -> Iterator[str]:
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     with live_app(
         tmp_path_factory.mktemp("clients"), InProcessEmbedder(embedding_model), answer=ANSWER, api_keys=["sk-client"]

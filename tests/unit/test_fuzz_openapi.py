@@ -24,7 +24,7 @@ server_errors: list[str] = []
 
 @pytest.fixture(scope="module")
 def fuzz_app(tmp_path_factory, embedding_model) -> Iterator:
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     embedder = InProcessEmbedder(embedding_model)
     with (

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from tests.conftest import InProcessEmbedder
+from ragserve.testing.embedder import InProcessEmbedder
 from tests.live_server import live_app
 
 HEALTH_BOUND_S = 1.0

@@ -73,7 +73,7 @@ def test_a_large_scrape_is_filtered_quickly() -> None:
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory, embedding_model) -> Iterator[TestClient]:
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     async def metrics_text() -> str:
         return node_metrics()

@@ -14,7 +14,7 @@ from ragserve.testing.inprocess import inprocess_app
 
 @pytest.fixture(scope="module")
 def schema(tmp_path_factory, embedding_model) -> dict[str, Any]:
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     with (
         FakeOpenAI() as fake,

@@ -21,7 +21,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory, embedding_model) -> Iterator[TestClient]:
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
 
     with (
         FakeOpenAI(answer="ok", model="fake-model", max_model_len=4096) as fake,
@@ -151,7 +151,7 @@ def test_upload_names_are_checked_alike_and_each_refusal_names_its_rule(client: 
 def busy_app(tmp_path, embedding_model, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
     """At most 2 conversions at once, 2 s each; files named slow* convert for a minute."""
     import ragserve.ingest.convert as convert_module
-    from tests.conftest import InProcessEmbedder
+    from ragserve.testing.embedder import InProcessEmbedder
     from tests.convert_children import slow_unless_quick
 
     monkeypatch.setattr(convert_module, "_convert_child", slow_unless_quick)
