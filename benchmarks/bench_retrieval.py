@@ -98,7 +98,7 @@ def shard_search(storage: Path, shards: int, kind: str, queries: np.ndarray, k: 
     from ragserve.service.shard_service import ShardService
 
     svc = ShardService(storage, 0, shards, faiss_kind=kind)
-    vectors = svc._shard._faiss["bench"]  # the shard's own VectorIndex (a benchmark may look inside)
+    vectors = svc._shard._mirror["bench"]  # the shard's own VectorIndex (a benchmark may look inside)
     total, vector = [], []
     for q in queries:
         t0 = time.perf_counter()

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from ragserve.store.lexical import create_lexical_index
 
 SCHEMA_VERSION = 4
+SQL_VARS = 900  # stay under SQLite's host-parameter limit
 log = logging.getLogger("ragserve.store")
 
 DDL = """
@@ -64,6 +67,12 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
         conn.execute("PRAGMA query_only=ON")
     return conn
+
+
+def chunked(seq: list[Any], size: int = SQL_VARS) -> Iterator[list[Any]]:
+    """``seq`` in slices of at most ``size``: one ``IN (...)`` statement per slice."""
+    for i in range(0, len(seq), size):
+        yield seq[i : i + size]
 
 
 def create_schema(conn: sqlite3.Connection) -> None:

@@ -81,7 +81,7 @@ def test_stats_during_a_write_never_count_rows_without_their_vectors(tmp_path: P
     store = shard._shard
     try:
         shard.upsert_documents("kb", [write("a", "first", 2)])
-        real = store._apply_faiss
+        real = store._mirror.apply
         committed = threading.Event()
 
         def slow_apply(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -89,7 +89,7 @@ def test_stats_during_a_write_never_count_rows_without_their_vectors(tmp_path: P
             time.sleep(0.3)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(store, "_apply_faiss", slow_apply)
+        monkeypatch.setattr(store._mirror, "apply", slow_apply)
         writer = threading.Thread(target=shard.upsert_documents, args=("kb", [write("b", "second", 5)]))
         writer.start()
         assert committed.wait(10)

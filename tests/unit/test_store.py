@@ -72,7 +72,7 @@ def test_snapshot_then_changes_replay_equals_rebuild(tmp_path: Path) -> None:
     expected = [top(s, "ix", p, 10) for p in probes]
     del s
     replayed = Shard(tmp_path / "a")
-    assert replayed._faiss["ix"].ntotal == replayed.count_chunks("ix") == 2 * 27 + 3
+    assert replayed._mirror["ix"].ntotal == replayed.count_chunks("ix") == 2 * 27 + 3
     assert [top(replayed, "ix", p, 10) for p in probes] == expected
     # a full rebuild (snapshot files removed) gives the same answers
     for f in (tmp_path / "a" / "faiss").iterdir():
@@ -275,5 +275,5 @@ def test_concurrent_readers_during_writes(tmp_path: Path) -> None:
         t.join()
     assert errors == []
     assert s.count_documents("ix") == 210 - 10
-    assert s._faiss["ix"].ntotal == s.count_chunks("ix") == 2 * 200
+    assert s._mirror["ix"].ntotal == s.count_chunks("ix") == 2 * 200
     assert s.verify() == []

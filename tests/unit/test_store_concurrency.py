@@ -43,7 +43,7 @@ def make_doc(doc_id: str, seed: int, chunks: int = 2) -> DocumentWrite:
 
 def consistent(s: Shard, index: str) -> bool:
     """FAISS holds exactly one vector per chunk row (checked without the shard's own verify)."""
-    return s._faiss[index].ntotal == s.count_chunks(index)
+    return s._mirror[index].ntotal == s.count_chunks(index)
 
 
 def run(name: str, fn: Callable[[], Any], errors: list[BaseException]) -> threading.Thread:
@@ -189,7 +189,7 @@ def test_open_verifies_and_rebuilds_a_faiss_snapshot_that_disagrees_with_sqlite(
     s = Shard(tmp_path, snapshot_every=0)
     s.upsert_documents("ix", [make_doc(f"d{i}", i) for i in range(5)])
     assert s.verify() == []
-    s._faiss["ix"].add(np.stack([unit(np.ones(DIM))]), np.asarray([10_000], dtype=np.int64))  # a ghost
+    s._mirror["ix"].add(np.stack([unit(np.ones(DIM))]), np.asarray([10_000], dtype=np.int64))  # a ghost
     assert any("10000" in p or "without a row" in p for p in s.verify())
     s.snapshot()  # the damaged FAISS state is now on disk
     del s

@@ -86,4 +86,4 @@ def test_gpu_mirror_follows_mutations_and_matches_cpu(tmp_path: Path, fake_gpu) 
     filtered = gpu.search("ix", q, 3, {"i": 7})  # selectors run on the CPU index
     assert [h.doc_id for h in filtered] == ["d7"] and len(fake_gpu) == 2
     gpu.drop_index("ix")
-    assert gpu._gpu is not None and gpu._gpu._copies == {}
+    assert gpu._mirror._gpu is not None and gpu._mirror._gpu._copies == {}

@@ -101,19 +101,19 @@ def test_ivf_stays_flat_until_trained_then_retrains_as_it_grows(tmp_path: Path, 
     vectors, _ = data
     s = Shard(tmp_path, faiss_kind="ivf", faiss_params={**IVF, "retrain_growth": 2.0})
     s.upsert_documents("ix", docs(vectors[:300]))
-    assert not s._faiss["ix"].is_ivf  # below train_min: exact search
+    assert not s._mirror["ix"].is_ivf  # below train_min: exact search
     assert ids(s, vectors[5], 1) == ["d5"]
     s.upsert_documents("ix", docs(vectors[300:500], 300))
-    fidx = s._faiss["ix"]
+    fidx = s._mirror["ix"]
     assert fidx.is_ivf and fidx.trained_size == 500 and fidx.index.nlist == 16 and fidx.ntotal == 500
     s.upsert_documents("ix", docs(vectors[500:1100], 500))  # past 2x: retrained on everything
-    assert s._faiss["ix"].trained_size == 1100
+    assert s._mirror["ix"].trained_size == 1100
     assert ids(s, vectors[1000], 1) == ["d1000"]
     s.delete_documents("ix", ["d1000"])
-    assert "d1000" not in ids(s, vectors[1000], 10) and s._faiss["ix"].ntotal == 1099
+    assert "d1000" not in ids(s, vectors[1000], 10) and s._mirror["ix"].ntotal == 1099
     s.close()
     reopened = Shard(tmp_path, faiss_kind="ivf", faiss_params={**IVF, "retrain_growth": 2.0})
-    assert reopened._faiss["ix"].is_ivf and reopened._faiss["ix"].ntotal == 1099  # from the snapshot
+    assert reopened._mirror["ix"].is_ivf and reopened._mirror["ix"].ntotal == 1099  # from the snapshot
     assert ids(reopened, vectors[7], 1) == ["d7"]
     assert reopened.verify() == []  # the self-check reads ids out of IVF lists
     reopened.close()
@@ -124,23 +124,23 @@ def test_hnsw_masks_deletions_then_rebuilds_without_them(tmp_path: Path, data) -
     s = Shard(tmp_path, faiss_kind="hnsw", faiss_params=HNSW)
     s.upsert_documents("ix", docs(vectors[:500]))
     s.delete_documents("ix", [f"d{i}" for i in range(50)])
-    fidx = s._faiss["ix"]
+    fidx = s._mirror["ix"]
     assert len(fidx.deleted) == 50 and fidx.index.ntotal == 500 and fidx.ntotal == 450
     assert all(int(d[1:]) >= 50 for d in ids(s, vectors[3], 10))
     assert ids(s, vectors[60], 1) == ["d60"]
     # an update replaces the vector: the old one is masked, the new one found
     moved = DocumentWrite("d60", "moved", {}, "h-new", [ChunkWrite("n60b", 0, "moved", vectors[61])])
     s.upsert_documents("ix", [moved])
-    assert len(s._faiss["ix"].deleted) == 51 and set(ids(s, vectors[61], 2)) == {"d60", "d61"}
+    assert len(s._mirror["ix"].deleted) == 51 and set(ids(s, vectors[61], 2)) == {"d60", "d61"}
     # the snapshot keeps the mask across a restart
     s.close()
     reopened = Shard(tmp_path, faiss_kind="hnsw", faiss_params=HNSW)
-    assert reopened._faiss["ix"].ntotal == 450 and len(reopened._faiss["ix"].deleted) == 51
+    assert reopened._mirror["ix"].ntotal == 450 and len(reopened._mirror["ix"].deleted) == 51
     assert all(int(d[1:]) >= 50 for d in ids(reopened, vectors[3], 10))
     assert reopened.verify() == []  # masked deletions are not counted as vectors
     # past max_deleted_ratio the graph is rebuilt without the masked vectors
     reopened.delete_documents("ix", [f"d{i}" for i in range(50, 120)])
-    fidx = reopened._faiss["ix"]
+    fidx = reopened._mirror["ix"]
     assert fidx.deleted == set() and fidx.index.ntotal == fidx.ntotal == 380 and reopened.verify() == []
     assert all(int(d[1:]) >= 120 for d in ids(reopened, vectors[3], 10))
     reopened.close()
@@ -153,9 +153,9 @@ def test_changing_the_kind_rebuilds_on_open(tmp_path: Path, data) -> None:
     expected = [ids(s, q, 5) for q in queries[:5]]
     s.close()  # flat snapshot on disk
     as_hnsw = Shard(tmp_path, faiss_kind="hnsw", faiss_params=HNSW)
-    assert as_hnsw._faiss["ix"].spec.kind == "hnsw" and as_hnsw._faiss["ix"].ntotal == 600
+    assert as_hnsw._mirror["ix"].spec.kind == "hnsw" and as_hnsw._mirror["ix"].ntotal == 600
     assert sum(len(set(ids(as_hnsw, q, 5)) & set(e)) for q, e in zip(queries[:5], expected, strict=True)) >= 23
     as_hnsw.close()
     as_ivf = Shard(tmp_path, faiss_kind="ivf", faiss_params=IVF)
-    assert as_ivf._faiss["ix"].is_ivf and as_ivf._faiss["ix"].ntotal == 600
+    assert as_ivf._mirror["ix"].is_ivf and as_ivf._mirror["ix"].ntotal == 600
     as_ivf.close()

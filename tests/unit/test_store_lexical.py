@@ -11,6 +11,7 @@ import pytest
 
 from ragserve.store import ChunkWrite, DocumentWrite, Shard, read_export
 from ragserve.store.lexical import FTS_TABLE, MAX_PHRASE_TOKENS, MAX_QUERY_CHARS, MAX_QUERY_TOKENS, lexical_query
+from ragserve.store.search import terms_matched
 
 TEXTS = {
     "bracket": "The XR-7720 bracket mounts the pump on the frame.",
@@ -216,18 +217,18 @@ def test_terms_are_counted_for_exactly_the_asked_rows(tmp_path):
             text = " ".join(rng.choice(words, size=4))
             s.upsert_documents("kb" if n % 3 else "other", [doc(f"d{n}", text, n)])
         query = lexical_query("pump valve seal gasket")
-        all_ids = [r[0] for r in s._reader().execute("SELECT id FROM chunks WHERE index_name = 'kb' ORDER BY id")]
+        all_ids = [r[0] for r in s._readers.get().execute("SELECT id FROM chunks WHERE index_name = 'kb' ORDER BY id")]
         for ids in (all_ids, all_ids[5:40:3], [all_ids[0], all_ids[-1]], [all_ids[17]], []):
             expected = {
                 i: sum(
-                    s._reader()
+                    s._readers.get()
                     .execute(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid = ?", (t, i))
                     .fetchone()[0]
                     for t in query.terms
                 )
                 for i in ids
             }
-            assert s._terms_matched("kb", query, ids) == expected
+            assert terms_matched(s._readers.get(), "kb", query, ids) == expected
             if ids is all_ids:  # the data has rows matching none, some and all of the terms
                 assert {0, 1, 2}.issubset(expected.values())
     finally:
@@ -408,7 +409,7 @@ def test_a_loads_swap_moves_the_lexical_rows_to_the_loaded_name(tmp_path) -> Non
         s.replace_index("staging~kb", "kb")
         assert [h.doc_id for h in s.search_candidates("kb", vec(0), "XR-7720", 5, mode="lexical").lexical] == ["new"]
         assert s.verify() == []
-        n = s._reader().execute(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH 'xr'").fetchone()[0]
+        n = s._readers.get().execute(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH 'xr'").fetchone()[0]
         assert n == 1
     finally:
         s.close()
