@@ -45,7 +45,7 @@ from ragserve.rag.rerank import rerank
 from ragserve.service.access import FULL_ACCESS, Principal
 from ragserve.service.paths import PathOutsideStorageError, confine
 from ragserve.service.routing import group_by_shard
-from ragserve.service.shard_service import HOME_SHARD, STAGING_PREFIX
+from ragserve.service.shard_service import HOME_SHARD, STAGING_PREFIX, ShardService
 from ragserve.store import ChunkWrite, DocumentWrite, StoredDocument
 from ragserve.store.lexical import MAX_QUERY_CHARS, lexical_query
 
@@ -127,7 +127,7 @@ class DocumentService:
 
     def __init__(
         self,
-        pool: ShardPool,
+        pool: ShardPool[ShardService],
         embedder: TextEmbedder,
         chunker: DocumentChunker,
         *,
@@ -149,26 +149,26 @@ class DocumentService:
     # --- indexes ------------------------------------------------------------------------------
     async def list_indexes(self) -> list[str]:
         names: set[str] = set()
-        for part in await self.pool.call_all("list_indexes"):
+        for part in await self.pool.call_all(ShardService.list_indexes):
             names.update(part)
         return sorted(names)
 
     async def index_exists(self, index: str) -> bool:
-        return any(await self.pool.call_all("has_index", index))
+        return any(await self.pool.call_all(ShardService.has_index, index))
 
     async def require_index(self, index: str) -> None:
         if not await self.index_exists(index):
             raise NotFoundError(f"No such index: '{index}' exists.")
 
     async def count_documents(self, index: str) -> int:
-        return sum(await self.pool.call_all("count_documents", index))
+        return sum(await self.pool.call_all(ShardService.count_documents, index))
 
     async def drop_index(self, index: str) -> str:
         """Drop ``index`` on every shard. The generation is read on the home shard first and sent
         along, so every shard also refuses a write of that generation still in flight (it then
         fails with 409 and stores nothing) instead of recreating the index with its rows."""
-        generation = await self.pool.call(HOME_SHARD, "index_generation", index)
-        dropped = await self.pool.call_all("drop_index", index, generation)
+        generation = await self.pool.call(HOME_SHARD, ShardService.index_generation, index)
+        dropped = await self.pool.call_all(ShardService.drop_index, index=index, generation=generation)
         if not any(dropped):
             raise NotFoundError(f"No such index: '{index}' exists.")
         return f"Successfully deleted index {index}."
@@ -243,7 +243,15 @@ class DocumentService:
         groups = group_by_shard(list(writes), lambda w: w.doc_id, self.pool.num_shards)
         written = await asyncio.gather(
             *(
-                self.pool.call(s, "upsert_documents", index, ws, only_existing, generation, if_absent)
+                self.pool.call(
+                    s,
+                    ShardService.upsert_documents,
+                    index=index,
+                    docs=ws,
+                    only_existing=only_existing,
+                    generation=generation,
+                    if_absent=if_absent,
+                )
                 for s, ws in groups.items()
             )
         )
@@ -290,7 +298,7 @@ class DocumentService:
             lambda: [self._chunk(d.text, d.metadata, f"documents[{i}]") for i, d in enumerate(docs)]
         )
         existing_by_hash: dict[str, str] = {}
-        for part in await self.pool.call_all("find_by_hash", index, sorted(set(hashes))):
+        for part in await self.pool.call_all(ShardService.find_by_hash, index=index, hashes=sorted(set(hashes))):
             existing_by_hash.update(part)
         given_ids = [d.doc_id for d in docs if d.doc_id]
         existing_given = await self._get_documents(index, given_ids) if given_ids else {}
@@ -318,7 +326,7 @@ class DocumentService:
         if to_embed:
             chunks = await self._embed_chunks(to_embed)
             dim = int(np.asarray(next(c for cs in chunks.values() for c in cs).vector).shape[-1])
-            generation = await self.pool.call(HOME_SHARD, "ensure_index", index, dim)
+            generation = await self.pool.call(HOME_SHARD, ShardService.ensure_index, index=index, dim=dim)
             writes = [self._as_write(p, chunks[p.doc_id]) for p in given]
             _, final = await asyncio.gather(
                 self._write(index, writes, generation=generation),
@@ -331,7 +339,9 @@ class DocumentService:
 
     async def _get_documents(self, index: str, doc_ids: Sequence[str]) -> dict[str, StoredDocument]:
         groups = group_by_shard(list(dict.fromkeys(doc_ids)), lambda x: x, self.pool.num_shards)
-        parts = await asyncio.gather(*(self.pool.call(s, "get_documents", index, ids) for s, ids in groups.items()))
+        parts = await asyncio.gather(
+            *(self.pool.call(s, ShardService.get_documents, index=index, doc_ids=ids) for s, ids in groups.items())
+        )
         found: dict[str, StoredDocument] = {}
         for p in parts:
             found.update(p)
@@ -341,7 +351,7 @@ class DocumentService:
         """Re-chunk and re-embed only documents whose text or metadata changed. An omitted
         ``metadata`` keeps the stored one (``{}`` clears it). A doc_id given twice is a 400."""
         self._reject_repeated_ids([d.doc_id for d in docs])
-        generation = await self.pool.call(HOME_SHARD, "index_generation", index)
+        generation = await self.pool.call(HOME_SHARD, ShardService.index_generation, index)
         if generation is None:
             await self.require_index(index)  # an index from before generations has no home entry
         current = await self._get_documents(index, [d.doc_id for d in docs])
@@ -377,7 +387,7 @@ class DocumentService:
         unique = list(dict.fromkeys(doc_ids))
         groups = group_by_shard(unique, lambda x: x, self.pool.num_shards)
         results = await asyncio.gather(
-            *(self.pool.call(s, "delete_documents", index, ids) for s, ids in groups.items())
+            *(self.pool.call(s, ShardService.delete_documents, index=index, doc_ids=ids) for s, ids in groups.items())
         )
         deleted = {d for r in results for d in r[0]}
         return DeleteDocumentsResponse(
@@ -401,7 +411,12 @@ class DocumentService:
         totals = [
             t
             for _, t in await self.pool.call_all(
-                "list_documents", index, limit=1, offset=0, max_text_length=0, metadata_filter=metadata_filter
+                ShardService.list_documents,
+                index=index,
+                limit=1,
+                offset=0,
+                max_text_length=0,
+                metadata_filter=metadata_filter,
             )
         ]
         total = sum(totals)
@@ -421,8 +436,8 @@ class DocumentService:
             *(
                 self.pool.call(
                     s,
-                    "list_documents",
-                    index,
+                    ShardService.list_documents,
+                    index=index,
                     limit=n,
                     offset=o,
                     max_text_length=max_text_length,
@@ -461,15 +476,15 @@ class DocumentService:
         wide = mode == "hybrid" or self.reranker is not None
         depth = max(k, self.retrieval.candidates) if wide else k
         parts = await self.pool.call_all(
-            "search_candidates",
-            index,
-            vector,
-            query[: MAX_QUERY_CHARS + 1],  # all the lexical parser reads (the +1 tells a word cut at the end)
-            depth,
-            mode,
-            metadata_filter,
-            self.retrieval.min_match,
-            self.retrieval.max_postings,
+            ShardService.search_candidates,
+            index=index,
+            vector=vector,
+            text=query[: MAX_QUERY_CHARS + 1],  # all the lexical parser reads (the +1 tells a word cut at the end)
+            k=depth,
+            mode=mode,
+            metadata_filter=metadata_filter,
+            min_match=self.retrieval.min_match,
+            max_postings=self.retrieval.max_postings,
         )
         if all(p is None for p in parts):
             raise NotFoundError(f"No such index: '{index}' exists.")
@@ -558,7 +573,7 @@ class DocumentService:
         tag = uuid.uuid4().hex[:12]
         manifest_tmp = dest / f".{MANIFEST}.{tag}.tmp"
         try:
-            parts = await self.pool.call_all("export_part", index, str(dest), tag)
+            parts = await self.pool.call_all(ShardService.export_part, index=index, dest_dir=str(dest), tag=tag)
             written = [p["file"] for p in parts if p["file"]]
             dims = {p["dim"] for p in parts if p["dim"]}
             manifest = {
@@ -660,7 +675,7 @@ class DocumentService:
             raise ConflictError(f"Index {index} already exists; pass overwrite=true to replace it.")
         staging = f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}~{index}"
         try:
-            imported = await self.pool.call_all("import_parts", staging, parts)
+            imported = await self.pool.call_all(ShardService.import_parts, index=staging, part_files=parts)
             if expected >= 0 and sum(imported) != expected:
                 raise BadRequestError(
                     f"snapshot at {shown!r} is incomplete: its manifest counts {expected} "
@@ -668,16 +683,33 @@ class DocumentService:
                 )
             dim = manifest.get("dim") if isinstance(manifest.get("dim"), int) else None
             generation = await self.pool.call(
-                HOME_SHARD, "replace_index", staging, index, None, overwrite, dim, imported[HOME_SHARD] > 0
+                HOME_SHARD,
+                ShardService.replace_index,
+                staging=staging,
+                index=index,
+                generation=None,
+                overwrite=overwrite,
+                dim=dim,
+                expect_staged=imported[HOME_SHARD] > 0,
             )
         except BaseException:
             await asyncio.gather(
-                *(self.pool.call(s, "drop_index", staging) for s in range(self.pool.num_shards)), return_exceptions=True
+                *(self.pool.call(s, ShardService.drop_index, staging) for s in range(self.pool.num_shards)),
+                return_exceptions=True,
             )
             raise
         await asyncio.gather(
             *(
-                self.pool.call(s, "replace_index", staging, index, generation, True, dim, imported[s] > 0)
+                self.pool.call(
+                    s,
+                    ShardService.replace_index,
+                    staging=staging,
+                    index=index,
+                    generation=generation,
+                    overwrite=True,
+                    dim=dim,
+                    expect_staged=imported[s] > 0,
+                )
                 for s in range(self.pool.num_shards)
                 if s != HOME_SHARD
             )
@@ -688,7 +720,7 @@ class DocumentService:
     async def stats(self, index: str) -> IndexStats:
         """Totals and per-shard counts of ``index``, asked of every shard at once; 404 when no shard
         holds it. Shards without a part of it are left out of ``shards``."""
-        parts = [p for p in await self.pool.call_all("index_stats", index) if p is not None]
+        parts = [p for p in await self.pool.call_all(ShardService.index_stats, index) if p is not None]
         if not parts:
             raise NotFoundError(f"No such index: '{index}' exists.")
         shards = [ShardStats(**{k: p[k] for k in ShardStats.model_fields}) for p in parts]

@@ -22,6 +22,7 @@ from ragserve.service.chat import ChatService
 from ragserve.service.documents import DocumentService, RetrievalOptions
 from ragserve.service.embeddings import EmbeddingService
 from ragserve.service.limits import RequestLimits
+from ragserve.service.shard_service import ShardService
 from ragserve.telemetry import NullTelemetry, Telemetry
 
 
@@ -52,7 +53,7 @@ class Services:
 def build_services(
     settings: Settings,
     *,
-    pool: ShardPool,
+    pool: ShardPool[ShardService],
     embedder: TextEmbedder,
     llm: LanguageModel,
     embedding_model: str,
