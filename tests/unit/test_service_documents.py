@@ -259,7 +259,7 @@ async def test_an_update_racing_a_delete_does_not_bring_the_document_back(tmp_pa
 async def test_the_query_encoder_gets_a_bounded_part_of_a_pasted_page(service: DocumentService, embedder) -> None:
     """The encoder reads its first max_seq_length tokens; a megabyte pasted as the query was split
     whole by its tokenizer first (seconds of a worker thread). It is given QUERY_EMBED_CHARS."""
-    from ragserve.service.documents import QUERY_EMBED_CHARS
+    from ragserve.service.retrieval import QUERY_EMBED_CHARS
 
     await service.add_documents("kb", docs("kaito", "bread"))
     seen: list[str] = []
