@@ -3,7 +3,7 @@
 methods: an engine in this process or a Serve handle to another replica, a local shard or a shard
 actor, a real model or a test's fake.
 
-- ``ShardPool``: calls one shard, or every shard, of the sharded index.
+- ``ShardPool``: calls a method of one shard, or of every shard, of the sharded index.
 - ``TextEmbedder``: texts to L2-normalised vectors, and the embedding model's token counts.
 - ``LanguageModel``: chat, streamed chat and pass-through, with the model's window and counter.
 - ``Reranker``: scores (query, text) pairs.
@@ -16,7 +16,7 @@ package, so every layer above may type against it.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -83,12 +83,28 @@ class Reranker(Protocol):
     async def score(self, query: str, texts: list[str]) -> list[float]: ...
 
 
-class ShardPool(Protocol):
-    """Calls a method of one shard, or of every shard, by name."""
+S_co = TypeVar("S_co", covariant=True)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ShardPool(Protocol[S_co]):
+    """Calls a method of one shard, or of every shard: ``pool.call(0, ShardService.search, index=...)``.
+
+    The method itself is passed (unbound), not its name, so that mypy checks every call's arguments
+    and result against the shard's own signature. ``S_co`` is the shard type
+    (``ragserve.service.shard_service.ShardService``, which this module, below the service layer,
+    cannot name); a pool of a subclass's shards is a pool of its base class's. Callers pass
+    keyword arguments when there is more than one, so the order cannot differ between layers. Only
+    the Ray pool turns the method into its name, to cross to the shard actor."""
 
     @property
     def num_shards(self) -> int: ...
 
-    async def call(self, shard: int, method: str, *args: Any, **kwargs: Any) -> Any: ...
+    async def call(
+        self, shard: int, method: Callable[Concatenate[S_co, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R: ...
 
-    async def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+    async def call_all(self, method: Callable[Concatenate[S_co, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        """Every shard's answer, in shard order."""
+        ...

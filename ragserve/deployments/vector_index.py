@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import ray
 
@@ -26,6 +27,8 @@ from ragserve.deployments.shard_metrics import start_size_gauges
 from ragserve.service.shard_service import ShardService, check_layout, vector_options
 
 SHARD_NAMESPACE = "ragserve"
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @ray.remote
@@ -106,7 +109,11 @@ async def reconcile_shards(settings: Settings, actors: list[Any], timeout_s: flo
 
 
 class RayShardPool:
-    """``ragserve.service.pool.ShardPool`` over shard actor handles."""
+    """``ragserve.ports.ShardPool`` over shard actor handles.
+
+    This is the one place a shard method becomes its name: the actor is called by
+    ``method.__name__``, and only methods of ``ShardService`` itself are accepted (anything else
+    would be looked up on the actor by a name that merely looks alike)."""
 
     def __init__(self, actors: list[Any]):
         self._actors = actors
@@ -115,11 +122,22 @@ class RayShardPool:
     def num_shards(self) -> int:
         return len(self._actors)
 
-    async def call(self, shard: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await getattr(self._actors[shard], method).remote(*args, **kwargs)
+    @staticmethod
+    def _name(method: Callable[..., Any]) -> str:
+        name = getattr(method, "__name__", "")
+        if not name or name.startswith("_") or getattr(ShardService, name, None) is not method:
+            raise TypeError(f"{method!r} is not a ShardService method; pass one, e.g. ShardService.search")
+        return name
 
-    async def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    async def call(
+        self, shard: int, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        return await getattr(self._actors[shard], self._name(method)).remote(*args, **kwargs)
+
+    async def call_all(
+        self, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> list[R]:
         return list(await asyncio.gather(*(self.call(i, method, *args, **kwargs) for i in range(self.num_shards))))
 
     async def wait_ready(self) -> None:
-        await self.call_all("ping")
+        await self.call_all(ShardService.ping)

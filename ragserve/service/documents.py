@@ -1,7 +1,10 @@
-"""The document API's logic: chunk, embed, route, write; list, update, delete, search, persist, load.
+"""The document API's logic: chunk, embed, route, write; list, update, delete, count, drop.
 
 Everything here is async and talks to two seams only: a ``TextEmbedder`` and a ``ShardPool``. Under
 Ray Serve those are deployment and actor handles; in unit tests they are in-process objects.
+Searching an index is ``ragserve.service.retrieval`` (a ``Retriever``) and its snapshots on disk
+are ``ragserve.service.snapshots``; ``DocumentService`` holds both and hands ``retrieve``,
+``persist`` and ``load`` to them, so the routes and the chat service see one document service.
 
 Concurrency: the service keeps no state of its own (ingress replicas run many at once), so every
 race is settled in the shards, under their write locks. An index's home shard (``HOME_SHARD``)
@@ -14,13 +17,9 @@ so identical requests at once store one document.
 from __future__ import annotations
 
 import asyncio
-import fcntl
-import json
-import os
-import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,29 +35,18 @@ from ragserve.api.documents import (
     UpdateDocumentsResponse,
 )
 from ragserve.api.stats import IndexStats, ShardStats
-from ragserve.config import Settings
 from ragserve.errors import BadRequestError, ConflictError, NotFoundError
 from ragserve.ingest import ChunkingError, DocumentChunker, content_hash, node_id_for
-from ragserve.ports import Reranker, ShardPool, TextEmbedder
-from ragserve.rag.fusion import FusionOptions, fuse_candidates
-from ragserve.rag.rerank import rerank
+from ragserve.ports import ShardPool, TextEmbedder
 from ragserve.service.access import FULL_ACCESS, Principal
-from ragserve.service.paths import PathOutsideStorageError, confine
+from ragserve.service.retrieval import Retriever
 from ragserve.service.routing import group_by_shard
-from ragserve.service.shard_service import HOME_SHARD, STAGING_PREFIX
+from ragserve.service.shard_service import HOME_SHARD, ShardService
+from ragserve.service.snapshots import Snapshots
 from ragserve.store import ChunkWrite, DocumentWrite, StoredDocument
-from ragserve.store.lexical import MAX_QUERY_CHARS, lexical_query
 
-MANIFEST = "manifest.json"
-SNAPSHOTS = "snapshots"  # persist/load paths are relative to <storage_dir>/snapshots
-SNAPSHOT_FORMAT = 1
-LOCK_FILE = ".persist.lock"
 MAX_CONTENT_ID_ATTEMPTS = 16
 _CONTENT_NAMESPACE = uuid.UUID("0b6f1f0e-7c3a-4d52-9b1e-2f8a64c1d9e3")
-
-
-async def _no_tokens() -> int:
-    return 0
 
 
 def content_doc_id(hash_value: str, attempt: int = 0) -> str:
@@ -67,34 +55,6 @@ def content_doc_id(hash_value: str, attempt: int = 0) -> str:
     document. ``attempt`` > 0 gives the next candidates, used when another document (edited since)
     already holds the id."""
     return uuid.uuid5(_CONTENT_NAMESPACE, f"{hash_value}:{attempt}").hex
-
-
-@dataclass(frozen=True)
-class RetrievalOptions:
-    """How ``retrieve`` searches by default and fuses (the settings ``retrieval_mode``,
-    ``retrieval_candidates``, ``lexical_min_match``, ``lexical_max_postings``, ``rrf_*``,
-    ``lexical_match_min_terms``)."""
-
-    mode: str = "hybrid"
-    candidates: int = 20
-    min_match: float = 0.3
-    max_postings: int | None = 2000
-    fusion: FusionOptions = field(default_factory=FusionOptions)
-
-    @classmethod
-    def from_settings(cls, s: Settings) -> RetrievalOptions:
-        return cls(
-            mode=s.retrieval_mode,
-            candidates=s.retrieval_candidates,
-            min_match=s.lexical_min_match,
-            max_postings=s.lexical_max_postings,
-            fusion=FusionOptions(
-                k=s.rrf_k,
-                dense_weight=s.rrf_dense_weight,
-                lexical_weight=s.rrf_lexical_weight,
-                match_min_terms=s.lexical_match_min_terms,
-            ),
-        )
 
 
 @dataclass
@@ -118,57 +78,53 @@ def _record(doc: StoredDocument | _Prepared, is_truncated: bool = False) -> Docu
     )
 
 
-#: The part of a query the query encoder is given (see ``DocumentService.retrieve``).
-QUERY_EMBED_CHARS = 65_536
-
-
 class DocumentService:
-    """Index management over a pool of shards."""
+    """Index management over a pool of shards; retrieval and snapshots through its ``retriever``
+    and ``snapshots``."""
 
     def __init__(
         self,
-        pool: ShardPool,
+        pool: ShardPool[ShardService],
         embedder: TextEmbedder,
         chunker: DocumentChunker,
         *,
         storage_dir: str | Path,
         embedding_model: str = "",
         embed_batch: int = 128,
-        retrieval: RetrievalOptions | None = None,
-        reranker: Reranker | None = None,
+        retriever: Retriever | None = None,
     ):
-        self.retrieval = retrieval or RetrievalOptions()
-        self.reranker = reranker
         self.pool = pool
         self.embedder = embedder
         self.chunker = chunker
         self.storage_dir = Path(storage_dir)
         self.embedding_model = embedding_model
         self.embed_batch = embed_batch
+        self.retriever = retriever or Retriever(pool, embedder)
+        self.snapshots = Snapshots(pool, storage_dir, index_exists=self.index_exists, embedding_model=embedding_model)
 
     # --- indexes ------------------------------------------------------------------------------
     async def list_indexes(self) -> list[str]:
         names: set[str] = set()
-        for part in await self.pool.call_all("list_indexes"):
+        for part in await self.pool.call_all(ShardService.list_indexes):
             names.update(part)
         return sorted(names)
 
     async def index_exists(self, index: str) -> bool:
-        return any(await self.pool.call_all("has_index", index))
+        return any(await self.pool.call_all(ShardService.has_index, index))
 
     async def require_index(self, index: str) -> None:
         if not await self.index_exists(index):
             raise NotFoundError(f"No such index: '{index}' exists.")
 
     async def count_documents(self, index: str) -> int:
-        return sum(await self.pool.call_all("count_documents", index))
+        return sum(await self.pool.call_all(ShardService.count_documents, index))
 
     async def drop_index(self, index: str) -> str:
         """Drop ``index`` on every shard. The generation is read on the home shard first and sent
         along, so every shard also refuses a write of that generation still in flight (it then
         fails with 409 and stores nothing) instead of recreating the index with its rows."""
-        generation = await self.pool.call(HOME_SHARD, "index_generation", index)
-        dropped = await self.pool.call_all("drop_index", index, generation)
+        generation = await self.pool.call(HOME_SHARD, ShardService.index_generation, index)
+        dropped = await self.pool.call_all(ShardService.drop_index, index=index, generation=generation)
         if not any(dropped):
             raise NotFoundError(f"No such index: '{index}' exists.")
         return f"Successfully deleted index {index}."
@@ -243,7 +199,15 @@ class DocumentService:
         groups = group_by_shard(list(writes), lambda w: w.doc_id, self.pool.num_shards)
         written = await asyncio.gather(
             *(
-                self.pool.call(s, "upsert_documents", index, ws, only_existing, generation, if_absent)
+                self.pool.call(
+                    s,
+                    ShardService.upsert_documents,
+                    index=index,
+                    docs=ws,
+                    only_existing=only_existing,
+                    generation=generation,
+                    if_absent=if_absent,
+                )
                 for s, ws in groups.items()
             )
         )
@@ -290,7 +254,7 @@ class DocumentService:
             lambda: [self._chunk(d.text, d.metadata, f"documents[{i}]") for i, d in enumerate(docs)]
         )
         existing_by_hash: dict[str, str] = {}
-        for part in await self.pool.call_all("find_by_hash", index, sorted(set(hashes))):
+        for part in await self.pool.call_all(ShardService.find_by_hash, index=index, hashes=sorted(set(hashes))):
             existing_by_hash.update(part)
         given_ids = [d.doc_id for d in docs if d.doc_id]
         existing_given = await self._get_documents(index, given_ids) if given_ids else {}
@@ -318,7 +282,7 @@ class DocumentService:
         if to_embed:
             chunks = await self._embed_chunks(to_embed)
             dim = int(np.asarray(next(c for cs in chunks.values() for c in cs).vector).shape[-1])
-            generation = await self.pool.call(HOME_SHARD, "ensure_index", index, dim)
+            generation = await self.pool.call(HOME_SHARD, ShardService.ensure_index, index=index, dim=dim)
             writes = [self._as_write(p, chunks[p.doc_id]) for p in given]
             _, final = await asyncio.gather(
                 self._write(index, writes, generation=generation),
@@ -331,7 +295,9 @@ class DocumentService:
 
     async def _get_documents(self, index: str, doc_ids: Sequence[str]) -> dict[str, StoredDocument]:
         groups = group_by_shard(list(dict.fromkeys(doc_ids)), lambda x: x, self.pool.num_shards)
-        parts = await asyncio.gather(*(self.pool.call(s, "get_documents", index, ids) for s, ids in groups.items()))
+        parts = await asyncio.gather(
+            *(self.pool.call(s, ShardService.get_documents, index=index, doc_ids=ids) for s, ids in groups.items())
+        )
         found: dict[str, StoredDocument] = {}
         for p in parts:
             found.update(p)
@@ -341,7 +307,7 @@ class DocumentService:
         """Re-chunk and re-embed only documents whose text or metadata changed. An omitted
         ``metadata`` keeps the stored one (``{}`` clears it). A doc_id given twice is a 400."""
         self._reject_repeated_ids([d.doc_id for d in docs])
-        generation = await self.pool.call(HOME_SHARD, "index_generation", index)
+        generation = await self.pool.call(HOME_SHARD, ShardService.index_generation, index)
         if generation is None:
             await self.require_index(index)  # an index from before generations has no home entry
         current = await self._get_documents(index, [d.doc_id for d in docs])
@@ -377,7 +343,7 @@ class DocumentService:
         unique = list(dict.fromkeys(doc_ids))
         groups = group_by_shard(unique, lambda x: x, self.pool.num_shards)
         results = await asyncio.gather(
-            *(self.pool.call(s, "delete_documents", index, ids) for s, ids in groups.items())
+            *(self.pool.call(s, ShardService.delete_documents, index=index, doc_ids=ids) for s, ids in groups.items())
         )
         deleted = {d for r in results for d in r[0]}
         return DeleteDocumentsResponse(
@@ -401,7 +367,12 @@ class DocumentService:
         totals = [
             t
             for _, t in await self.pool.call_all(
-                "list_documents", index, limit=1, offset=0, max_text_length=0, metadata_filter=metadata_filter
+                ShardService.list_documents,
+                index=index,
+                limit=1,
+                offset=0,
+                max_text_length=0,
+                metadata_filter=metadata_filter,
             )
         ]
         total = sum(totals)
@@ -421,8 +392,8 @@ class DocumentService:
             *(
                 self.pool.call(
                     s,
-                    "list_documents",
-                    index,
+                    ShardService.list_documents,
+                    index=index,
                     limit=n,
                     offset=o,
                     max_text_length=max_text_length,
@@ -434,261 +405,28 @@ class DocumentService:
         docs = [_record(d, d.is_truncated) for page, _ in pages for d in page]
         return ListDocumentsResponse(documents=docs, count=len(docs), total_items=total)
 
+    # --- search and snapshots (``Retriever``, ``Snapshots``) -----------------------------------
     async def retrieve(
         self, index: str, query: str, k: int, metadata_filter: dict[str, Any] | None = None, mode: str | None = None
     ) -> tuple[list[NodeWithScore], dict[str, float]]:
-        """The top ``k`` nodes for ``query`` in ``mode`` (the server's ``retrieval_mode`` when None),
-        and the time spent embedding and searching (seconds).
-
-        One call per shard returns its dense and its lexical candidates (in hybrid mode
-        ``retrieval_candidates`` of each, at least ``k``); they are fused here, across shards
-        (``fuse_candidates``); a reranker, when configured, reorders the fused candidates and the
-        best ``k`` are kept. The query is embedded in every mode: lexical hits carry their cosine
-        score too."""
-        mode = mode or self.retrieval.mode
-        # how many tokens the lexical query holds (for keyword_match): parsed on a worker thread, as
-        # everything that reads user text is, beside the embedding (the parser is linear and bounded)
-        query_tokens = asyncio.ensure_future(
-            asyncio.to_thread(lambda: lexical_query(query).tokens) if mode != "dense" else _no_tokens()
-        )
-        t0 = time.perf_counter()
-        # the encoder reads its first max_seq_length tokens (256 for all-MiniLM-L6-v2; a few
-        # thousand for the largest), which lie well inside QUERY_EMBED_CHARS characters; its
-        # tokenizer would still split all of a pasted megabyte first (seconds of a worker thread)
-        vector = await self.embedder.embed_query(query[:QUERY_EMBED_CHARS])  # the search tells a missing index
-        t1 = time.perf_counter()
-        # fusion and reranking choose among more than k; a single list, as is, needs only k
-        wide = mode == "hybrid" or self.reranker is not None
-        depth = max(k, self.retrieval.candidates) if wide else k
-        parts = await self.pool.call_all(
-            "search_candidates",
-            index,
-            vector,
-            query[: MAX_QUERY_CHARS + 1],  # all the lexical parser reads (the +1 tells a word cut at the end)
-            depth,
-            mode,
-            metadata_filter,
-            self.retrieval.min_match,
-            self.retrieval.max_postings,
-        )
-        if all(p is None for p in parts):
-            raise NotFoundError(f"No such index: '{index}' exists.")
-        found = [p for p in parts if p is not None]
-        nodes = fuse_candidates(
-            [p.dense for p in found],
-            [p.lexical for p in found],
-            depth if self.reranker is not None else k,
-            self.retrieval.fusion,
-            await query_tokens,
-        )
-        t2 = time.perf_counter()
-        timings = {"embed": t1 - t0, "search": t2 - t1}
-        if self.reranker is not None and nodes:
-            nodes = (await rerank(self.reranker, query, nodes))[:k]
-            timings["rerank"] = time.perf_counter() - t2
-        return nodes, timings
-
-    # --- persistence --------------------------------------------------------------------------
-    @property
-    def snapshots_dir(self) -> Path:
-        return (Path(self.storage_dir) / SNAPSHOTS).resolve()
-
-    def _confine(self, path: str | None, default: str) -> Path:
-        try:
-            # Snapshots live apart from the live data: a path can never name a shard or model folder.
-            return confine(self.snapshots_dir, path, default=default)
-        except PathOutsideStorageError as e:
-            raise BadRequestError(str(e), param="path") from e
-
-    def _shown(self, path: Path) -> str:
-        """``path`` as the client names it: relative to the snapshots directory."""
-        return path.relative_to(self.snapshots_dir).as_posix()
-
-    def _check_snapshot_target(self, dest: Path) -> None:
-        """``dest`` may hold a snapshot: no file on the way to it, not inside another snapshot (its
-        files would mix with that one's), and no other snapshot inside it. Each is a 400 saying
-        which path is in the way."""
-        root = self.snapshots_dir
-        rel = dest.relative_to(root)
-        folders = [root / f for f in [*list(reversed(rel.parents))[1:], rel]]  # shallowest first, root left out
-        for here in folders:
-            if here.exists() and not here.is_dir():
-                raise BadRequestError(
-                    f"path names a file, not a directory: {self._shown(here)!r}; pass a directory to persist into",
-                    param="path",
-                )
-        for here in folders[:-1]:
-            if (here / MANIFEST).is_file():
-                raise BadRequestError(
-                    f"{self._shown(dest)!r} is inside the snapshot at {self._shown(here)!r}; persist to a path "
-                    "outside it",
-                    param="path",
-                )
-        if dest.is_dir():
-            for manifest in dest.rglob(MANIFEST):
-                if manifest.parent != dest:
-                    raise BadRequestError(
-                        f"{self._shown(dest)!r} contains the snapshot at {self._shown(manifest.parent)!r}; "
-                        "persist to a path that holds no other snapshot",
-                        param="path",
-                    )
+        """The top ``k`` nodes for ``query`` and the seconds spent (``Retriever.retrieve``)."""
+        return await self.retriever.retrieve(index, query, k, metadata_filter, mode)
 
     async def persist(self, index: str, path: str | None = None) -> str:
-        """Write a portable snapshot of ``index`` (one part per shard + a manifest), KAITO's layout:
-        ``path=P`` writes ``<snapshots>/P/<index>``, no path writes ``<snapshots>/<index>``; a
-        KAITO client then loads it with ``path=P/<index>``. Paths are relative to
-        ``<storage_dir>/snapshots`` and confined to it.
-
-        Crash-safe: each persist writes part files of its own (``part-NNN-<tag>.sqlite``) next to the
-        current ones, then replaces ``manifest.json`` atomically (the commit point), then removes the
-        parts the old manifest named. At every instant the manifest names a complete snapshot, old or
-        new. Persisting into or around another snapshot is refused (400), so one can never remove
-        another's files."""
-        await self.require_index(index)
-        if "/" in index or index in {".", ".."}:
-            raise BadRequestError(f"invalid index name {index!r}")
-        if path:
-            self._confine(path, index)  # the path itself must be a folder inside the snapshots folder
-        dest = self._confine(f"{path}/{index}" if path else index, index)
-        self._check_snapshot_target(dest)
-        try:
-            dest.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError) as e:
-            raise BadRequestError(f"path names a file, not a directory: {e}", param="path") from e
-        tag = uuid.uuid4().hex[:12]
-        manifest_tmp = dest / f".{MANIFEST}.{tag}.tmp"
-        try:
-            parts = await self.pool.call_all("export_part", index, str(dest), tag)
-            written = [p["file"] for p in parts if p["file"]]
-            dims = {p["dim"] for p in parts if p["dim"]}
-            manifest = {
-                "format": SNAPSHOT_FORMAT,
-                "index_name": index,
-                "embedding_model": self.embedding_model,
-                "dim": dims.pop() if len(dims) == 1 else None,
-                "created_at": time.time(),
-                "parts": written,
-                "documents": sum(p["documents"] for p in parts),
-            }
-            with open(manifest_tmp, "w") as f:
-                json.dump(manifest, f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            await asyncio.to_thread(self._commit_snapshot, dest, manifest_tmp, set(written))
-        except BaseException:
-            manifest_tmp.unlink(missing_ok=True)
-            kept = self._manifest_parts(dest)
-            for part in dest.glob(f"part-*-{tag}.sqlite*"):  # this persist's parts, also half-written ones
-                if part.name not in kept:
-                    part.unlink(missing_ok=True)
-            raise
-        return f"Successfully persisted index {index} to {self._shown(dest)}."
-
-    @staticmethod
-    def _manifest_parts(snapshot: Path) -> set[str]:
-        try:
-            return {str(p) for p in json.loads((snapshot / MANIFEST).read_text())["parts"]}
-        except (OSError, ValueError, KeyError, TypeError):
-            return set()
-
-    def _commit_snapshot(self, dest: Path, manifest_tmp: Path, parts: set[str]) -> None:
-        """Swap the new manifest in and remove the parts only the old one named, under a file lock
-        so two persists of the same snapshot (from any process on this host) cannot remove each
-        other's parts."""
-        with open(dest / LOCK_FILE, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                old = self._manifest_parts(dest)
-                os.replace(manifest_tmp, dest / MANIFEST)
-                fd = os.open(dest, os.O_RDONLY)
-                try:
-                    os.fsync(fd)  # the rename itself is durable before the old parts go
-                finally:
-                    os.close(fd)
-                for name in old - parts:
-                    if Path(name).name == name:
-                        (dest / name).unlink(missing_ok=True)
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        """Write a snapshot of ``index`` (``Snapshots.persist``)."""
+        return await self.snapshots.persist(index, path)
 
     async def load(
         self, index: str, path: str | None = None, overwrite: bool = False, principal: Principal = FULL_ACCESS
     ) -> str:
-        """Load a snapshot as ``index``: ``path`` names the snapshot directory relative to
-        ``<storage_dir>/snapshots`` (``P/<name>`` after ``persist?path=P``); no path reads
-        ``<snapshots>/<index>``. 409 when ``index`` exists and ``overwrite`` is false.
-
-        Nothing changes unless the whole load succeeds: every shard imports its documents into a
-        private staging index first; an unreadable or incomplete snapshot is a 400 and the staging
-        copies are dropped. Only then is the staging index swapped in, on the home shard first (which
-        checks ``overwrite`` again, atomically) and then on the others.
-
-        ``principal`` must also reach the index the snapshot was persisted from (its manifest's
-        ``index_name``): a 403 otherwise, and for a scoped key when the manifest does not say."""
-        src = self._confine(path, index)
-        shown = self._shown(src)
-        if src.exists() and not src.is_dir():
-            raise BadRequestError(
-                f"path names a file, not a snapshot directory: {shown!r}; pass the directory that holds manifest.json",
-                param="path",
-            )
-        manifest_file = src / MANIFEST
-        if not manifest_file.is_file():
-            raise NotFoundError(f"No snapshot at {shown!r}: {MANIFEST} not found")
-        try:
-            manifest = json.loads(manifest_file.read_text())
-            names = [str(p) for p in manifest["parts"]]
-            expected = int(manifest.get("documents", -1))
-        except (ValueError, KeyError, TypeError) as e:
-            raise BadRequestError(f"snapshot manifest is unreadable: {e}") from e
-        source = manifest.get("index_name") if isinstance(manifest, dict) else None
-        principal.require_source(source, f"the snapshot at {shown!r}")
-        for name in names:  # part names are plain file names inside the snapshot directory
-            if Path(name).name != name or not (src / name).is_file():
-                raise BadRequestError(f"snapshot part missing or invalid: {name!r}")
-        parts = [str(src / name) for name in names]
-        if (
-            self.embedding_model
-            and manifest.get("embedding_model")
-            and manifest["embedding_model"] != self.embedding_model
-        ):
-            raise BadRequestError(
-                f"snapshot was embedded with {manifest['embedding_model']!r}, this server uses "
-                f"{self.embedding_model!r}; vectors would not be comparable"
-            )
-        if not overwrite and await self.index_exists(index):
-            raise ConflictError(f"Index {index} already exists; pass overwrite=true to replace it.")
-        staging = f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}~{index}"
-        try:
-            imported = await self.pool.call_all("import_parts", staging, parts)
-            if expected >= 0 and sum(imported) != expected:
-                raise BadRequestError(
-                    f"snapshot at {shown!r} is incomplete: its manifest counts {expected} "
-                    f"documents, its parts hold {sum(imported)}; nothing was loaded"
-                )
-            dim = manifest.get("dim") if isinstance(manifest.get("dim"), int) else None
-            generation = await self.pool.call(
-                HOME_SHARD, "replace_index", staging, index, None, overwrite, dim, imported[HOME_SHARD] > 0
-            )
-        except BaseException:
-            await asyncio.gather(
-                *(self.pool.call(s, "drop_index", staging) for s in range(self.pool.num_shards)), return_exceptions=True
-            )
-            raise
-        await asyncio.gather(
-            *(
-                self.pool.call(s, "replace_index", staging, index, generation, True, dim, imported[s] > 0)
-                for s in range(self.pool.num_shards)
-                if s != HOME_SHARD
-            )
-        )
-        return f"Successfully loaded index {index} from {shown}."
+        """Load a snapshot as ``index`` (``Snapshots.load``)."""
+        return await self.snapshots.load(index, path, overwrite, principal)
 
     # --- statistics ---------------------------------------------------------------------------
     async def stats(self, index: str) -> IndexStats:
         """Totals and per-shard counts of ``index``, asked of every shard at once; 404 when no shard
         holds it. Shards without a part of it are left out of ``shards``."""
-        parts = [p for p in await self.pool.call_all("index_stats", index) if p is not None]
+        parts = [p for p in await self.pool.call_all(ShardService.index_stats, index) if p is not None]
         if not parts:
             raise NotFoundError(f"No such index: '{index}' exists.")
         shards = [ShardStats(**{k: p[k] for k in ShardStats.model_fields}) for p in parts]

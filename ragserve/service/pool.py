@@ -1,31 +1,41 @@
 """Access to the shards of the index, wherever they run.
 
-``ShardPool`` is the one seam between the document service and the shards: in tests and in a
-single process it is ``LocalShardPool`` (shards in this process, calls in worker threads); under
-Ray Serve it is a pool of actor handles (``ragserve.deployments.vector_index``). The service never knows.
+``ShardPool`` (``ragserve.ports``) is the one seam between the document service and the shards:
+in tests and in a single process it is ``LocalShardPool`` (shards in this process, calls in worker
+threads); under Ray Serve it is a pool of actor handles (``ragserve.deployments.vector_index``).
+The service never knows. Callers pass the ``ShardService`` method itself, so mypy checks every call.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Concatenate, ParamSpec, TypeVar
+
+from ragserve.service.shard_service import ShardService
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class LocalShardPool:
     """Shards living in this process; each call runs in a worker thread so the loop stays free."""
 
-    def __init__(self, shards: Sequence[Any]):
+    def __init__(self, shards: Sequence[ShardService]):
         self._shards = list(shards)
 
     @property
     def num_shards(self) -> int:
         return len(self._shards)
 
-    async def call(self, shard: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(getattr(self._shards[shard], method), *args, **kwargs)
+    async def call(
+        self, shard: int, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        return await asyncio.to_thread(method, self._shards[shard], *args, **kwargs)
 
-    async def call_all(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+    async def call_all(
+        self, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> list[R]:
         return list(await asyncio.gather(*(self.call(i, method, *args, **kwargs) for i in range(self.num_shards))))
 
     def close(self) -> None:

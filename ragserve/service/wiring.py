@@ -19,9 +19,11 @@ from ragserve.ports import LanguageModel, ShardPool, TextEmbedder
 from ragserve.rag.rerank import CrossEncoderReranker
 from ragserve.service.access import FULL_ACCESS, Principal, Role
 from ragserve.service.chat import ChatService
-from ragserve.service.documents import DocumentService, RetrievalOptions
+from ragserve.service.documents import DocumentService
 from ragserve.service.embeddings import EmbeddingService
 from ragserve.service.limits import RequestLimits
+from ragserve.service.retrieval import RetrievalOptions, Retriever
+from ragserve.service.shard_service import ShardService
 from ragserve.telemetry import NullTelemetry, Telemetry
 
 
@@ -52,7 +54,7 @@ class Services:
 def build_services(
     settings: Settings,
     *,
-    pool: ShardPool,
+    pool: ShardPool[ShardService],
     embedder: TextEmbedder,
     llm: LanguageModel,
     embedding_model: str,
@@ -79,8 +81,7 @@ def build_services(
         chunker,
         storage_dir=settings.storage_dir,
         embedding_model=embedding_model,
-        retrieval=RetrievalOptions.from_settings(settings),
-        reranker=reranker,
+        retriever=Retriever(pool, embedder, RetrievalOptions.from_settings(settings), reranker),
     )
     return Services(
         settings=settings,

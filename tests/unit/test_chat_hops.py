@@ -29,8 +29,8 @@ class CountingPool(LocalShardPool):
         super().__init__(shards)
         self.calls: list[str] = []
 
-    async def call(self, shard: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        self.calls.append(method)
+    async def call(self, shard: int, method: Any, *args: Any, **kwargs: Any) -> Any:
+        self.calls.append(method.__name__)
         return await super().call(shard, method, *args, **kwargs)
 
 

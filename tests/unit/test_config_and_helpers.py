@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from ragserve.config import Settings
 from ragserve.service.cache import TTLCache, normalise_query
-from ragserve.service.paths import PathOutsideStorageError, confine
 from ragserve.service.routing import group_by_shard, shard_for
+from ragserve.service.snapshots import PathOutsideStorageError, confine
 
 
 def test_defaults_are_the_embedded_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

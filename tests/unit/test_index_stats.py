@@ -60,8 +60,8 @@ async def test_service_sums_the_shards(tmp_path: Path) -> None:
     pool = LocalShardPool([ShardService(tmp_path, i, 3) for i in range(3)])
     docs = DocumentService(pool, embedder=None, chunker=None, storage_dir=tmp_path)  # type: ignore[arg-type]
     try:
-        await pool.call(0, "upsert_documents", "kb", [write("a", "one", 2)])
-        await pool.call(2, "upsert_documents", "kb", [write("b", "three", 1), write("c", "x", 4)])
+        await pool.call(0, ShardService.upsert_documents, index="kb", docs=[write("a", "one", 2)])
+        await pool.call(2, ShardService.upsert_documents, index="kb", docs=[write("b", "three", 1), write("c", "x", 4)])
         s = await docs.stats("kb")
         assert isinstance(s, IndexStats)
         assert (s.documents, s.chunks, s.bytes, s.vectors, s.dimension) == (3, 7, 9, 7, 8)

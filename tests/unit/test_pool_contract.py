@@ -1,4 +1,4 @@
-"""The shard-pool contract on the in-process pool."""
+"""The shard-pool contract on the in-process pool; how the Ray pool names a method to its actors."""
 
 from __future__ import annotations
 
@@ -19,3 +19,48 @@ class TestLocalShardPool(ShardPoolContract):
         pool = LocalShardPool([ShardService(tmp_path, i, 2) for i in range(2)])
         yield pool
         pool.close()
+
+
+class _Method:
+    """A fake actor method: records what ``.remote`` was given."""
+
+    def __init__(self, name: str, calls: list[tuple[str, tuple, dict]]):
+        self.name, self.calls = name, calls
+
+    async def remote(self, *args, **kwargs):
+        self.calls.append((self.name, args, kwargs))
+        return self.name
+
+
+class _FakeActor:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name: str) -> _Method:
+        return _Method(name, self.calls)
+
+
+async def test_the_ray_pool_sends_the_method_name_and_the_keywords_to_the_actor() -> None:
+    from ragserve.deployments.vector_index import RayShardPool
+
+    actors = [_FakeActor(), _FakeActor()]
+    pool = RayShardPool(actors)
+    assert await pool.call(1, ShardService.drop_index, index="kb", generation=3) == "drop_index"
+    assert actors[1].calls == [("drop_index", (), {"index": "kb", "generation": 3})] and actors[0].calls == []
+    assert await pool.call_all(ShardService.ping) == ["ping", "ping"]
+
+
+async def test_the_ray_pool_refuses_what_is_not_a_shard_method() -> None:
+    from ragserve.deployments.vector_index import RayShardPool
+
+    class Other:
+        def ping(self) -> int:
+            return 0
+
+    def ping(shard: ShardService) -> int:
+        return 0
+
+    pool = RayShardPool([_FakeActor()])
+    for method in (Other.ping, ping, ShardService.__init__):
+        with pytest.raises(TypeError, match="not a ShardService method"):
+            await pool.call(0, method)

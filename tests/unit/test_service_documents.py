@@ -59,12 +59,12 @@ async def test_add_list_and_retrieve(service: DocumentService) -> None:
 async def test_documents_spread_over_shards_by_doc_id(service: DocumentService) -> None:
     given = [Document(text=f"document number {i} about topic {i % 7}", doc_id=f"d{i}") for i in range(30)]
     await service.add_documents("kb", given)
-    counts = await service.pool.call_all("count_documents", "kb")
+    counts = await service.pool.call_all(ShardService.count_documents, "kb")
     assert sum(counts) == 30
     assert all(c > 0 for c in counts)
     for i in range(30):
         owner = shard_for(f"d{i}", 3)
-        assert f"d{i}" in await service.pool.call(owner, "get_documents", "kb", [f"d{i}"])
+        assert f"d{i}" in await service.pool.call(owner, ShardService.get_documents, index="kb", doc_ids=[f"d{i}"])
 
 
 async def test_re_adding_same_content_is_idempotent(service: DocumentService, embedder) -> None:
@@ -226,10 +226,15 @@ class _DeleteBeforeWrite(LocalShardPool):
         super().__init__(shards)
         self.victim = victim
 
-    async def call(self, shard: int, method: str, *args, **kwargs):
-        if method == "upsert_documents" and self.victim:
+    async def call(self, shard: int, method, *args, **kwargs):
+        if method is ShardService.upsert_documents and self.victim:
             victim, self.victim = self.victim, ""
-            await super().call(shard_for(victim, self.num_shards), "delete_documents", args[0], [victim])
+            await super().call(
+                shard_for(victim, self.num_shards),
+                ShardService.delete_documents,
+                index=kwargs["index"],
+                doc_ids=[victim],
+            )
         return await super().call(shard, method, *args, **kwargs)
 
 
@@ -247,14 +252,14 @@ async def test_an_update_racing_a_delete_does_not_bring_the_document_back(tmp_pa
     assert [d.doc_id for d in result.updated_documents] == ["b"]
     page = await svc.list_documents("kb")
     assert page.total_items == 1 and page.documents[0].text == "second, edited"
-    assert await pool.call_all("verify") == [[], []]
+    assert await pool.call_all(ShardService.verify) == [[], []]
     pool.close()
 
 
 async def test_the_query_encoder_gets_a_bounded_part_of_a_pasted_page(service: DocumentService, embedder) -> None:
     """The encoder reads its first max_seq_length tokens; a megabyte pasted as the query was split
     whole by its tokenizer first (seconds of a worker thread). It is given QUERY_EMBED_CHARS."""
-    from ragserve.service.documents import QUERY_EMBED_CHARS
+    from ragserve.service.retrieval import QUERY_EMBED_CHARS
 
     await service.add_documents("kb", docs("kaito", "bread"))
     seen: list[str] = []

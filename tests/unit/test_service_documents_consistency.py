@@ -29,7 +29,7 @@ def service(tmp_path, embedder):
 
 async def assert_healthy(svc: DocumentService) -> None:
     """Every shard passes its self-check (one vector per chunk row, nothing else)."""
-    assert await svc.pool.call_all("verify") == [[]] * svc.pool.num_shards
+    assert await svc.pool.call_all(ShardService.verify) == [[]] * svc.pool.num_shards
 
 
 class _DropBeforeWrite(LocalShardPool):
@@ -40,11 +40,11 @@ class _DropBeforeWrite(LocalShardPool):
         self.armed = False
         self.service: DocumentService | None = None
 
-    async def call(self, shard: int, method: str, *args: Any, **kwargs: Any) -> Any:
-        if method == "upsert_documents" and self.armed:
+    async def call(self, shard: int, method: Any, *args: Any, **kwargs: Any) -> Any:
+        if method is ShardService.upsert_documents and self.armed:
             self.armed = False
             assert self.service is not None
-            await self.service.drop_index(args[0])
+            await self.service.drop_index(kwargs["index"])
         return await super().call(shard, method, *args, **kwargs)
 
 

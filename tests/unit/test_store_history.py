@@ -326,7 +326,7 @@ class History:
 
     # --- checks ---------------------------------------------------------------------------------
     async def check(self) -> None:
-        assert await self.svc.pool.call_all("verify") == [[]] * self.svc.pool.num_shards
+        assert await self.svc.pool.call_all(ShardService.verify) == [[]] * self.svc.pool.num_shards
         assert await self.svc.list_indexes() == sorted(ix for ix in self.model)
         for index, docs in self.model.items():
             listed: Docs = {}

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ragserve.ports import ShardPool
+from ragserve.service.shard_service import ShardService
 from ragserve.store import (
     ChunkWrite,
     DimensionMismatchError,
@@ -35,38 +36,51 @@ def write(doc_id: str, text: str, dim: int = 4, seed: int = 0) -> DocumentWrite:
 
 
 class ShardPoolContract:
-    async def test_every_shard_answers_in_shard_order(self, pool: ShardPool) -> None:
+    async def test_every_shard_answers_in_shard_order(self, pool: ShardPool[ShardService]) -> None:
         assert pool.num_shards == 2
-        await pool.call(1, "upsert_documents", "kb", [write("d1", "only on shard one")])
-        assert await pool.call_all("count_documents", "kb") == [0, 1]
-        assert await pool.call_all("list_indexes") == [[], ["kb"]]
+        await pool.call(1, ShardService.upsert_documents, index="kb", docs=[write("d1", "only on shard one")])
+        assert await pool.call_all(ShardService.count_documents, "kb") == [0, 1]
+        assert await pool.call_all(ShardService.list_indexes) == [[], ["kb"]]
 
-    async def test_values_cross_the_pool_intact(self, pool: ShardPool) -> None:
+    async def test_values_cross_the_pool_intact(self, pool: ShardPool[ShardService]) -> None:
         doc = write("d1", "a document about valves", seed=3)
-        assert await pool.call(0, "upsert_documents", "kb", [doc]) == ["d1"]
-        stored = (await pool.call(0, "get_documents", "kb", ["d1"]))["d1"]
+        assert await pool.call(0, ShardService.upsert_documents, index="kb", docs=[doc]) == ["d1"]
+        stored = (await pool.call(0, ShardService.get_documents, index="kb", doc_ids=["d1"]))["d1"]
         assert isinstance(stored, StoredDocument)
         assert (stored.text, stored.metadata, stored.hash_value) == (doc.text, {"n": 3}, "h-d1")
-        hits = await pool.call(0, "search", "kb", doc.chunks[0].vector, 1)
-        assert isinstance(hits[0], SearchHit) and hits[0].doc_id == "d1"
+        hits = await pool.call(0, ShardService.search, index="kb", vector=doc.chunks[0].vector, k=1)
+        assert hits is not None and isinstance(hits[0], SearchHit) and hits[0].doc_id == "d1"
         assert hits[0].score == pytest.approx(1.0, abs=1e-5)
-        assert await pool.call(1, "search", "kb", doc.chunks[0].vector, 1) is None  # no such index there
+        no_index = await pool.call(1, ShardService.search, index="kb", vector=doc.chunks[0].vector, k=1)
+        assert no_index is None  # no such index there
 
-    async def test_search_candidates_cross_the_pool_in_one_call(self, pool: ShardPool) -> None:
+    async def test_search_candidates_cross_the_pool_in_one_call(self, pool: ShardPool[ShardService]) -> None:
         doc = write("d1", "the XR-7720 bracket", seed=3)
-        await pool.call(0, "upsert_documents", "kb", [doc])
+        await pool.call(0, ShardService.upsert_documents, index="kb", docs=[doc])
         found = await pool.call(
-            0, "search_candidates", "kb", doc.chunks[0].vector, "XR-7720", 5, "hybrid", None, 0.3, 2000
+            0,
+            ShardService.search_candidates,
+            index="kb",
+            vector=doc.chunks[0].vector,
+            text="XR-7720",
+            k=5,
+            mode="hybrid",
+            metadata_filter=None,
+            min_match=0.3,
+            max_postings=2000,
         )
         assert isinstance(found, SearchCandidates)
         assert [h.doc_id for h in found.dense] == ["d1"] and [h.doc_id for h in found.lexical] == ["d1"]
         lexical_score = found.lexical[0].lexical_score
         assert found.lexical[0].all_terms and lexical_score is not None and lexical_score > 0
         assert found.lexical[0].score == pytest.approx(1.0, abs=1e-5)
-        assert await pool.call(1, "search_candidates", "kb", doc.chunks[0].vector, "XR-7720", 5) is None
+        missing = await pool.call(
+            1, ShardService.search_candidates, index="kb", vector=doc.chunks[0].vector, text="XR-7720", k=5
+        )
+        assert missing is None
 
-    async def test_a_shard_error_reaches_the_caller_as_itself(self, pool: ShardPool) -> None:
-        await pool.call(0, "upsert_documents", "kb", [write("d1", "four dimensions")])
+    async def test_a_shard_error_reaches_the_caller_as_itself(self, pool: ShardPool[ShardService]) -> None:
+        await pool.call(0, ShardService.upsert_documents, index="kb", docs=[write("d1", "four dimensions")])
         with pytest.raises(DimensionMismatchError, match="4-d vectors, got 3-d"):
-            await pool.call(0, "upsert_documents", "kb", [write("d2", "three dimensions", dim=3)])
-        assert await pool.call_all("count_documents", "kb") == [1, 0]  # the failed write left nothing
+            await pool.call(0, ShardService.upsert_documents, index="kb", docs=[write("d2", "three dimensions", dim=3)])
+        assert await pool.call_all(ShardService.count_documents, "kb") == [1, 0]  # the failed write left nothing

@@ -1,0 +1,136 @@
+"""Retrieval: the top ``k`` nodes of an index for a query, asked of every shard at once.
+
+The query is embedded (``TextEmbedder.embed_query``: in the ingress for a small encoder, else the
+Embedder deployment) while its lexical form is parsed; then one call per shard
+(``ShardService.search_candidates``) returns that shard's dense (FAISS) and lexical (FTS5 BM25)
+candidates, which are fused here, across shards, by reciprocal rank fusion
+(``ragserve.rag.fusion``, docs/quality.md). A reranker, when configured, reorders the fused
+candidates. Nothing asks first whether the index exists: the search itself tells (every shard
+answers None), so a RAG request costs one call per shard (issue 13).
+
+Like the document service this keeps no state of its own; it is the document service's
+``retriever`` (``DocumentService.retrieve`` delegates to it), built from the settings by
+``ragserve.service.wiring``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ragserve.api.documents import NodeWithScore
+from ragserve.config import Settings
+from ragserve.errors import NotFoundError
+from ragserve.ports import Reranker, ShardPool, TextEmbedder
+from ragserve.rag.fusion import FusionOptions, fuse_candidates
+from ragserve.rag.rerank import rerank
+from ragserve.service.shard_service import ShardService
+from ragserve.store.lexical import MAX_QUERY_CHARS, lexical_query
+
+#: The part of a query the query encoder is given (see ``Retriever.retrieve``).
+QUERY_EMBED_CHARS = 65_536
+
+
+async def _no_tokens() -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class RetrievalOptions:
+    """How ``retrieve`` searches by default and fuses (the settings ``retrieval_mode``,
+    ``retrieval_candidates``, ``lexical_min_match``, ``lexical_max_postings``, ``rrf_*``,
+    ``lexical_match_min_terms``)."""
+
+    mode: str = "hybrid"
+    candidates: int = 20
+    min_match: float = 0.3
+    max_postings: int | None = 2000
+    fusion: FusionOptions = field(default_factory=FusionOptions)
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> RetrievalOptions:
+        return cls(
+            mode=s.retrieval_mode,
+            candidates=s.retrieval_candidates,
+            min_match=s.lexical_min_match,
+            max_postings=s.lexical_max_postings,
+            fusion=FusionOptions(
+                k=s.rrf_k,
+                dense_weight=s.rrf_dense_weight,
+                lexical_weight=s.rrf_lexical_weight,
+                match_min_terms=s.lexical_match_min_terms,
+            ),
+        )
+
+
+class Retriever:
+    """Searches an index over a pool of shards: embeds the query, fans the search out, fuses and
+    reranks."""
+
+    def __init__(
+        self,
+        pool: ShardPool[ShardService],
+        embedder: TextEmbedder,
+        options: RetrievalOptions | None = None,
+        reranker: Reranker | None = None,
+    ):
+        self.pool = pool
+        self.embedder = embedder
+        self.options = options or RetrievalOptions()
+        self.reranker = reranker
+
+    async def retrieve(
+        self, index: str, query: str, k: int, metadata_filter: dict[str, Any] | None = None, mode: str | None = None
+    ) -> tuple[list[NodeWithScore], dict[str, float]]:
+        """The top ``k`` nodes for ``query`` in ``mode`` (the server's ``retrieval_mode`` when None),
+        and the time spent embedding and searching (seconds).
+
+        One call per shard returns its dense and its lexical candidates (in hybrid mode
+        ``retrieval_candidates`` of each, at least ``k``); they are fused here, across shards
+        (``fuse_candidates``); a reranker, when configured, reorders the fused candidates and the
+        best ``k`` are kept. The query is embedded in every mode: lexical hits carry their cosine
+        score too."""
+        mode = mode or self.options.mode
+        # how many tokens the lexical query holds (for keyword_match): parsed on a worker thread, as
+        # everything that reads user text is, beside the embedding (the parser is linear and bounded)
+        query_tokens = asyncio.ensure_future(
+            asyncio.to_thread(lambda: lexical_query(query).tokens) if mode != "dense" else _no_tokens()
+        )
+        t0 = time.perf_counter()
+        # the encoder reads its first max_seq_length tokens (256 for all-MiniLM-L6-v2; a few
+        # thousand for the largest), which lie well inside QUERY_EMBED_CHARS characters; its
+        # tokenizer would still split all of a pasted megabyte first (seconds of a worker thread)
+        vector = await self.embedder.embed_query(query[:QUERY_EMBED_CHARS])  # the search tells a missing index
+        t1 = time.perf_counter()
+        # fusion and reranking choose among more than k; a single list, as is, needs only k
+        wide = mode == "hybrid" or self.reranker is not None
+        depth = max(k, self.options.candidates) if wide else k
+        parts = await self.pool.call_all(
+            ShardService.search_candidates,
+            index=index,
+            vector=vector,
+            text=query[: MAX_QUERY_CHARS + 1],  # all the lexical parser reads (the +1 tells a word cut at the end)
+            k=depth,
+            mode=mode,
+            metadata_filter=metadata_filter,
+            min_match=self.options.min_match,
+            max_postings=self.options.max_postings,
+        )
+        if all(p is None for p in parts):
+            raise NotFoundError(f"No such index: '{index}' exists.")
+        found = [p for p in parts if p is not None]
+        nodes = fuse_candidates(
+            [p.dense for p in found],
+            [p.lexical for p in found],
+            depth if self.reranker is not None else k,
+            self.options.fusion,
+            await query_tokens,
+        )
+        t2 = time.perf_counter()
+        timings = {"embed": t1 - t0, "search": t2 - t1}
+        if self.reranker is not None and nodes:
+            nodes = (await rerank(self.reranker, query, nodes))[:k]
+            timings["rerank"] = time.perf_counter() - t2
+        return nodes, timings

@@ -1,0 +1,298 @@
+"""Snapshots: an index's portable copy on the filesystem (``persist``) and back (``load``),
+docs/architecture.md §6. Snapshots are copies to move or keep, not the durability of the index
+(every acknowledged write is already in the shards' SQLite files).
+
+Layout (KAITO RAGEngine's): ``persist?path=P`` writes ``<storage_dir>/snapshots/P/<index>``, one
+part file per shard and a ``manifest.json`` naming them; ``load?path=P/<index>`` reads it back.
+
+Paths: KAITO accepts any filesystem path; ragserve resolves a client's path (following symlinks,
+URL-decoding it) and refuses anything that lands outside the snapshots directory, which lies apart
+from the live data, so a path can never name a shard or model folder (``confine``).
+
+Crash safety: a persist writes part files of its own beside the current ones, then replaces the
+manifest atomically (the commit point) and only then removes the parts the old manifest named,
+under a file lock shared by every process on the host, so a crash leaves the old snapshot or the
+new one whole. A load imports into a private staging index on every shard and swaps it in only once
+all have imported, so a failed load changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from urllib.parse import unquote
+
+from ragserve.errors import BadRequestError, ConflictError, NotFoundError
+from ragserve.ports import ShardPool
+from ragserve.service.access import FULL_ACCESS, Principal
+from ragserve.service.shard_service import HOME_SHARD, STAGING_PREFIX, ShardService
+
+MANIFEST = "manifest.json"
+SNAPSHOTS = "snapshots"  # persist/load paths are relative to <storage_dir>/snapshots
+SNAPSHOT_FORMAT = 1
+LOCK_FILE = ".persist.lock"
+
+
+class PathOutsideStorageError(ValueError):
+    """The client asked for a path outside ``storage_dir``."""
+
+
+def confine(storage_dir: str | Path, user_path: str | None, default: str) -> Path:
+    """Resolve ``user_path`` (relative to ``storage_dir``; ``default`` when empty) and require it to
+    stay inside ``storage_dir``. URL-encoded traversal and symlinks that escape are refused."""
+    root = Path(storage_dir).resolve()
+    raw = user_path if user_path else default
+    decoded = raw
+    for _ in range(3):  # %252e%252e → %2e%2e → ..
+        nxt = unquote(decoded)
+        if nxt == decoded:
+            break
+        decoded = nxt
+    if "\x00" in decoded:
+        raise PathOutsideStorageError("path must not contain NUL characters")
+    if os.path.isabs(decoded):
+        raise PathOutsideStorageError(f"path must be relative to the storage directory, got an absolute path: {raw!r}")
+    candidate = (root / decoded).resolve()
+    if candidate != root and root not in candidate.parents:
+        raise PathOutsideStorageError(f"path {raw!r} resolves outside the storage directory")
+    if candidate == root:
+        raise PathOutsideStorageError("path must name a directory inside the storage directory, not its root")
+    return candidate
+
+
+class Snapshots:
+    """Persists indexes to, and loads them from, ``<storage_dir>/snapshots`` over a pool of shards.
+    ``index_exists`` is the document service's own check (persist needs the index, load must not
+    replace one unless asked to)."""
+
+    def __init__(
+        self,
+        pool: ShardPool[ShardService],
+        storage_dir: str | Path,
+        *,
+        index_exists: Callable[[str], Awaitable[bool]],
+        embedding_model: str = "",
+    ):
+        self.pool = pool
+        self.storage_dir = Path(storage_dir)
+        self.embedding_model = embedding_model
+        self._index_exists = index_exists
+
+    @property
+    def snapshots_dir(self) -> Path:
+        return (Path(self.storage_dir) / SNAPSHOTS).resolve()
+
+    def _confine(self, path: str | None, default: str) -> Path:
+        try:
+            # Snapshots live apart from the live data: a path can never name a shard or model folder.
+            return confine(self.snapshots_dir, path, default=default)
+        except PathOutsideStorageError as e:
+            raise BadRequestError(str(e), param="path") from e
+
+    def _shown(self, path: Path) -> str:
+        """``path`` as the client names it: relative to the snapshots directory."""
+        return path.relative_to(self.snapshots_dir).as_posix()
+
+    def _check_snapshot_target(self, dest: Path) -> None:
+        """``dest`` may hold a snapshot: no file on the way to it, not inside another snapshot (its
+        files would mix with that one's), and no other snapshot inside it. Each is a 400 saying
+        which path is in the way."""
+        root = self.snapshots_dir
+        rel = dest.relative_to(root)
+        folders = [root / f for f in [*list(reversed(rel.parents))[1:], rel]]  # shallowest first, root left out
+        for here in folders:
+            if here.exists() and not here.is_dir():
+                raise BadRequestError(
+                    f"path names a file, not a directory: {self._shown(here)!r}; pass a directory to persist into",
+                    param="path",
+                )
+        for here in folders[:-1]:
+            if (here / MANIFEST).is_file():
+                raise BadRequestError(
+                    f"{self._shown(dest)!r} is inside the snapshot at {self._shown(here)!r}; persist to a path "
+                    "outside it",
+                    param="path",
+                )
+        if dest.is_dir():
+            for manifest in dest.rglob(MANIFEST):
+                if manifest.parent != dest:
+                    raise BadRequestError(
+                        f"{self._shown(dest)!r} contains the snapshot at {self._shown(manifest.parent)!r}; "
+                        "persist to a path that holds no other snapshot",
+                        param="path",
+                    )
+
+    async def persist(self, index: str, path: str | None = None) -> str:
+        """Write a portable snapshot of ``index`` (one part per shard + a manifest), KAITO's layout:
+        ``path=P`` writes ``<snapshots>/P/<index>``, no path writes ``<snapshots>/<index>``; a
+        KAITO client then loads it with ``path=P/<index>``. Paths are relative to
+        ``<storage_dir>/snapshots`` and confined to it.
+
+        Crash-safe: each persist writes part files of its own (``part-NNN-<tag>.sqlite``) next to the
+        current ones, then replaces ``manifest.json`` atomically (the commit point), then removes the
+        parts the old manifest named. At every instant the manifest names a complete snapshot, old or
+        new. Persisting into or around another snapshot is refused (400), so one can never remove
+        another's files."""
+        if not await self._index_exists(index):
+            raise NotFoundError(f"No such index: '{index}' exists.")
+        if "/" in index or index in {".", ".."}:
+            raise BadRequestError(f"invalid index name {index!r}")
+        if path:
+            self._confine(path, index)  # the path itself must be a folder inside the snapshots folder
+        dest = self._confine(f"{path}/{index}" if path else index, index)
+        self._check_snapshot_target(dest)
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise BadRequestError(f"path names a file, not a directory: {e}", param="path") from e
+        tag = uuid.uuid4().hex[:12]
+        manifest_tmp = dest / f".{MANIFEST}.{tag}.tmp"
+        try:
+            parts = await self.pool.call_all(ShardService.export_part, index=index, dest_dir=str(dest), tag=tag)
+            written = [p["file"] for p in parts if p["file"]]
+            dims = {p["dim"] for p in parts if p["dim"]}
+            manifest = {
+                "format": SNAPSHOT_FORMAT,
+                "index_name": index,
+                "embedding_model": self.embedding_model,
+                "dim": dims.pop() if len(dims) == 1 else None,
+                "created_at": time.time(),
+                "parts": written,
+                "documents": sum(p["documents"] for p in parts),
+            }
+            with open(manifest_tmp, "w") as f:
+                json.dump(manifest, f, indent=2)
+                f.flush()
+                os.fsync(f.fileno())
+            await asyncio.to_thread(self._commit_snapshot, dest, manifest_tmp, set(written))
+        except BaseException:
+            manifest_tmp.unlink(missing_ok=True)
+            kept = self._manifest_parts(dest)
+            for part in dest.glob(f"part-*-{tag}.sqlite*"):  # this persist's parts, also half-written ones
+                if part.name not in kept:
+                    part.unlink(missing_ok=True)
+            raise
+        return f"Successfully persisted index {index} to {self._shown(dest)}."
+
+    @staticmethod
+    def _manifest_parts(snapshot: Path) -> set[str]:
+        try:
+            return {str(p) for p in json.loads((snapshot / MANIFEST).read_text())["parts"]}
+        except (OSError, ValueError, KeyError, TypeError):
+            return set()
+
+    def _commit_snapshot(self, dest: Path, manifest_tmp: Path, parts: set[str]) -> None:
+        """Swap the new manifest in and remove the parts only the old one named, under a file lock
+        so two persists of the same snapshot (from any process on this host) cannot remove each
+        other's parts."""
+        with open(dest / LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                old = self._manifest_parts(dest)
+                os.replace(manifest_tmp, dest / MANIFEST)
+                fd = os.open(dest, os.O_RDONLY)
+                try:
+                    os.fsync(fd)  # the rename itself is durable before the old parts go
+                finally:
+                    os.close(fd)
+                for name in old - parts:
+                    if Path(name).name == name:
+                        (dest / name).unlink(missing_ok=True)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    async def load(
+        self, index: str, path: str | None = None, overwrite: bool = False, principal: Principal = FULL_ACCESS
+    ) -> str:
+        """Load a snapshot as ``index``: ``path`` names the snapshot directory relative to
+        ``<storage_dir>/snapshots`` (``P/<name>`` after ``persist?path=P``); no path reads
+        ``<snapshots>/<index>``. 409 when ``index`` exists and ``overwrite`` is false.
+
+        Nothing changes unless the whole load succeeds: every shard imports its documents into a
+        private staging index first; an unreadable or incomplete snapshot is a 400 and the staging
+        copies are dropped. Only then is the staging index swapped in, on the home shard first (which
+        checks ``overwrite`` again, atomically) and then on the others.
+
+        ``principal`` must also reach the index the snapshot was persisted from (its manifest's
+        ``index_name``): a 403 otherwise, and for a scoped key when the manifest does not say."""
+        src = self._confine(path, index)
+        shown = self._shown(src)
+        if src.exists() and not src.is_dir():
+            raise BadRequestError(
+                f"path names a file, not a snapshot directory: {shown!r}; pass the directory that holds manifest.json",
+                param="path",
+            )
+        manifest_file = src / MANIFEST
+        if not manifest_file.is_file():
+            raise NotFoundError(f"No snapshot at {shown!r}: {MANIFEST} not found")
+        try:
+            manifest = json.loads(manifest_file.read_text())
+            names = [str(p) for p in manifest["parts"]]
+            expected = int(manifest.get("documents", -1))
+        except (ValueError, KeyError, TypeError) as e:
+            raise BadRequestError(f"snapshot manifest is unreadable: {e}") from e
+        source = manifest.get("index_name") if isinstance(manifest, dict) else None
+        principal.require_source(source, f"the snapshot at {shown!r}")
+        for name in names:  # part names are plain file names inside the snapshot directory
+            if Path(name).name != name or not (src / name).is_file():
+                raise BadRequestError(f"snapshot part missing or invalid: {name!r}")
+        parts = [str(src / name) for name in names]
+        if (
+            self.embedding_model
+            and manifest.get("embedding_model")
+            and manifest["embedding_model"] != self.embedding_model
+        ):
+            raise BadRequestError(
+                f"snapshot was embedded with {manifest['embedding_model']!r}, this server uses "
+                f"{self.embedding_model!r}; vectors would not be comparable"
+            )
+        if not overwrite and await self._index_exists(index):
+            raise ConflictError(f"Index {index} already exists; pass overwrite=true to replace it.")
+        staging = f"{STAGING_PREFIX}{uuid.uuid4().hex[:12]}~{index}"
+        try:
+            imported = await self.pool.call_all(ShardService.import_parts, index=staging, part_files=parts)
+            if expected >= 0 and sum(imported) != expected:
+                raise BadRequestError(
+                    f"snapshot at {shown!r} is incomplete: its manifest counts {expected} "
+                    f"documents, its parts hold {sum(imported)}; nothing was loaded"
+                )
+            dim = manifest.get("dim") if isinstance(manifest.get("dim"), int) else None
+            generation = await self.pool.call(
+                HOME_SHARD,
+                ShardService.replace_index,
+                staging=staging,
+                index=index,
+                generation=None,
+                overwrite=overwrite,
+                dim=dim,
+                expect_staged=imported[HOME_SHARD] > 0,
+            )
+        except BaseException:
+            await asyncio.gather(
+                *(self.pool.call(s, ShardService.drop_index, staging) for s in range(self.pool.num_shards)),
+                return_exceptions=True,
+            )
+            raise
+        await asyncio.gather(
+            *(
+                self.pool.call(
+                    s,
+                    ShardService.replace_index,
+                    staging=staging,
+                    index=index,
+                    generation=generation,
+                    overwrite=True,
+                    dim=dim,
+                    expect_staged=imported[s] > 0,
+                )
+                for s in range(self.pool.num_shards)
+                if s != HOME_SHARD
+            )
+        )
+        return f"Successfully loaded index {index} from {shown}."
