@@ -31,7 +31,10 @@ class LocalShardPool:
     async def call(
         self, shard: int, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> R:
-        return await asyncio.to_thread(method, self._shards[shard], *args, **kwargs)
+        # Looked up by name on the shard, as the actor pool does across the process boundary, so a
+        # shard that overrides a method behaves the same here and under Ray.
+        bound: Callable[P, R] = getattr(self._shards[shard], method.__name__)
+        return await asyncio.to_thread(bound, *args, **kwargs)
 
     async def call_all(
         self, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
