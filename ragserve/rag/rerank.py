@@ -1,5 +1,5 @@
-"""Optional reranking: a cross-encoder reads the query and each fused candidate together and
-reorders them before selection (setting ``reranker_model``).
+"""Optional reranking: a cross-encoder (``ragserve.models.reranker``) reads the query and each fused
+candidate together and reorders them before selection (setting ``reranker_model``).
 
 Why optional: a cross-encoder is far more accurate than comparing two independent embeddings, but it
 runs a transformer over every (query, candidate) pair on each request. On CPU that costs tens of
@@ -9,30 +9,10 @@ milliseconds per candidate batch, so it is off by default. The cosine ``score`` 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 from ragserve.api.documents import NodeWithScore
 from ragserve.ports import Reranker
-
-
-class CrossEncoderReranker:
-    """A sentence-transformers ``CrossEncoder`` loaded from a local path (nothing is downloaded:
-    ``local_files_only``), run in a worker thread so the event loop stays free."""
-
-    def __init__(self, model_path: str, device: str = "cpu", batch_size: int = 32):
-        from sentence_transformers import CrossEncoder
-
-        self.model: Any = CrossEncoder(model_path, device=device, local_files_only=True)
-        self.batch_size = batch_size
-
-    async def score(self, query: str, texts: list[str]) -> list[float]:
-        if not texts:
-            return []
-        pairs = [(query, t) for t in texts]
-        scores = await asyncio.to_thread(self.model.predict, pairs, batch_size=self.batch_size, show_progress_bar=False)
-        return [float(s) for s in scores]
 
 
 async def rerank(reranker: Reranker, query: str, nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:

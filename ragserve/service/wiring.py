@@ -14,9 +14,9 @@ from typing import Any
 
 from ragserve.config import ScopedKey, Settings
 from ragserve.ingest import DocumentChunker, hf_token_counter
+from ragserve.models.reranker import CrossEncoderReranker
 from ragserve.models.tokenizers import ApproxTokenCounter
 from ragserve.ports import LanguageModel, ShardPool, TextEmbedder
-from ragserve.rag.rerank import CrossEncoderReranker
 from ragserve.service.access import FULL_ACCESS, Principal, Role
 from ragserve.service.chat import ChatService
 from ragserve.service.documents import DocumentService

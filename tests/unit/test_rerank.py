@@ -12,7 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ragserve.api.documents import NodeWithScore
-from ragserve.rag.rerank import CrossEncoderReranker, rerank
+from ragserve.models.reranker import CrossEncoderReranker
+from ragserve.rag.rerank import rerank
 from ragserve.testing.fake_openai import FakeOpenAI
 from ragserve.testing.inprocess import inprocess_app
 
