@@ -106,7 +106,8 @@ class ChatService:
             ratio=None,
             max_tokens_param="llm_params.max_tokens",
         )
-        answer = await self.llm.chat(result.messages, req.llm_params.to_sampling_params(result.max_tokens))
+        sampling = req.llm_params.to_sampling_params(result.max_tokens, grounded=result.grounded)
+        answer = await self.llm.chat(result.messages, sampling)
         used = result.nodes_used
         return QueryResponse(response=answer.text, source_nodes=used, metadata={n.node_id: n.metadata for n in used})
 
@@ -232,7 +233,7 @@ class ChatService:
             max_tokens_param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
         )
         timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
-        sampling = request.to_sampling_params(result.max_tokens)
+        sampling = request.to_sampling_params(result.max_tokens, grounded=result.grounded)
         footer = (
             self.settings.sources_in_content if p.params.sources_in_content is None else p.params.sources_in_content
         )
