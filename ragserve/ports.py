@@ -25,8 +25,14 @@ from ragserve.api.messages import Message
 from ragserve.api.openai import ChatCompletionChunk, ChatCompletionResponse
 from ragserve.api.sampling import SamplingParams
 
-#: Renders a chat to the prompt text a completion model sees (a base model's plain format).
-ChatRenderer = Callable[[Sequence[Message]], str]
+
+class ChatRenderer(Protocol):
+    """Renders a chat to the prompt text a model sees when the engine renders it itself (a base
+    model's plain format, a template written in Python). ``grounded``: the last user turn is a
+    question over sources in the system messages (``SamplingParams.grounded``); a format with
+    turns renders it like any other."""
+
+    def __call__(self, messages: Sequence[Message], *, grounded: bool = False) -> str: ...
 
 
 @runtime_checkable
@@ -38,8 +44,10 @@ class TokenCounter(Protocol):
 
     def count_text(self, text: str) -> int: ...
 
-    def count_messages(self, messages: Sequence[Message]) -> int:
-        """Prompt tokens of ``messages`` rendered for generation (template + generation prompt)."""
+    def count_messages(self, messages: Sequence[Message], *, grounded: bool = False) -> int:
+        """Prompt tokens of ``messages`` rendered for generation (template + generation prompt);
+        ``grounded`` as the engine will be told in ``SamplingParams.grounded``, since a plain-text
+        format ends a question over sources otherwise than a chat."""
         ...
 
 

@@ -171,10 +171,17 @@ class LLMParams(RequestModel):
     stop: str | list[str] | None = Field(default=None, max_length=4)
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int, *, grounded: bool = False) -> SamplingParams:
+        """What the engine needs, once the budget has fixed ``max_tokens`` and built the prompt
+        (``grounded`` when it carries sources)."""
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
-            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, stop=stop, seed=self.seed
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=stop,
+            seed=self.seed,
+            grounded=grounded,
         )
 
 

@@ -124,8 +124,9 @@ class ChatCompletionRequest(RequestModel):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
-        """What an engine needs to generate for this request, once the budget has fixed ``max_tokens``."""
+    def to_sampling_params(self, max_tokens: int, *, grounded: bool = False) -> SamplingParams:
+        """What an engine needs to generate for this request, once the budget has fixed ``max_tokens``
+        (and built the prompt: ``grounded`` when it carries sources)."""
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=self.temperature,
@@ -134,6 +135,7 @@ class ChatCompletionRequest(RequestModel):
             seed=self.seed,
             model=self.model,
             extra=extra_fields(self.upstream_body()),
+            grounded=grounded,
         )
 
     def upstream_body(self) -> dict[str, Any]:

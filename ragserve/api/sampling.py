@@ -63,6 +63,12 @@ class SamplingParams:
     #: Further OpenAI fields (see :func:`extra_fields`): a remote server gets them as they are; an
     #: engine that cannot honour them refuses the request rather than drop them.
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: The last user turn is a question to answer from sources that the system messages carry (the
+    #: chat service sets it when it built a RAG prompt with sources in it). Not an OpenAI field and
+    #: never sent upstream: it tells a plain-text prompt format how to end the prompt (``Question:``
+    #: / ``Answer:`` rather than ``User:`` / ``Assistant:``), so an engine need not search the
+    #: system text for the RAG prompt's layout. Chat templates and remote servers ignore it.
+    grounded: bool = False
 
     def set_fields(self) -> dict[str, Any]:
         """The typed sampling fields the request set, by their OpenAI names (what an engine passes on)."""
@@ -77,7 +83,7 @@ class SamplingParams:
     @classmethod
     def from_body(cls, body: Mapping[str, Any], default_max_tokens: int) -> SamplingParams:
         """From an OpenAI chat body (passthrough on a local engine, which serves the body's messages
-        as a plain chat); ``default_max_tokens`` when the body sets no limit."""
+        as a plain chat, never ``grounded``); ``default_max_tokens`` when the body sets no limit."""
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or default_max_tokens
         stop = body.get("stop")
         return cls(

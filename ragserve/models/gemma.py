@@ -37,12 +37,13 @@ def _turn(role: str, text: str) -> str:
     return f"{START_OF_TURN}{role}\n{text}{END_OF_TURN}\n"
 
 
-def render_gemma(messages: Sequence[Message]) -> str:
+def render_gemma(messages: Sequence[Message], *, grounded: bool = False) -> str:
     """The Gemma prompt for ``messages``, ending with the generation prompt ``<start_of_turn>model\\n``.
 
     ``assistant`` turns become ``model`` turns; every other non-system role (user, and the tool or
     function results a passthrough may carry) becomes a ``user`` turn, since Gemma knows only these
-    two. Contents are trimmed, as Gemma's own template does.
+    two. Contents are trimmed, as Gemma's own template does. ``grounded`` changes nothing: a
+    question over sources is a user turn like any other (a ``ChatRenderer`` takes it).
     """
     system_parts = [message_text(m).strip() for m in messages if m.get("role") in SYSTEM_ROLES]
     system = "\n\n".join(p for p in system_parts if p)

@@ -11,18 +11,24 @@ The completion format (``render_completion``) turns the OpenAI-style messages ev
 receives into that text:
 
 * system and developer messages first, as plain paragraphs (for RAG: the instructions and the
-  ``[n]`` numbered sources that ``ragserve.rag.prompt`` builds);
+  numbered sources);
 * earlier turns as ``User: …`` / ``Assistant: …`` lines;
-* the last user turn as ``Question: …`` + ``Answer:`` when the prompt carries numbered sources
-  (a question over sources), else as ``User: …`` + ``Assistant:`` (a plain chat, passthrough).
+* the last user turn as ``Question: …`` + ``Answer:`` when the request is ``grounded`` (a question
+  over sources), else as ``User: …`` + ``Assistant:`` (a plain chat, passthrough).
+
+Whether a request is grounded is the caller's to say (``SamplingParams.grounded``, set by the chat
+service, which knows whether it built a RAG prompt with sources): the format does not read the
+system text to guess, so it knows nothing of how the RAG prompt is laid out, and a client's own
+system text is never taken for ours.
 
 A base model does not stop by itself where the answer ends: it goes on writing the next
 ``Question:`` or ``User:`` block. ``COMPLETION_STOPS`` are the strings that end the answer in this
 format; the engine stops generating as soon as one appears and never sends it.
 
 One renderer serves generation and token counting: the engine builds its ``HFTokenCounter`` with
-the renderer chosen here and generates from ``counter.render(messages)``, so the budget counts
-exactly the string the model sees (docs/architecture.md §5).
+the renderer chosen here and generates from ``counter.render(messages, grounded=params.grounded)``;
+the budget counts with the same counter and the same ``grounded``, so it counts exactly the string
+the model sees (docs/architecture.md §5).
 
 This module is pure (no torch, no tokenizer): the format logic is unit-tested in milliseconds.
 """
@@ -35,7 +41,6 @@ from typing import Literal
 
 from ragserve.api.messages import Message, message_text
 from ragserve.ports import ChatRenderer
-from ragserve.rag.prompt import carries_sources
 
 #: ``auto``: the chat template when the model has one, else the completion format.
 PromptFormat = Literal["auto", "chat", "completion"]
@@ -59,9 +64,10 @@ def _label(role: str) -> str:
     return ASSISTANT_LABEL if role == "assistant" else USER_LABEL
 
 
-def render_completion(messages: Sequence[Message], bos: str = "") -> str:
-    """The plain-text prompt for ``messages``, ending with ``Answer:`` (questions over numbered
-    sources) or ``Assistant:`` (any other chat), where the model writes its reply.
+def render_completion(messages: Sequence[Message], bos: str = "", *, grounded: bool = False) -> str:
+    """The plain-text prompt for ``messages``, ending with ``Answer:`` (``grounded``: a question over
+    the sources in the system messages) or ``Assistant:`` (any other chat), where the model writes
+    its reply. A chat that does not end with a user turn is continued as the assistant's either way.
 
     ``bos``: the tokenizer's begin-of-sequence text, for a model that expects one (the engine
     tokenizes rendered prompts without adding special tokens, so the prompt carries it).
@@ -74,7 +80,7 @@ def render_completion(messages: Sequence[Message], bos: str = "") -> str:
     lines = [f"{_label(role)} {text}".rstrip() for role, text in turns]
     if last_user is None:
         lines.append(ASSISTANT_LABEL)  # the chat ends with an assistant turn (or has none): continue it
-    elif carries_sources(system):
+    elif grounded:
         lines += [f"{QUESTION_LABEL} {last_user[1]}".rstrip(), ANSWER_LABEL]
     else:
         lines += [f"{USER_LABEL} {last_user[1]}".rstrip(), ASSISTANT_LABEL]
@@ -92,8 +98,8 @@ def completion_renderer(bos: str = "") -> ChatRenderer:
 class _CompletionRenderer:
     bos: str
 
-    def __call__(self, messages: Sequence[Message]) -> str:
-        return render_completion(messages, bos=self.bos)
+    def __call__(self, messages: Sequence[Message], *, grounded: bool = False) -> str:
+        return render_completion(messages, bos=self.bos, grounded=grounded)
 
 
 def resolve_format(setting: PromptFormat, has_chat_template: bool) -> Literal["chat", "completion"]:

@@ -44,18 +44,19 @@ class HFTokenCounter:
             return 0
         return len(self._tok.encode(text, add_special_tokens=False))
 
-    def render(self, messages: Sequence[Message]) -> str:
-        """The prompt string the model will be given for ``messages``."""
+    def render(self, messages: Sequence[Message], *, grounded: bool = False) -> str:
+        """The prompt string the model will be given for ``messages``; ``grounded`` as in the
+        request's ``SamplingParams`` (only a renderer the engine supplies tells it apart)."""
         msgs = text_only(messages)
         if self._render is not None:
-            return self._render(msgs)
+            return self._render(msgs, grounded=grounded)
         if getattr(self._tok, "chat_template", None):
             return self._tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         return "".join(f"{m['role']}: {m['content']}\n" for m in msgs) + "assistant:"
 
-    def count_messages(self, messages: Sequence[Message]) -> int:
+    def count_messages(self, messages: Sequence[Message], *, grounded: bool = False) -> int:
         # Rendered prompts carry their own special tokens (<bos>, turn markers) as text.
-        return len(self._tok.encode(self.render(messages), add_special_tokens=False))
+        return len(self._tok.encode(self.render(messages, grounded=grounded), add_special_tokens=False))
 
 
 class TiktokenCounter:
@@ -74,7 +75,8 @@ class TiktokenCounter:
     def count_text(self, text: str) -> int:
         return len(self._enc.encode(text, disallowed_special=())) if text else 0
 
-    def count_messages(self, messages: Sequence[Message]) -> int:
+    def count_messages(self, messages: Sequence[Message], *, grounded: bool = False) -> int:
+        """OpenAI's framing has no answer label: ``grounded`` changes nothing."""
         total = self.REPLY_PRIMING
         for m in messages:
             total += self.TOKENS_PER_MESSAGE
@@ -102,7 +104,8 @@ class ApproxTokenCounter:
     def count_text(self, text: str) -> int:
         return math.ceil(len(text) / self.CHARS_PER_TOKEN) if text else 0
 
-    def count_messages(self, messages: Sequence[Message]) -> int:
+    def count_messages(self, messages: Sequence[Message], *, grounded: bool = False) -> int:
+        """``grounded`` changes nothing: the estimate has no prompt format."""
         return 3 + sum(
             self.OVERHEAD_PER_MESSAGE + self.count_text(str(m.get("role", ""))) + self.count_text(message_text(m))
             for m in messages

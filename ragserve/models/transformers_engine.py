@@ -16,6 +16,8 @@ so a streamed answer is exactly the non-streamed one cut into pieces.
 Prompts are rendered by one renderer that the token counter shares (``ragserve.models.prompt_format``):
 the model's chat template, or, for a base model with none (the packaged Gemma), a plain-text
 completion prompt whose stop sequences end the answer; the generation stops as soon as one appears.
+Both are given the request's ``SamplingParams.grounded``, as the budget's count was, so the prompt
+generated from is the one counted.
 
 torch and transformers are imported on first use, so importing this module is cheap.
 """
@@ -450,7 +452,7 @@ class TransformersEngine(GenerationEngine):
         self._require_started()
         assert self._counter is not None and self._executor is not None
         tokenizer = self._tokenizer
-        prompt = self._counter.render(messages)
+        prompt = self._counter.render(messages, grounded=params.grounded)
         input_ids = await asyncio.to_thread(
             lambda: tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
         )

@@ -132,7 +132,7 @@ class VLLMEngine(GenerationEngine):
         self.check_sampling(params)
         counter = self.token_counter()
         engine = self._engine
-        prompt = counter.render(messages)
+        prompt = counter.render(messages, grounded=params.grounded)
         tokenizer = self._tokenizer
         prompt_ids = list(await asyncio.to_thread(tokenizer.encode, prompt, add_special_tokens=False))
         self.check_prompt_fits(len(prompt_ids))

@@ -1,7 +1,11 @@
 """Fitting system prompt, history, retrieved context and completion into the window (docs/architecture.md §5).
 
 Everything is counted with the served model's counter over the messages as they will be sent, so
-the request never overflows the window upstream, and ``max_tokens`` sent is never null.
+the request never overflows the window upstream, and ``max_tokens`` sent is never null. Messages
+that carry sources are counted ``grounded``, as the engine is told to render them
+(``FitResult.grounded`` → ``SamplingParams.grounded``): a plain-text prompt format ends a question
+over sources with ``Answer:``, a chat with ``Assistant:``, and the count must be of the prompt the
+model gets.
 """
 
 from __future__ import annotations
@@ -74,6 +78,12 @@ class FitResult:
     smallest_source_tokens: int = 0
     max_tokens_for_sources: int | None = None
 
+    @property
+    def grounded(self) -> bool:
+        """Whether ``messages`` carry sources: what the engine is to be told
+        (``SamplingParams.grounded``), as ``prompt_tokens`` was counted."""
+        return bool(self.nodes_used)
+
 
 def _message_cost(counter: TokenCounter, message: Message, empty: int) -> int:
     """What one message adds to a prompt: its count inside a chat minus the empty chat's."""
@@ -107,7 +117,8 @@ def fit(
     framing = 0
     if candidates:
         empty_source = NodeWithScore(doc_id="", node_id="", text="", score=1.0)
-        framing = counter.count_messages(rag_prompt.build_rag_messages(system, [], query, [empty_source])) - base
+        with_source = rag_prompt.build_rag_messages(system, [], query, [empty_source])
+        framing = counter.count_messages(with_source, grounded=True) - base
         if base + framing + min_completion > window:
             candidates, framing = [], 0
     required = base + framing
@@ -153,7 +164,7 @@ def fit(
     # 6. count the assembled request; shed until it fits (counts are not perfectly additive)
     while True:
         messages = rag_prompt.build_rag_messages(system, kept, query, selected)
-        prompt = counter.count_messages(messages)
+        prompt = counter.count_messages(messages, grounded=bool(selected))
         if prompt + reserve <= window:
             break
         if len(kept) > protected:

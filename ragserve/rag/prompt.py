@@ -6,7 +6,6 @@ model can cite ``[1]`` and a client can map the citation to ``source_nodes``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,8 +18,6 @@ CONTEXT_INSTRUCTIONS = (
 )
 SOURCES_HEADING = "Sources:"
 _LABEL_KEYS = ("title", "source", "file_name", "filename", "url", "path")
-#: The heading and the first numbered source, as ``context_system_message`` writes them.
-_SOURCES_START = re.compile(rf"(?m)^{re.escape(SOURCES_HEADING)}\n\[1\] ")
 
 
 def source_label(node: NodeWithScore) -> str:
@@ -48,19 +45,12 @@ def context_system_message(system_texts: Sequence[str], nodes: Sequence[NodeWith
     return {"role": "system", "content": "\n\n".join(parts)} if parts else None
 
 
-def carries_sources(text: str) -> bool:
-    """Whether a system text carries numbered sources as ``context_system_message`` writes them.
-
-    A prompt renderer that has no chat turns (the completion format of a base model) uses it to
-    end a question over sources with ``Answer:`` rather than a chat's ``Assistant:``.
-    """
-    return bool(_SOURCES_START.search(text))
-
-
 def build_rag_messages(
     system: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]], query: str, nodes: Sequence[NodeWithScore]
 ) -> list[dict[str, Any]]:
-    """[system + context] + history + [the query as the last user message]."""
+    """[system + context] + history + [the query as the last user message]. With ``nodes`` the
+    query is a question over them: the engine is told so (``SamplingParams.grounded``, from
+    ``FitResult.grounded``), and the budget counts it so."""
     messages: list[dict[str, Any]] = []
     head = context_system_message([message_text(m) for m in system], nodes)
     if head is not None:

@@ -11,10 +11,18 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
-from ragserve.api.documents import NodeWithScore, QueryRequest, QueryResponse, RetrieveRequest, RetrieveResponse
+from ragserve.api.documents import (
+    NodeWithScore,
+    QueryRequest,
+    QueryResponse,
+    QueryRewrite,
+    RetrievalMode,
+    RetrieveRequest,
+    RetrieveResponse,
+)
 from ragserve.api.generation import GenerationDelta
 from ragserve.api.openai import (
     ChatCompletionChoice,
@@ -39,6 +47,35 @@ from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan, unk
 from ragserve.service.documents import DocumentService
 
 log = logging.getLogger("ragserve.chat")
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """The settings the chat pipeline reads, and only those (named as in ``Settings``, where their
+    defaults live): the token budget's (docs/architecture.md §5), what chat retrieves with when a
+    request does not say, and whether answers end with a "Sources:" list. A narrow object, so what
+    the pipeline depends on is plain to see, and a setting it does not read cannot change it."""
+
+    # the budget (``ragserve.rag.fit``)
+    default_max_tokens: int
+    min_completion_tokens: int
+    context_token_ratio: float
+    budget_safety_ratio: float | None
+    history_min_messages: int
+    history_max_messages: int
+    # retrieval for chat: threshold, mode, how many candidates, follow-up questions
+    similarity_threshold: float
+    retrieval_mode: RetrievalMode
+    max_top_k: int
+    chunk_size: int
+    followup_max_tokens: int
+    query_rewrite: QueryRewrite
+    # the answer
+    sources_in_content: bool
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ChatOptions:
+        return cls(**{f.name: getattr(settings, f.name) for f in fields(cls)})
 
 
 @dataclass
@@ -66,8 +103,8 @@ def _stamp(body: ChatCompletionResponse | ChatCompletionChunk, cid: str, created
 
 
 class ChatService:
-    def __init__(self, settings: Settings, documents: DocumentService, llm: LanguageModel):
-        self.settings = settings
+    def __init__(self, options: ChatOptions, documents: DocumentService, llm: LanguageModel):
+        self.options = options
         self.documents = documents
         self.llm = llm
 
@@ -106,7 +143,8 @@ class ChatService:
             ratio=None,
             max_tokens_param="llm_params.max_tokens",
         )
-        answer = await self.llm.chat(result.messages, req.llm_params.to_sampling_params(result.max_tokens))
+        sampling = req.llm_params.to_sampling_params(result.max_tokens, grounded=result.grounded)
+        answer = await self.llm.chat(result.messages, sampling)
         used = result.nodes_used
         return QueryResponse(response=answer.text, source_nodes=used, metadata={n.node_id: n.metadata for n in used})
 
@@ -135,8 +173,8 @@ class ChatService:
             window=window,
             messages=body["messages"],
             requested_max_tokens=requested,
-            default_max_tokens=self.settings.default_max_tokens,
-            min_completion_tokens=self.settings.min_completion_tokens,
+            default_max_tokens=self.options.default_max_tokens,
+            min_completion_tokens=self.options.min_completion_tokens,
         )
         if requested is not None and requested > max_tokens:  # forwarded as sent, unless it cannot fit
             body["max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"] = max_tokens
@@ -167,7 +205,7 @@ class ChatService:
 
     # --- RAG ----------------------------------------------------------------------------------
     def _threshold(self, requested: float | None) -> float:
-        return self.settings.similarity_threshold if requested is None else requested
+        return self.options.similarity_threshold if requested is None else requested
 
     async def _fit(
         self,
@@ -185,7 +223,7 @@ class ChatService:
         retrieved but none fits (``max_tokens_param`` names the field to lower)."""
         counter = await self.llm.token_counter()
         window = await self.llm.context_window()
-        s = self.settings
+        o = self.options
         result = await asyncio.to_thread(  # counts the client's messages: on a worker thread
             fit,
             counter=counter,
@@ -195,13 +233,13 @@ class ChatService:
             query=query,
             nodes=nodes,
             requested_max_tokens=requested,
-            default_max_tokens=s.default_max_tokens,
-            min_completion_tokens=s.min_completion_tokens,
-            context_ratio=ratio if ratio is not None else s.context_token_ratio,
+            default_max_tokens=o.default_max_tokens,
+            min_completion_tokens=o.min_completion_tokens,
+            context_ratio=ratio if ratio is not None else o.context_token_ratio,
             similarity_threshold=threshold,
-            safety_ratio=s.budget_safety_ratio,
-            history_min_messages=s.history_min_messages,
-            history_max_messages=s.history_max_messages,
+            safety_ratio=o.budget_safety_ratio,
+            history_min_messages=o.history_min_messages,
+            history_max_messages=o.history_max_messages,
         )
         if result.relevant_sources and not result.nodes_used:
             raise ContextBudgetError(result, param=max_tokens_param, requested_max_tokens=requested)
@@ -232,10 +270,8 @@ class ChatService:
             max_tokens_param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
         )
         timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
-        sampling = request.to_sampling_params(result.max_tokens)
-        footer = (
-            self.settings.sources_in_content if p.params.sources_in_content is None else p.params.sources_in_content
-        )
+        sampling = request.to_sampling_params(result.max_tokens, grounded=result.grounded)
+        footer = self.options.sources_in_content if p.params.sources_in_content is None else p.params.sources_in_content
         outcome = ChatOutcome(
             mode="rag",
             reason=None,
@@ -289,12 +325,12 @@ class ChatService:
         """Candidates for a request without ``top_k``: enough to fill the context budget (about the
         budget divided by the chunk size), at least 5 and at most ``max_top_k``; ``fit`` then
         selects from them by score, as many as fit."""
-        s = self.settings
+        o = self.options
         window = await self.llm.context_window()
-        reserve = request.requested_max_tokens() or s.default_max_tokens
-        ratio = p.params.context_token_ratio if p.params.context_token_ratio is not None else s.context_token_ratio
+        reserve = request.requested_max_tokens() or o.default_max_tokens
+        ratio = p.params.context_token_ratio if p.params.context_token_ratio is not None else o.context_token_ratio
         budget = max(0, window - reserve) * ratio
-        return min(s.max_top_k, max(5, int(budget // s.chunk_size)))
+        return min(o.max_top_k, max(5, int(budget // o.chunk_size)))
 
     async def _retrieve_for_chat(
         self, p: RagPlan, k: int, threshold: float
@@ -303,8 +339,8 @@ class ChatService:
         turns, retry with them joined to it (``ragserve.rag.followup``). With ``query_rewrite: llm`` a
         standalone rewrite by the generator is tried first. Returns the nodes, the summed timings and
         which query found them (the newest turn alone when none did)."""
-        mode = p.params.retrieval_mode or self.settings.retrieval_mode
-        rewrite = p.params.query_rewrite or self.settings.query_rewrite
+        mode = p.params.retrieval_mode or self.options.retrieval_mode
+        rewrite = p.params.query_rewrite or self.options.query_rewrite
         previous = previous_user_turns(p.history)
         timings: dict[str, float] = {}
         attempts: list[tuple[str, Literal["message", "joined", "rewritten"]]] = []
@@ -318,7 +354,7 @@ class ChatService:
         if previous:
             counter = await self.llm.token_counter()
             joined = await asyncio.to_thread(
-                joined_query, p.query, previous, counter.count_text, self.settings.followup_max_tokens
+                joined_query, p.query, previous, counter.count_text, self.options.followup_max_tokens
             )
             if joined != p.query:
                 attempts.append((joined, "joined"))

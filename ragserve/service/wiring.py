@@ -18,7 +18,7 @@ from ragserve.models.reranker import CrossEncoderReranker
 from ragserve.models.tokenizers import ApproxTokenCounter
 from ragserve.ports import LanguageModel, ShardPool, TextEmbedder
 from ragserve.service.access import FULL_ACCESS, Principal, Role
-from ragserve.service.chat import ChatService
+from ragserve.service.chat import ChatOptions, ChatService
 from ragserve.service.documents import DocumentService
 from ragserve.service.embeddings import EmbeddingService
 from ragserve.service.limits import RequestLimits
@@ -86,7 +86,7 @@ def build_services(
     return Services(
         settings=settings,
         documents=documents,
-        chat=ChatService(settings, documents, llm),
+        chat=ChatService(ChatOptions.from_settings(settings), documents, llm),
         embeddings=EmbeddingService(embedder.embed_documents, embedder.count_tokens, embedding_model),
         limits=RequestLimits.from_settings(settings),
         telemetry=telemetry or NullTelemetry(),

@@ -7,17 +7,23 @@ token, honouring the stopping criteria the engine passes): no weights are loaded
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from ragserve.api.openai import SamplingParams
+from ragserve.api.documents import NodeWithScore
+from ragserve.api.openai import ChatCompletionRequest, SamplingParams
+from ragserve.config import Settings
 from ragserve.models.stops import AnswerCutter, merge_stops
 from ragserve.models.transformers_engine import TransformersEngine
 from ragserve.rag.prompt import build_rag_messages
+from ragserve.service.chat import ChatOptions, ChatService
+from ragserve.service.local import EngineClient
 
 COMPLETION = ["\n"]
 
@@ -142,7 +148,7 @@ class ScriptedModel:
 
 def scripted_engine(script: str, prompt_format: str = "auto") -> tuple[TransformersEngine, ScriptedModel]:
     pytest.importorskip("torch")
-    engine = TransformersEngine("scripted", "/nonexistent", prompt_format=prompt_format)  # type: ignore[arg-type]
+    engine = TransformersEngine("scripted", "/nonexistent", prompt_format=prompt_format)
     model = ScriptedModel(script)
     engine._install(CharTokenizer(), model)
     return engine, model
@@ -189,3 +195,33 @@ async def test_the_chat_format_has_no_completion_stops() -> None:
     assert engine.prompt_format == "chat"
     result = await engine.chat(QUESTION, SamplingParams(max_tokens=100))
     assert result.text == " Line one.\nLine two." and result.finish_reason == "stop"
+
+
+class OneSource:
+    """The chat service's documents: the index exists and every search finds one source."""
+
+    async def index_exists(self, index_name: str) -> bool:
+        return True
+
+    async def retrieve(self, index_name: str, query: str, k: int, *args: Any) -> tuple[list[NodeWithScore], dict]:
+        text = "Zorvath is the capital of Pellumia."
+        return [NodeWithScore(doc_id="d", node_id="n", text=text, score=0.9, metadata={"title": "p.md"})], {}
+
+
+async def test_the_chat_service_tells_the_engine_a_rag_prompt_is_a_question_over_sources(tmp_path: Path) -> None:
+    """The engine does not read the RAG prompt: ``SamplingParams.grounded`` makes it a question, and
+    the budget counted that very prompt."""
+    engine, model = scripted_engine(ANSWER_THEN_MORE)
+    chat = ChatService(
+        ChatOptions.from_settings(Settings(storage_dir=str(tmp_path))), OneSource(), EngineClient(engine)
+    )
+    question = {"role": "user", "content": "What is the capital of Pellumia?"}
+    rag = await chat.complete(ChatCompletionRequest(messages=[question], index_name="kb"))
+    assert rag.mode == "rag" and rag.response is not None
+    assert model.prompts[0].endswith("\n\nQuestion: What is the capital of Pellumia?\nAnswer:")
+    assert rag.stats["prompt_tokens"] == rag.response.usage.prompt_tokens == len(model.prompts[0]) - 4  # <bos>: 1
+    chat_only = await chat.complete(ChatCompletionRequest(messages=[question]))  # passthrough: a plain chat
+    assert chat_only.mode == "passthrough"
+    assert model.prompts[1] == "<bos>User: What is the capital of Pellumia?\nAssistant:"
+    # the flag crosses the Generator deployment's handle with the rest of the parameters
+    assert pickle.loads(pickle.dumps(SamplingParams(max_tokens=8, grounded=True))).grounded

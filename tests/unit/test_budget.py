@@ -25,7 +25,7 @@ class WordCounter:
     def count_text(self, text: str) -> int:
         return len(text.split())
 
-    def count_messages(self, messages: Sequence[dict[str, Any]]) -> int:
+    def count_messages(self, messages: Sequence[dict[str, Any]], *, grounded: bool = False) -> int:
         return 1 + sum(2 + len(message_text(m).split()) for m in messages)
 
 

@@ -15,6 +15,7 @@ from ragserve.api.openai import ChatCompletionRequest
 from ragserve.config import Settings
 from ragserve.errors import NotFoundError
 from ragserve.models.openai_engine import OpenAIEngine
+from ragserve.service.chat import ChatOptions
 from ragserve.service.local import EngineClient
 from ragserve.service.pool import LocalShardPool
 from ragserve.service.shard_service import ShardService, check_layout
@@ -85,3 +86,10 @@ def test_missing_index_is_the_plans_404_whether_or_not_a_search_follows(services
         "index_name",
         "index_not_found",
     )
+
+
+def test_the_chat_service_is_given_the_chat_settings_only(services) -> None:
+    svc, _ = services
+    assert svc.chat.options == ChatOptions.from_settings(svc.settings)
+    assert svc.chat.options.similarity_threshold == 0.0  # the fixture's, not the default
+    assert not hasattr(svc.chat, "settings")

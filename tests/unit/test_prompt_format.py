@@ -1,5 +1,6 @@
 """The completion prompt format of a base model, and the one-renderer rule: the token counter counts
-exactly the string the model is given. A character tokenizer stands in for the model's: no weights."""
+exactly the string the model is given, grounded as the engine is told. A character tokenizer stands
+in for the model's: no weights."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from ragserve.api.documents import NodeWithScore
 from ragserve.models.prompt_format import completion_renderer, render_completion, resolve_format
 from ragserve.models.tokenizers import HFTokenCounter
 from ragserve.rag.fit import fit
-from ragserve.rag.prompt import CONTEXT_INSTRUCTIONS, build_rag_messages, carries_sources
+from ragserve.rag.prompt import CONTEXT_INSTRUCTIONS, build_rag_messages
+from tests.unit.test_layers import PACKAGE, imports_of
 
 
 def node(text: str, title: str, score: float = 0.9) -> NodeWithScore:
@@ -32,7 +34,7 @@ class CharTokenizer:
 
 def test_a_question_over_sources_reads_instructions_sources_question_answer() -> None:
     messages = build_rag_messages([], [], "What is KAITO?", [KAITO, RAG])
-    assert render_completion(messages, bos="<bos>") == (
+    assert render_completion(messages, bos="<bos>", grounded=True) == (
         f"<bos>{CONTEXT_INSTRUCTIONS}\n\n"
         "Sources:\n"
         "[1] (kaito.md)\nKAITO is a Kubernetes operator that automates AI model inference.\n\n"
@@ -50,7 +52,7 @@ def test_history_becomes_user_and_assistant_lines_before_the_question() -> None:
         {"role": "assistant", "content": "You are welcome."},
     ]
     system = [{"role": "system", "content": "Be brief."}]
-    rendered = render_completion(build_rag_messages(system, history, "And KAITO?", [KAITO]))
+    rendered = render_completion(build_rag_messages(system, history, "And KAITO?", [KAITO]), grounded=True)
     assert rendered.startswith(f"Be brief.\n\n{CONTEXT_INSTRUCTIONS}\n\nSources:\n[1] (kaito.md)\n")
     assert rendered.endswith(
         "inference.\n\n"
@@ -85,11 +87,31 @@ def test_a_passthrough_chat_ends_with_assistant() -> None:
     assert render_completion([{"role": "system", "content": "Rules."}]) == "Rules.\n\nAssistant:"
 
 
-def test_only_numbered_sources_make_a_question() -> None:
-    assert carries_sources(build_rag_messages([], [], "q", [KAITO])[0]["content"])
-    assert not carries_sources("Sources: none today.\n[2] is a footnote")
+def test_only_a_grounded_request_is_a_question() -> None:
+    """The caller says whether the last turn is a question over sources; the system text is not
+    searched for them, so a client's own text laid out like ours is still a chat."""
     own_system = [{"role": "system", "content": "You answer questions."}]
     assert render_completion([*own_system, {"role": "user", "content": "q"}]).endswith("User: q\nAssistant:")
+    looks_like_ours = build_rag_messages([], [], "q", [KAITO])
+    assert render_completion(looks_like_ours).endswith("User: q\nAssistant:")
+    assert render_completion(looks_like_ours, grounded=True).endswith("Question: q\nAnswer:")
+    # a chat that ends with the assistant is continued by it, grounded or not
+    ends_with_assistant = [*looks_like_ours, {"role": "assistant", "content": "KAITO"}]
+    assert render_completion(ends_with_assistant, grounded=True).endswith("Assistant: KAITO\nAssistant:")
+
+
+def test_the_engines_know_nothing_of_the_rag_prompt() -> None:
+    """``ragserve.models`` renders what it is told (``SamplingParams.grounded``); the RAG prompt's
+    layout is ``ragserve.rag``'s alone."""
+    files = sorted((PACKAGE / "models").rglob("*.py"))
+    assert any(f.name == "prompt_format.py" for f in files)  # the walk found the engines
+    found = [
+        f"{path.name}:{line} {module}"
+        for path in files
+        for line, module in imports_of(path)
+        if module == "ragserve.rag" or module.startswith("ragserve.rag.")
+    ]
+    assert found == []
 
 
 def test_auto_picks_the_chat_template_when_the_model_has_one() -> None:
@@ -103,10 +125,13 @@ def test_the_counter_counts_exactly_the_rendered_prompt() -> None:
     render = completion_renderer("<bos>")
     counter = HFTokenCounter(CharTokenizer(), render=render)
     messages = build_rag_messages([], [{"role": "user", "content": "Hi"}], "What is KAITO?", [KAITO])
-    assert counter.render(messages) == render_completion(messages, bos="<bos>")
-    assert counter.count_messages(messages) == len(render_completion(messages, bos="<bos>"))
+    for grounded in (False, True):
+        rendered = render_completion(messages, bos="<bos>", grounded=grounded)
+        assert counter.render(messages, grounded=grounded) == rendered
+        assert counter.count_messages(messages, grounded=grounded) == len(rendered)
+    assert counter.count_messages(messages, grounded=True) != counter.count_messages(messages)
     clone = pickle.loads(pickle.dumps(counter))  # the generator ships its counter to the ingress
-    assert clone.render(messages) == counter.render(messages)
+    assert clone.render(messages, grounded=True) == counter.render(messages, grounded=True)
 
 
 def test_the_budget_reports_the_tokens_of_the_prompt_the_model_gets() -> None:
@@ -127,8 +152,26 @@ def test_the_budget_reports_the_tokens_of_the_prompt_the_model_gets() -> None:
         nodes=[KAITO, RAG],
         requested_max_tokens=100,
     )
-    prompt = render_completion(result.messages, bos="<bos>")
+    assert result.grounded  # what the chat service tells the engine (SamplingParams.grounded)
+    prompt = render_completion(result.messages, bos="<bos>", grounded=result.grounded)
     assert result.prompt_tokens == len(prompt)
     assert result.prompt_tokens + result.max_tokens <= 700
     assert result.history_dropped >= 1  # the window forced the oldest turn out
     assert prompt.endswith("User: What is RAG?\nAssistant: Grounding.\nQuestion: What is KAITO?\nAnswer:")
+
+
+def test_without_a_source_that_fits_the_budget_counts_a_plain_chat() -> None:
+    """No source fitted: the prompt carries none, is not grounded, and is counted as the chat it is."""
+    counter = HFTokenCounter(CharTokenizer(), render=completion_renderer("<bos>"))
+    result = fit(
+        counter=counter,
+        window=1000,
+        system=[],
+        history=[],
+        query="What is KAITO?",
+        nodes=[node("x", "low.md", score=0.1)],
+        requested_max_tokens=100,
+    )
+    assert not result.nodes_used and not result.grounded
+    prompt = render_completion(result.messages, bos="<bos>")
+    assert result.prompt_tokens == len(prompt) and prompt.endswith("User: What is KAITO?\nAssistant:")
