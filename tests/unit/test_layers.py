@@ -21,8 +21,7 @@ FLOORS: list[set[str]] = [
     {"api"},  # every shape that crosses a boundary
     {"ports"},  # every seam (protocols over api shapes)
     {"ingest", "store"},  # documents to chunks; one shard's storage
-    {"rag"},  # the pure steps of one RAG request
-    {"models"},  # generation engines, embedding models, tokenizers: what loads weights
+    {"rag", "models"},  # the pure steps of one RAG request; what loads weights (engines, encoders)
     {"config"},  # Settings, built into narrow options by the services
     {"service"},  # the logic behind each route, wiring (§11)
     {"http"},  # FastAPI routers over the services

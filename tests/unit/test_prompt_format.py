@@ -11,7 +11,6 @@ from ragserve.models.prompt_format import completion_renderer, render_completion
 from ragserve.models.tokenizers import HFTokenCounter
 from ragserve.rag.fit import fit
 from ragserve.rag.prompt import CONTEXT_INSTRUCTIONS, build_rag_messages
-from tests.unit.test_layers import PACKAGE, imports_of
 
 
 def node(text: str, title: str, score: float = 0.9) -> NodeWithScore:
@@ -98,20 +97,6 @@ def test_only_a_grounded_request_is_a_question() -> None:
     # a chat that ends with the assistant is continued by it, grounded or not
     ends_with_assistant = [*looks_like_ours, {"role": "assistant", "content": "KAITO"}]
     assert render_completion(ends_with_assistant, grounded=True).endswith("Assistant: KAITO\nAssistant:")
-
-
-def test_the_engines_know_nothing_of_the_rag_prompt() -> None:
-    """``ragserve.models`` renders what it is told (``SamplingParams.grounded``); the RAG prompt's
-    layout is ``ragserve.rag``'s alone."""
-    files = sorted((PACKAGE / "models").rglob("*.py"))
-    assert any(f.name == "prompt_format.py" for f in files)  # the walk found the engines
-    found = [
-        f"{path.name}:{line} {module}"
-        for path in files
-        for line, module in imports_of(path)
-        if module == "ragserve.rag" or module.startswith("ragserve.rag.")
-    ]
-    assert found == []
 
 
 def test_auto_picks_the_chat_template_when_the_model_has_one() -> None:
