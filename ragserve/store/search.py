@@ -24,6 +24,7 @@ from ragserve.api.documents import RETRIEVAL_MODES
 from ragserve.store.filters import filter_sql
 from ragserve.store.lexical import FTS_TABLE, LexicalQuery, in_index, lexical_query
 from ragserve.store.mirror import FaissMirror
+from ragserve.store.readers import Readers
 from ragserve.store.schema import chunked
 from ragserve.store.types import DimensionMismatchError, SearchCandidates, SearchHit
 
@@ -93,15 +94,17 @@ def chunk_rows(db: sqlite3.Connection, ids: list[int], *, vectors: bool = False)
 
 
 def dense_search(
-    db: sqlite3.Connection,
+    readers: Readers,
     mirror: FaissMirror,
     index: str,
     vector: np.ndarray,
     k: int,
     metadata_filter: dict[str, Any] | None = None,
 ) -> list[SearchHit]:
-    """Top ``k`` chunks by cosine score (dense only)."""
+    """Top ``k`` chunks by cosine score (dense only). The arguments are checked before this
+    thread's read connection is opened."""
     query = query_vector(mirror, index, vector, k)
+    db = readers.get()
     pairs = dense(db, mirror, index, query, k, metadata_filter)
     if not pairs:
         return []
@@ -191,7 +194,7 @@ def selective(db: sqlite3.Connection, index: str, query: LexicalQuery, max_posti
 
 
 def candidates(
-    db: sqlite3.Connection,
+    readers: Readers,
     mirror: FaissMirror,
     index: str,
     vector: np.ndarray,
@@ -220,10 +223,11 @@ def candidates(
     every row a term matches, so the terms are taken rarest first while the rows they match
     add up to at most this; the frequent ones left out weigh little in BM25 anyway (low IDF).
     ``all_terms`` then means every term searched, and is never true when a term matches
-    nothing here."""
+    nothing here. The arguments are checked before this thread's read connection is opened."""
     if mode not in RETRIEVAL_MODES:
         raise ValueError(f"mode must be one of {', '.join(RETRIEVAL_MODES)}")
     query = query_vector(mirror, index, vector, k)
+    db = readers.get()
     dense_pairs = dense(db, mirror, index, query, k, metadata_filter) if mode != "lexical" else []
     if dense_pairs is None:  # the filter matches nothing in this index
         return SearchCandidates()

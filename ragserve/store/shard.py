@@ -565,7 +565,7 @@ class Shard:
         self, index: str, vector: np.ndarray, k: int, metadata_filter: dict[str, Any] | None = None
     ) -> list[SearchHit]:
         """Top ``k`` chunks by cosine score (dense only)."""
-        return dense_search(self._readers.get(), self._mirror, index, vector, k, metadata_filter)
+        return dense_search(self._readers, self._mirror, index, vector, k, metadata_filter)
 
     def search_candidates(
         self,
@@ -582,7 +582,7 @@ class Shard:
         """A retrieval's dense and lexical candidates from this shard, in one call
         (``ragserve.store.search.candidates``, which says what each argument does)."""
         return candidates(
-            self._readers.get(),
+            self._readers,
             self._mirror,
             index,
             vector,

@@ -206,6 +206,35 @@ def test_dimension_checks(tmp_path: Path) -> None:
         Shard(tmp_path / "other", faiss_kind="annoy")
 
 
+def test_a_refused_search_opens_no_read_connection(tmp_path: Path) -> None:
+    """Arguments are checked before a thread's read connection is opened: a stream of bad searches
+    from many threads leaves no connection behind."""
+    s = Shard(tmp_path)
+    s.create_index("ix", DIM)
+    bad = [
+        lambda: s.search("nope", unit(np.ones(DIM)), 1),
+        lambda: s.search("ix", np.ones(3, dtype=np.float32), 1),
+        lambda: s.search_candidates("ix", unit(np.ones(DIM)), "x", 1, mode="fuzzy"),
+        lambda: s.search_candidates("ix", unit(np.ones(DIM)), "x", 0),
+    ]
+    errors: list[Exception] = []
+
+    def run(call) -> None:
+        try:
+            call()
+        except (IndexNotFoundError, ValueError) as e:  # DimensionMismatchError is a ValueError
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in bad]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == len(bad)
+    assert s._readers._all == []
+    s.close()
+
+
 def _count_export(args: tuple[str, object]) -> int:
     path, barrier = args
     barrier.wait()  # type: ignore[attr-defined]
