@@ -286,7 +286,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Environment first: RAGSERVE_<FIELD> wins over the config file's args (§3).
+        # Environment first: RAGSERVE_<FIELD> wins over the config file's args (docs/architecture.md §3).
         return env_settings, init_settings, dotenv_settings, file_secret_settings
 
 

@@ -5,7 +5,7 @@ fix, the OpenAI ``param``/``code``/``type`` fields), so no handler guesses a sta
 exception's class, and one mapping (``ragserve.http.errors``) turns any of them into a response. Engines,
 limits, the chat pipeline and the storage layer raise subclasses of it. Exceptions cross process
 boundaries (Ray handles) by pickling, and :meth:`ServiceError.__reduce__` is the one place that
-keeps every field across that hop, for every subclass (docs/architecture.md, "Errors").
+keeps every field across that hop, for every subclass (docs/architecture.md §10).
 
 This module is a leaf: it imports nothing from the application, so any layer may raise these.
 """

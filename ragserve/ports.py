@@ -9,7 +9,7 @@ actor, a real model or a test's fake.
 - ``Reranker``: scores (query, text) pairs.
 - ``TokenCounter`` (and ``ChatRenderer``): tokens of a text or of a chat as the model sees it.
 
-This module sits just above ``ragserve.api`` (§2): it names wire shapes and nothing else of the
+This module sits just above ``ragserve.api`` (docs/architecture.md §2): it names wire shapes and nothing else of the
 package, so every layer above may type against it.
 """
 

@@ -1,4 +1,4 @@
-"""What the application reports (docs/architecture.md, "Metrics"): a protocol, so that the pure
+"""What the application reports (docs/architecture.md §7): a protocol, so that the pure
 layers report without knowing Ray. The Ray Serve shell implements it with ``ray.serve.metrics``
 (``ragserve.deployments.telemetry``); tests record or ignore what they are told."""
 

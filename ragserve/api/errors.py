@@ -1,4 +1,4 @@
-"""The two error shapes the server sends (docs/architecture.md, "API decisions"): the OpenAI error
+"""The two error shapes the server sends (docs/architecture.md §8): the OpenAI error
 object on ``/v1/*``, where clients are OpenAI SDKs that parse it, and FastAPI's ``{"detail": ...}``
 on the KAITO-style document API, whose clients expect that."""
 

@@ -1,4 +1,4 @@
-"""What the API accepts inside free-form fields (docs/architecture.md, "API decisions").
+"""What the API accepts inside free-form fields (docs/architecture.md §8).
 
 Metadata and metadata filters are stored as JSON in SQLite and compared there, text goes to
 tokenizers, SQLite and upstream servers as UTF-8. Values that JSON parsing lets through but none of

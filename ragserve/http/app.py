@@ -1,6 +1,6 @@
 """The FastAPI application: middlewares, the routers of each surface, the error mapping.
 
-No Ray here, so the whole HTTP behaviour is testable in-process (docs/architecture.md, "Layers").
+No Ray here, so the whole HTTP behaviour is testable in-process (docs/architecture.md §2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Errors to HTTP, in one place (docs/architecture.md, "Errors").
+"""Errors to HTTP, in one place (docs/architecture.md §10).
 
 Every :class:`ragserve.errors.ServiceError` becomes its status with the body shape of the route: the
 OpenAI error object on ``/v1/*``, ``{"detail": ...}`` on the document API. Request-validation

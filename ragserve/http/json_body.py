@@ -1,4 +1,4 @@
-"""JSON request bodies, checked before FastAPI parses them (docs/architecture.md, "API decisions").
+"""JSON request bodies, checked before FastAPI parses them (docs/architecture.md §8).
 
 Parsing JSON, validating it and forwarding it upstream all recurse, so a body nesting arrays or
 objects thousands deep would end in a ``RecursionError`` somewhere (a 500, or FastAPI's bare

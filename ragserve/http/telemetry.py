@@ -1,5 +1,5 @@
 """Counting every response for the metrics, and what ``GET /metrics`` shows to whom
-(docs/architecture.md, "Observability")."""
+(docs/architecture.md §7)."""
 
 from __future__ import annotations
 

@@ -150,7 +150,7 @@ class LocalEmbeddingModel:
     A model that is only a transformer, mean or CLS pooling and normalisation (all-MiniLM-L6-v2,
     the bge family, most sentence embedders) is run with transformers directly, the way
     sentence-transformers runs it (same truncation, pooling and normalisation: the same vectors,
-    ``tests/unit/test_embeddings_plain.py``). That keeps sentence-transformers out of the process,
+    ``tests/unit/models/test_embeddings_plain.py``). That keeps sentence-transformers out of the process,
     and with it scikit-learn, SciPy and Pillow: ~170 MiB less in every process that embeds (the
     Embedder replica, and each ingress replica that embeds queries). Any other model is loaded
     with sentence-transformers. ``plain=False`` forces that.

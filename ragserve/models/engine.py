@@ -5,7 +5,7 @@ all engines share lives here, as defaults a backend may override (Ray Serve LLM'
 the same way): the health check, capping a configured window by the served one, refusing what a
 plain-text engine cannot serve, the prompt-length check, usage accounting, and passthrough served
 as a plain chat. A backend implements ``token_counter`` and ``chat_stream``; no backend imports
-another (docs/architecture.md, "Engines").
+another (docs/architecture.md §9).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Who may do what: API keys scoped to indexes and roles (docs/architecture.md, "Access").
+"""Who may do what: API keys scoped to indexes and roles (docs/architecture.md §8).
 
 A key is either a bare string (full access) or ``{key, indexes: [glob, ...], role}``, where the
 role is ``read`` (retrieve, query, chat, list), ``write`` (also index, update and delete documents)

@@ -1,5 +1,5 @@
 """Request limits checked on parsed requests: each one a setting and each a clear 4xx that names the
-field and the allowed maximum (docs/architecture.md, "Limits").
+field and the allowed maximum (docs/architecture.md §8).
 
 The values come only from :class:`ragserve.config.Settings` (the one place their defaults live); the
 body size is enforced while the body streams in, by ``ragserve.http.limits.BodySizeMiddleware``.

@@ -1,4 +1,4 @@
-"""The one place the services are assembled (docs/architecture.md, "Wiring").
+"""The one place the services are assembled (docs/architecture.md §12).
 
 The Ray Serve ingress (``ragserve.deployments.ingress``), the in-process application the tests and the
 benchmarks serve (``ragserve.testing.inprocess``) and the HTTP unit tests all call :func:`build_services`, so

@@ -1,4 +1,4 @@
-"""Settings contract (§3), routing, path confinement and the query-embedding cache."""
+"""Settings contract (docs/architecture.md §3), routing, path confinement and the query-embedding cache."""
 
 from __future__ import annotations
 

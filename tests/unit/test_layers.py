@@ -8,6 +8,7 @@ an ``if TYPE_CHECKING`` block): an import that runs up the floors is a loop wait
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -23,7 +24,7 @@ FLOORS: list[set[str]] = [
     {"ingest", "store"},  # documents to chunks; one shard's storage
     {"rag", "models"},  # the pure steps of one RAG request; what loads weights (engines, encoders)
     {"config"},  # Settings, built into narrow options by the services
-    {"service"},  # the logic behind each route, wiring (§11)
+    {"service"},  # the logic behind each route, wiring (docs/architecture.md §12)
     {"http"},  # FastAPI routers over the services
     {"deployments", "cli"},  # the Ray Serve shells; the command line (an HTTP client)
     {"testing"},  # what tests and benchmarks share
@@ -168,3 +169,31 @@ def test_the_rule_catches_an_upward_import(part: str, source: str, expected: str
 def test_a_cycle_is_found() -> None:
     graph = defaultdict(set, {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}})
     assert [sorted(c) for c in strongly_connected(graph, ["a", "b", "c", "d"]) if len(c) > 1] == [["a", "b", "c"]]
+
+
+def test_unit_tests_mirror_the_package() -> None:
+    """``tests/unit/<part>/`` holds the tests of ``ragserve/<part>/``; tests of the top-level modules
+    and of the repository as a whole stay in ``tests/unit/``."""
+    unit = Path(__file__).resolve().parent
+    folders = {p.name for p in unit.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders and folders <= FLOOR.keys(), folders - FLOOR.keys()
+    assert all((unit / name / "__init__.py").exists() for name in folders)
+
+
+CITATION = re.compile(r"docs/architecture\.md §(\d+)((?:, §\d+)*)")
+
+
+def test_code_cites_the_architecture_page_in_one_style() -> None:
+    """``docs/architecture.md §N`` (a list: ``§N, §M``), and every section cited exists."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    sections = {int(n) for n in re.findall(r"^## (\d+)\. ", page, flags=re.MULTILINE)}
+    roots = [PACKAGE, PACKAGE.parent / "tests", PACKAGE.parent / "benchmarks", PACKAGE.parent / "load_tests"]
+    bad = []
+    for path in sorted(f for root in roots for f in root.rglob("*.py")):
+        text = path.read_text()
+        cited = [int(n) for m in CITATION.finditer(text) for n in re.findall(r"\d+", m.group(0).split("§", 1)[1])]
+        bad += [f"{path.name}: §{n} is not a section" for n in cited if n not in sections]
+        rest = CITATION.sub("", text)
+        if path.name != "test_layers.py" and ("§" in rest or 'architecture.md, "' in rest):
+            bad.append(f"{path.name}: a citation in another style")
+    assert sections and bad == []

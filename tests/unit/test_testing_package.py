@@ -61,7 +61,7 @@ def test_the_package_imports_nothing_from_tests() -> None:
 @pytest.mark.parametrize(
     "source",
     [
-        "from ragserve.testing.embedder import InProcessEmbedder\n",
+        "from tests.conftest import InProcessEmbedder\n",
         "def f():\n    import tests.live_server\n",
         "from tests import loopback\n",
         "import tests\n",

@@ -1,4 +1,4 @@
-"""The document API, shaped after KAITO RAGEngine's (docs/architecture.md, "API decisions"):
+"""The document API, shaped after KAITO RAGEngine's (docs/architecture.md §8):
 index, list, update, delete, drop, persist, load, query, retrieve. Errors are ``{"detail": ...}``."""
 
 from __future__ import annotations

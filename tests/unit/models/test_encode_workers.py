@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ragserve.models.embeddings import EncodeWorkers, document_workers
-from tests.unit.test_embeddings_plain import TEXTS  # texts of every awkward kind, empty to over-long
+from tests.unit.models.test_embeddings_plain import TEXTS  # texts of every awkward kind, empty to over-long
 
 
 class ThreadRecordingModel:

@@ -23,7 +23,7 @@ from ragserve.cli.sync import Syncer, SyncReport, watch
 from tests.filemakers import make_pdf
 from tests.live_server import live_app
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 class SlowEmbedder:

@@ -17,7 +17,7 @@ from ragserve.ingest import DocumentChunker, hf_token_counter
 from ragserve.service.documents import DocumentService
 from ragserve.service.pool import LocalShardPool
 from ragserve.service.shard_service import ShardService, check_layout
-from tests.unit.test_service_documents import TEXTS, docs, make_service
+from tests.unit.service.test_service_documents import TEXTS, docs, make_service
 
 
 @pytest.fixture

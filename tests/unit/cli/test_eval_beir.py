@@ -15,7 +15,7 @@ from ragserve.testing.fake_openai import FakeOpenAI
 from ragserve.testing.inprocess import inprocess_app
 from tests.loopback import serve_loopback
 
-FIXTURE = Path(__file__).resolve().parents[1] / "data" / "beir-mini"
+FIXTURE = Path(__file__).resolve().parents[2] / "data" / "beir-mini"
 
 
 def test_metrics_follow_beirs_definitions() -> None:

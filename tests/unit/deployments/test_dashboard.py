@@ -14,7 +14,7 @@ import pytest
 
 from ragserve.deployments.shard_metrics import publish_sizes
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DASHBOARD = REPO / "dashboards" / "ragserve.json"
 KINDS = {"Counter": "counter", "Histogram": "histogram", "Gauge": "gauge"}
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}

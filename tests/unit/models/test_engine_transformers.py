@@ -23,7 +23,7 @@ from ragserve.testing.contracts.engine import EngineContract
 
 pytestmark = pytest.mark.slow
 
-MODEL_CACHE = Path(__file__).resolve().parents[2] / "data" / "test-cache" / "models"
+MODEL_CACHE = Path(__file__).resolve().parents[3] / "data" / "test-cache" / "models"
 MESSAGES = [
     {"role": "system", "content": "Answer in one short sentence."},
     {"role": "user", "content": "What does a vector database store?"},
