@@ -46,7 +46,7 @@ class ContentPart(RequestModel):
 
 
 class ChatMessage(RequestModel):
-    """A chat message. Role and content are checked by ``app.chat``, not here, so that a
+    """A chat message. Role and content are checked by ``ragserve.rag.plan``, not here, so that a
     malformed message gets a message-specific 400 instead of a generic schema error."""
 
     model_config = ConfigDict(extra="allow")

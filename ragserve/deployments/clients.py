@@ -44,7 +44,7 @@ def query_cache_counters() -> Callable[[bool], None]:
 
 
 class HandleEmbedder:
-    """``ragserve.service.documents.TextEmbedder`` over the Embedder deployment.
+    """``ragserve.ports.TextEmbedder`` over the Embedder deployment.
 
     Query vectors are also kept here, in the ingress replica (a first-level cache in front of the
     embedder's shared one): a repeated query then costs no call to another actor, which on a
@@ -75,7 +75,7 @@ class HandleEmbedder:
 
 
 class HandleGenerator:
-    """``ragserve.service.chat.LanguageModel`` over the Generator deployment. Model id, window and the token
+    """``ragserve.ports.LanguageModel`` over the Generator deployment. Model id, window and the token
     counter are fetched once and kept, so the budget is computed locally."""
 
     def __init__(self, handle: Any):

@@ -6,9 +6,11 @@ retried across the restart (``max_task_retries=-1``; every shard write is idempo
 placed with the SPREAD strategy so that shards land on different nodes of a cluster.
 
 Because the shards outlive the application (a redeploy, ``serve run`` again on a running Ray),
-``reconcile_shards`` compares how each opened its vectors with the settings now deployed and
-replaces a shard opened under other ones: changing ``faiss_index_kind`` and redeploying takes
-effect instead of being silently ignored. Nothing is lost: every acknowledged write is in SQLite.
+``reconcile_shards`` compares how each opened its vectors, and the class serving it, with what is
+now deployed and replaces a shard opened under other settings or by other code: changing
+``faiss_index_kind`` and redeploying takes effect instead of being silently ignored, and an actor
+started by an older package is not kept to answer in types this code cannot read. Nothing is lost:
+every acknowledged write is in SQLite.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import ray
 from ragserve.config import Settings
 from ragserve.deployments.common import log
 from ragserve.deployments.shard_metrics import start_size_gauges
-from ragserve.service.shard_service import ShardService, check_layout, vector_options
+from ragserve.service.shard_service import SHARD_CODE, ShardService, check_layout, shard_method_name, vector_options
 
 SHARD_NAMESPACE = "ragserve"
 P = ParamSpec("P")
@@ -83,13 +85,13 @@ def get_or_create_shards(settings: Settings) -> list[Any]:
 async def reconcile_shards(settings: Settings, actors: list[Any], timeout_s: float = 60.0) -> list[Any]:
     """``actors`` with every shard opened under other vector options replaced by one opened under
     ``settings`` (killed, its name waited free, created again; it reopens the same files)."""
-    want = shard_open_options(settings)
+    want = {**shard_open_options(settings), "code": SHARD_CODE}
     have = await asyncio.gather(*(a.open_options.remote() for a in actors))
     out = list(actors)
     for i, opened in enumerate(have):
         if opened == want:
             continue
-        log.warning("shard %d opened with %s; the settings ask for %s: replacing it", i, opened, want)
+        log.warning("shard %d opened with %s; this deployment wants %s: replacing it", i, opened, want)
         killed = actors[i]._actor_id
         ray.kill(actors[i], no_restart=True)
         name, deadline = shard_actor_name(settings, i), time.monotonic() + timeout_s
@@ -111,9 +113,8 @@ async def reconcile_shards(settings: Settings, actors: list[Any], timeout_s: flo
 class RayShardPool:
     """``ragserve.ports.ShardPool`` over shard actor handles.
 
-    This is the one place a shard method becomes its name: the actor is called by
-    ``method.__name__``, and only methods of ``ShardService`` itself are accepted (anything else
-    would be looked up on the actor by a name that merely looks alike)."""
+    The actor is called by the method's name; only methods of ``ShardService`` itself are accepted
+    (``shard_method_name``, the same check as ``LocalShardPool``'s)."""
 
     def __init__(self, actors: list[Any]):
         self._actors = actors
@@ -122,17 +123,10 @@ class RayShardPool:
     def num_shards(self) -> int:
         return len(self._actors)
 
-    @staticmethod
-    def _name(method: Callable[..., Any]) -> str:
-        name = getattr(method, "__name__", "")
-        if not name or name.startswith("_") or getattr(ShardService, name, None) is not method:
-            raise TypeError(f"{method!r} is not a ShardService method; pass one, e.g. ShardService.search")
-        return name
-
     async def call(
         self, shard: int, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> R:
-        return await getattr(self._actors[shard], self._name(method)).remote(*args, **kwargs)
+        return await getattr(self._actors[shard], shard_method_name(method)).remote(*args, **kwargs)
 
     async def call_all(
         self, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs

@@ -16,7 +16,7 @@ from ragserve.ports import TokenCounter
 
 
 class EngineClient:
-    """``ragserve.service.chat.LanguageModel`` over an engine in this process; call ``start`` first."""
+    """``ragserve.ports.LanguageModel`` over an engine in this process; call ``start`` first."""
 
     def __init__(self, engine: GenerationEngine, configured_window: int | None = None):
         self.engine = engine

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, TypeVar
 
-from ragserve.service.shard_service import ShardService
+from ragserve.service.shard_service import ShardService, shard_method_name
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -31,9 +31,10 @@ class LocalShardPool:
     async def call(
         self, shard: int, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> R:
-        # Looked up by name on the shard, as the actor pool does across the process boundary, so a
-        # shard that overrides a method behaves the same here and under Ray.
-        bound: Callable[P, R] = getattr(self._shards[shard], method.__name__)
+        # Checked and looked up by name on the shard, as the actor pool does across the process
+        # boundary, so a pool accepts the same methods and a shard that overrides one behaves the
+        # same here and under Ray.
+        bound: Callable[P, R] = getattr(self._shards[shard], shard_method_name(method))
         return await asyncio.to_thread(bound, *args, **kwargs)
 
     async def call_all(

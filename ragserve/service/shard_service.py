@@ -16,6 +16,7 @@ import json
 import logging
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,9 +117,11 @@ class ShardService:
         return self.shard_index
 
     def open_options(self) -> dict[str, Any]:
-        """How this shard opened its vectors (kind, device, params): a long-lived shard process
-        opened under other settings must be replaced to apply new ones."""
-        return dict(self._open_options)
+        """How this shard opened its vectors (kind, device, params) and the class serving it
+        (``code``): a long-lived shard process opened under other settings, or started by another
+        package (an actor of the old ``app`` package, whose replies name types this code cannot
+        unpickle), must be replaced."""
+        return {**self._open_options, "code": SHARD_CODE}
 
     def list_indexes(self) -> list[str]:
         return [name for name in self._shard.list_indexes() if not is_staging(name)]
@@ -326,3 +329,17 @@ class ShardService:
         the shard has no such index. A Ray shard actor exposes it as it does every method here."""
         stats = self._shard.index_stats(index)
         return None if stats is None else {"shard": self.shard_index, **stats}
+
+
+#: What a shard actor answers as ``open_options()["code"]``: the class that serves it.
+SHARD_CODE = f"{ShardService.__module__}.{ShardService.__qualname__}"
+
+
+def shard_method_name(method: Callable[..., Any]) -> str:
+    """The name a shard pool calls ``method`` by, once it is known to be a public method of
+    ``ShardService`` itself: anything else (another class's method of the same name, a free
+    function, ``__init__``) would be looked up on the shard by a name that merely looks alike."""
+    name = getattr(method, "__name__", "")
+    if not name or name.startswith("_") or getattr(ShardService, name, None) is not method:
+        raise TypeError(f"{method!r} is not a ShardService method; pass one, e.g. ShardService.search")
+    return name

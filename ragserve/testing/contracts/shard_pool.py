@@ -1,4 +1,4 @@
-"""The contract of ``ragserve.service.pool.ShardPool``, run by the in-process pool (unit tests) and by the
+"""The contract of ``ragserve.ports.ShardPool``, run by the in-process pool (unit tests) and by the
 pool of Ray shard actors (integration tests): the document service relies on exactly this, so
 whatever holds for one pool must hold for the other.
 
@@ -36,6 +36,22 @@ def write(doc_id: str, text: str, dim: int = 4, seed: int = 0) -> DocumentWrite:
 
 
 class ShardPoolContract:
+    async def test_only_shard_service_methods_are_called(self, pool: ShardPool[ShardService]) -> None:
+        """Both pools accept the same methods: ``ShardService``'s own public ones, never a look-alike
+        name (another class's ``ping``, a free function) or a private or special method."""
+
+        class Other:
+            def ping(self) -> str:
+                return "other"
+
+        def ping(shard: ShardService) -> str:
+            return "free"
+
+        for wrong in (Other.ping, ping, ShardService.__init__):
+            with pytest.raises(TypeError, match="not a ShardService method"):
+                await pool.call(0, wrong)  # type: ignore[arg-type]
+        assert await pool.call_all(ShardService.ping) == [0, 1]
+
     async def test_every_shard_answers_in_shard_order(self, pool: ShardPool[ShardService]) -> None:
         assert pool.num_shards == 2
         await pool.call(1, ShardService.upsert_documents, index="kb", docs=[write("d1", "only on shard one")])

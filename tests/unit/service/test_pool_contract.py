@@ -64,3 +64,23 @@ async def test_the_ray_pool_refuses_what_is_not_a_shard_method() -> None:
     for method in (Other.ping, ping, ShardService.__init__):
         with pytest.raises(TypeError, match="not a ShardService method"):
             await pool.call(0, method)
+
+
+def test_a_shard_says_which_code_serves_it(tmp_path: Path) -> None:
+    """``reconcile_shards`` keeps a shard actor only when it answers what this deployment would
+    open: the same vector options and the same serving class. An actor left running by an older
+    package (``app.service.shard_service.ShardService``, whose replies name types this code cannot
+    unpickle) answers without ``code`` or with another, and is replaced."""
+    from ragserve.config import Settings
+    from ragserve.deployments.vector_index import shard_open_options
+    from ragserve.service.shard_service import SHARD_CODE
+
+    check_layout(tmp_path, 1)
+    shard = ShardService(tmp_path, 0, 1, **shard_open_options(Settings(storage_dir=str(tmp_path))))
+    opened = shard.open_options()
+    assert opened["code"] == SHARD_CODE == "ragserve.service.shard_service.ShardService"
+    wanted = {**shard_open_options(Settings(storage_dir=str(tmp_path))), "code": SHARD_CODE}
+    assert opened == wanted
+    old_package = {k: v for k, v in opened.items() if k != "code"}
+    assert old_package != wanted and {**old_package, "code": "app.service.shard_service.ShardService"} != wanted
+    shard.close()
