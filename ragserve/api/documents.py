@@ -192,6 +192,18 @@ class QueryRequest(_RetrievalRequest):
     llm_params: LLMParams = Field(default_factory=LLMParams)
 
 
+class Evidence(BaseModel):
+    """A passage of a retrieved source that best supports an answer to the question: the source's
+    own words (extractive, never generated), so a reader can check the answer against it."""
+
+    text: str = Field(description="The passage, verbatim from the source's text.")
+    source: int = Field(description="1-based number of the source in source_nodes: the [n] an answer cites.")
+    node_id: str
+    start: int = Field(description="Where the passage starts in that source node's text (characters).")
+    end: int = Field(description="Where it ends (exclusive).")
+    score: float = Field(description="How strongly it answers the question, from 0 to 1.")
+
+
 class QueryResponse(BaseModel):
     response: str
     source_nodes: list[NodeWithScore]

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragserve.api.documents import (
+    Evidence,
     NodeWithScore,
     QueryRewrite,
     RetrievalMode,
@@ -208,6 +209,14 @@ class RagInfo(BaseModel):
     query: str
     query_source: Literal["message", "joined", "rewritten"]
     retrieval_mode: str
+    evidence: list[Evidence] | None = Field(
+        default=None, description="The passages of the sources that best support an answer, best first."
+    )
+    answerable: bool | None = Field(
+        default=None,
+        description="False when nothing retrieved is strong enough to answer: the answer then says the indexed "
+        "documents do not cover the question and lists the closest sources.",
+    )
 
 
 class _CompletionBody(BaseModel):
