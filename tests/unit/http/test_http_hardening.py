@@ -125,9 +125,9 @@ def test_json_within_the_depth_limit_is_served(client: TestClient, fake: FakeOpe
 def test_json_depth_is_linear_on_a_megabyte_of_worst_shapes() -> None:
     for shape in ("[", "{", '"[', "\\", '\\"', '"', '[1,"\\"],', '{"a":'):
         text = shape * (2**20 // len(shape))
-        t0 = time.perf_counter()
+        t0 = time.thread_time()  # CPU time: the shared machine's load does not count
         json_depth(text)
-        assert time.perf_counter() - t0 < 0.5, shape
+        assert time.thread_time() - t0 < 0.5, shape
 
 
 def _real_depth(value: Any) -> int:
@@ -387,14 +387,14 @@ def test_citation_parsing_is_linear_on_a_megabyte_of_worst_shapes(shape: str) ->
     from ragserve.rag.citations import code_regions
 
     text = shape * (2**20 // len(shape))
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # CPU time: the shared machine's load does not count
     code_regions(text)
     list(_MARKER.finditer(text))
-    assert time.perf_counter() - t0 < 2.0, shape
+    assert time.thread_time() - t0 < 2.0, shape
     if shape in ("`", "` ", "```\n", "`a[1]` "):  # every marker in code: the whole parse, skipping them
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         parse_citations(text, SOURCES)
-        assert time.perf_counter() - t0 < 2.0, shape
+        assert time.thread_time() - t0 < 2.0, shape
 
 
 # --- a max_tokens that leaves no room for the sources -------------------------------------------

@@ -65,9 +65,9 @@ def test_a_large_scrape_is_filtered_quickly() -> None:
     for i in range(5000):
         gauge.labels(str(i % 4), f"index-{i}").set(i)
     text = generate_latest(registry).decode()
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # CPU time: the shared machine's load does not count
     out = without_index_labels(text)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.thread_time() - t0 < 2.0
     assert len(samples(out)) == 4
 
 

@@ -32,6 +32,10 @@ from tests.filemakers import make_docx, make_pdf, make_pptx
 
 MB = 1_000_000
 BOUND_S = 3.0  # generous: each of these takes well under a second on an idle core
+#: For a conversion in another process, timed by the wall clock (the child's CPU time is not this
+#: thread's): what matters is that it ends far sooner than its 30 s time limit, also on a machine
+#: whose load is ten times its cores.
+PROCESS_BOUND_S = 10.0
 
 
 def timed(fn: Callable[[], Any], clock: Callable[[], float] = time.thread_time) -> tuple[Any, float]:
@@ -226,7 +230,7 @@ def test_isolated_conversion_is_stopped_at_its_time_limit() -> None:
     )
     # the file's shape, not its size: a 422, not a 413 "split the file"
     assert isinstance(out, ConversionTimeout) and not isinstance(out, ConversionTooLarge), out
-    assert "max_convert_seconds" in str(out) and "split" not in str(out) and seconds < 2.0, (out, seconds)
+    assert "max_convert_seconds" in str(out) and "split" not in str(out) and seconds < PROCESS_BOUND_S, (out, seconds)
     with pytest.raises(ConversionError, match="not a zip archive") as err:
         convert_isolated(b"garbage", "g.docx", max_unpacked_bytes=None, timeout_s=30)
     assert not isinstance(err.value, ConversionTooLarge)
@@ -303,7 +307,7 @@ def test_isolated_conversion_is_bounded_in_memory() -> None:
         time.perf_counter,
     )
     assert isinstance(out, ConversionTooLarge) and "max_convert_memory_bytes" in str(out), out
-    assert seconds < BOUND_S
+    assert seconds < PROCESS_BOUND_S
     small = make_docx([("", "a")] * 100)
     assert convert_isolated(small, "s.docx", max_unpacked_bytes=None, timeout_s=30, memory_bytes=256 << 20).sections
 
