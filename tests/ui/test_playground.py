@@ -155,7 +155,7 @@ def live(tmp_path_factory, embedding_model) -> Iterator[SimpleNamespace]:
         assert httpx.get(f"{url}/health").status_code == 200
         guide = [
             {
-                "text": "Maintenance notes \U0001f527 for the plant floor. " + FACT + " The seals are replaced "
+                "text": "Maintenance notes (pressure \U0001d45d under 6 bar). " + FACT + " The seals are replaced "
                 "every quarter.",
                 "metadata": {"title": "Pump servicing", "path": "guide/pumps.md"},
             },
@@ -276,8 +276,12 @@ def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path
     wait.until(lambda _: Select(d.find_element(By.ID, "index-select")).first_selected_option.text == "handbook")
     wait.until(lambda _: "3 documents" in d.find_element(By.ID, "index-stats").text)
 
-    # ask: the answer streams in, with the RAG badge and the sources and their scores
+    # an empty chat offers questions made from the index's titles
     d.find_element(By.CSS_SELECTOR, '[data-tab="chat"]').click()
+    wait.until(lambda _: "Pump servicing" in d.find_element(By.ID, "messages").text)
+    shot(d, "ui-examples.png", tmp_path)
+
+    # ask: the answer streams in, with the RAG badge, the sources and their scores, and the evidence
     box = d.find_element(By.ID, "chat-input")
     box.send_keys("How often is the pump of line 3 serviced?")
     box.send_keys(Keys.ENTER)
@@ -292,6 +296,8 @@ def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path
     snippet = reply.find_element(By.CSS_SELECTOR, ".sources li .snippet")
     wait.until(lambda _: snippet.is_displayed())
     assert "serviced every week by the night shift" in snippet.text
+    assert snippet.find_element(By.TAG_NAME, "mark").text == FACT  # the evidence, highlighted
+    assert FACT in reply.find_element(By.CSS_SELECTOR, ".evidence").text
     shot(d, "ui.png", tmp_path)
 
     # no index: the answer says it was a passthrough and why
@@ -326,7 +332,8 @@ def test_markdown_answers_render_as_formatting(browser, app_url: str, tmp_path: 
 
     d = browser
     wait = open_chat(d, app_url)
-    reply = ask(d, wait, "Show me the formatting demo")
+    d.find_element(By.ID, "opt-filter").send_keys("path=guide/pumps.md")  # one source: the pump notes
+    reply = ask(d, wait, "Show me the formatting demo: how is the pump of line 3 serviced?")
     body = reply.find_element(By.CSS_SELECTOR, ".body")
     assert "**" not in body.text and "```" not in body.text and "](" not in body.text
     assert [e.text for e in body.find_elements(By.CSS_SELECTOR, "strong")] == ["Servicing", "seals"]
@@ -344,10 +351,9 @@ def test_markdown_answers_render_as_formatting(browser, app_url: str, tmp_path: 
     cite = body.find_element(By.CSS_SELECTOR, "a.cite")
     assert cite.text == "[1]"
     sources = reply.find_elements(By.CSS_SELECTOR, ".sources li details")
-    assert sources and all(s.get_attribute("open") is None for s in sources)
+    assert len(sources) == 1 and sources[0].get_attribute("open") is None
     cite.click()
-    wait.until(lambda _: sources[0].get_attribute("open") is not None)  # source 1, and only it
-    assert all(s.get_attribute("open") is None for s in sources[1:])
+    wait.until(lambda _: sources[0].get_attribute("open") is not None)
     assert d.current_url.endswith("/ui/")  # the citation did not navigate
     shot(d, "ui-markdown.png", tmp_path)
 
@@ -372,13 +378,12 @@ def test_html_in_an_answer_or_a_title_is_inert_text(browser, app_url: str) -> No
     assert d.execute_script("return window.__xss") is None
 
 
-def test_example_questions_on_an_empty_chat_ask_when_clicked(browser, app_url: str, live, tmp_path: Path) -> None:
+def test_example_questions_on_an_empty_chat_ask_when_clicked(browser, app_url: str, live) -> None:
     from selenium.webdriver.common.by import By
 
     d = browser
     wait = open_chat(d, app_url)
     examples = wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, "#examples button.example"))
-    shot(d, "ui-examples.png", tmp_path)
     texts = [b.text for b in examples]
     assert len(texts) == 3 and any("Pump servicing" in t for t in texts) and any("Valve lockout" in t for t in texts)
     assert "guide" in d.find_element(By.ID, "examples").text
@@ -427,7 +432,7 @@ def test_copy_and_regenerate_the_answer(browser, app_url: str, live) -> None:
     assert answers[1].find_elements(By.CSS_SELECTOR, ".regenerate")
 
 
-def test_evidence_is_shown_and_highlighted_in_its_source(browser, app_url: str, tmp_path: Path) -> None:
+def test_evidence_is_shown_and_highlighted_in_its_source(browser, app_url: str) -> None:
     from selenium.webdriver.common.by import By
 
     d = browser
@@ -442,10 +447,9 @@ def test_evidence_is_shown_and_highlighted_in_its_source(browser, app_url: str, 
     item.find_element(By.CSS_SELECTOR, "a.cite").click()  # opens the source at the passage
     mark = source.find_element(By.CSS_SELECTOR, ".snippet mark")
     wait.until(lambda _: mark.is_displayed())
-    assert mark.text == FACT  # the passage's offsets, counted in code points past the emoji before it
+    assert mark.text == FACT  # its offsets count code points: past the 𝑝 (two UTF-16 units) before it
     snippet = source.find_element(By.CSS_SELECTOR, ".snippet").text
-    assert snippet.startswith("Maintenance notes \U0001f527") and snippet.endswith("every quarter.")
-    shot(d, "ui-evidence.png", tmp_path)
+    assert snippet.startswith("Maintenance notes (pressure \U0001d45d") and snippet.endswith("every quarter.")
     # offsets are code points (the server's characters), not UTF-16 units; a passage found twice is
     # marked where its offsets say
     assert d.execute_script("return unitRange('\U0001f527ab', 1, 3)") == [2, 4]

@@ -82,7 +82,8 @@ const Markdown = (() => {
   }
 
   const INTERESTING = /[`[hH]/;  // where an atom may start
-  const URL_STOP_RE = /[\x00-\x20\u00a0"(<>[\]`]/g;  // where a bare URL, or a link's (url), ends
+  const URL_STOP_RE = /[\x00-\x20\u00a0"(<>[\]`]/g;  // where a link's (url) ends
+  const BARE_URL_STOP_RE = /[\x00-\x20\u00a0"<>[\]`]/g;  // where a bare URL ends (it may hold parentheses)
 
   function regexFrom(re, s) {
     return (p) => {
@@ -115,7 +116,7 @@ const Markdown = (() => {
       close: forward((p) => s.indexOf("]", p)), open: forward((p) => s.indexOf("[", p)),
       paren: forward((p) => s.indexOf(")", p)), linkStop: forward(regexFrom(URL_STOP_RE, s)),
     };
-    const urlStop = forward(regexFrom(new RegExp(URL_STOP_RE.source, "g"), s));  // for bare URLs
+    const urlStop = forward(regexFrom(BARE_URL_STOP_RE, s));  // for bare URLs
     let interesting = new RegExp(INTERESTING.source, "g");
     const list = [];
     let run = 0;  // the first backtick run at or after i
@@ -152,7 +153,15 @@ const Markdown = (() => {
           const stop = urlStop(i);
           const end = stop < 0 ? n : stop;
           let j = end;
-          while (j > URL_START.lastIndex && ".,;:!?)}'*_".includes(s[j - 1])) j--;  // the sentence's, not the URL's
+          // what ends the sentence is not the URL's: a full stop, a closing parenthesis it did not open
+          const candidate = s.slice(i, j);
+          let unmatched = candidate.split(")").length - candidate.split("(").length;
+          while (j > URL_START.lastIndex) {
+            const last = s[j - 1];
+            if (last === ")" && unmatched > 0) unmatched--;
+            else if (!".,;:!?}'*_".includes(last)) break;
+            j--;
+          }
           const href = j > URL_START.lastIndex ? safeUrl(s.slice(i, j)) : null;
           if (href) list.push({ start: i, end: j, kind: "link", href, text: s.slice(i, j) });
           i = href ? j : end;  // what was not a URL is text, whole
@@ -390,7 +399,6 @@ const Markdown = (() => {
   function render(text, container, ctx = {}) {
     ctx = { sources: 0, ...ctx, budget: budget() };
     const root = document.createDocumentFragment();
-    const lines = String(text).split("\n");
     let para = null;   // lines of the open paragraph
     let quote = null;  // lines of the open block quote
     let fence = null;  // the open code block: {marker, code: lines, el}
@@ -422,10 +430,35 @@ const Markdown = (() => {
     };
     const flushAll = () => { flushPara(); flushQuote(); closeLists(); };
 
-    let n = 0;
-    for (; n < lines.length; n++) {
-      const raw = lines[n];
-      const line = raw.endsWith("\r") ? raw.slice(0, -1) : raw;
+    // text: it continues a list item (after a blank line only when indented), a quote, or a paragraph
+    const textLine = (line, width) => {
+      if (lists.length && (!blank || width >= 2)) {
+        const top = lists[lists.length - 1];
+        if (blank && top.said) top.lines.push("");  // a new paragraph of the item: a line break
+        top.lines.push(line.trim());
+      } else if (quote) {
+        quote.push(line.trim());
+      } else {
+        closeLists();
+        (para = para || []).push(line.trim());
+      }
+      blank = false;
+    };
+
+    const src = String(text), len = src.length;
+    let pos = 0, rest = -1;
+    while (pos <= len) {
+      const start = pos;
+      let eol = src.indexOf("\n", pos);
+      if (eol < 0) eol = len;
+      pos = eol + 1;
+      const end = eol > start && src.charCodeAt(eol - 1) === 13 ? eol - 1 : eol;  // without a \r
+      if (end === start) {  // an empty line
+        if (fence) fence.code.push("");
+        else { flushPara(); flushQuote(); if (lists.length) flushItem(lists[lists.length - 1]); blank = true; }
+        continue;
+      }
+      const line = src.slice(start, end);
       if (fence) {
         const m = FENCE.exec(line);
         if (m && m[1][0] === fence.marker[0] && m[1].length >= fence.marker.length && !line.slice(m[0].length).trim()) {
@@ -442,7 +475,15 @@ const Markdown = (() => {
         blank = true;
         continue;
       }
-      if (ctx.budget.left < 3) break;  // the rest is plain text, below
+      if (ctx.budget.left < 3) { rest = start; break; }  // the rest is plain text, below
+      const lead = leadingSpaces(line);
+      const first = line.charCodeAt(lead.i);
+      // # > - * + _ ` ~ or a digit may start a block; any other character starts text
+      if (!(first === 35 || first === 62 || first === 45 || first === 42 || first === 43 || first === 95 ||
+            first === 96 || first === 126 || (first >= 48 && first <= 57))) {
+        textLine(line, lead.width);
+        continue;
+      }
       const m = FENCE.exec(line);
       if (m && !(m[1][0] === "`" && line.slice(m[0].length).includes("`"))) {
         flushAll();
@@ -455,8 +496,8 @@ const Markdown = (() => {
         blank = false;
         continue;
       }
-      const h = isRule(line) ? null : heading(line);
-      if (isRule(line) || h) {
+      const rule = isRule(line), h = rule ? null : heading(line);
+      if (rule || h) {
         flushAll();
         const el = ctx.budget.force(h ? `h${Math.min(6, h.level + 2)}` : "hr");
         if (h) inline(h.text, el, ctx);
@@ -503,26 +544,15 @@ const Markdown = (() => {
         blank = false;
         continue;
       }
-      // text: it continues a list item (after a blank line only when indented), a quote, or a paragraph
-      if (lists.length && (!blank || leadingSpaces(line).width >= 2)) {
-        const top = lists[lists.length - 1];
-        if (blank && top.said) top.lines.push("");  // a new paragraph of the item: a line break
-        top.lines.push(line.trim());
-      } else if (quote) {
-        quote.push(line.trim());
-      } else {
-        closeLists();
-        (para = para || []).push(line.trim());
-      }
-      blank = false;
+      textLine(line, lead.width);
     }
     closeFence();  // an unclosed block runs to the end (a streaming answer's is still open)
     flushAll();
-    if (n < lines.length) {  // the element budget is spent: the rest as it is
-      const rest = document.createElement("p");
-      rest.className = "md-rest";
-      rest.textContent = lines.slice(n).join("\n");
-      root.append(rest);
+    if (rest >= 0) {  // the element budget is spent: the rest as it is
+      const p = document.createElement("p");
+      p.className = "md-rest";
+      p.textContent = src.slice(rest);
+      root.append(p);
     }
     container.replaceChildren(root);
   }
