@@ -327,13 +327,25 @@ def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path
     assert KEY not in table.text and KEY not in d.page_source
 
 
-def test_markdown_answers_render_as_formatting(browser, app_url: str, tmp_path: Path) -> None:
+def test_markdown_answers_render_as_formatting(browser, app_url: str, live, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
 
     d = browser
     wait = open_chat(d, app_url)
     d.find_element(By.ID, "opt-filter").send_keys("path=guide/pumps.md")  # one source: the pump notes
-    reply = ask(d, wait, "Show me the formatting demo: how is the pump of line 3 serviced?")
+    # what the answer looks like while it streams (a word every 30 ms)
+    d.execute_script(
+        """window.__streamed = [];
+        new MutationObserver(() => {
+          const body = document.querySelector('.msg.assistant.streaming .body');
+          if (body) window.__streamed.push([body.querySelectorAll('strong, li').length, body.textContent.length]);
+        }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});"""
+    )
+    live.fake.chunk_delay_s = 0.03
+    try:
+        reply = ask(d, wait, "Show me the formatting demo: how is the pump of line 3 serviced?")
+    finally:
+        live.fake.chunk_delay_s = 0.0
     body = reply.find_element(By.CSS_SELECTOR, ".body")
     assert "**" not in body.text and "```" not in body.text and "](" not in body.text
     assert [e.text for e in body.find_elements(By.CSS_SELECTOR, "strong")] == ["Servicing", "seals"]
@@ -355,6 +367,10 @@ def test_markdown_answers_render_as_formatting(browser, app_url: str, tmp_path: 
     cite.click()
     wait.until(lambda _: sources[0].get_attribute("open") is not None)
     assert d.current_url.endswith("/ui/")  # the citation did not navigate
+    # it was rendered as it streamed, not only at the end
+    final = len(d.execute_script("return arguments[0].textContent", body))
+    streamed = d.execute_script("return window.__streamed")
+    assert any(formatted and 0 < length < final for formatted, length in streamed), streamed[-5:]
     shot(d, "ui-markdown.png", tmp_path)
 
 
