@@ -1,26 +1,56 @@
 """The /ui playground in a real headless Chromium (Debian's chromium + chromedriver, driven by
 Selenium) against the whole in-process application with API keys on: ask for the key, upload
-files, ask a question, read the streamed answer and its sources, browse and filter documents,
-see the settings. Screenshots land in the test's folder, and in docs/img/ with
-RAGSERVE_UPDATE_SCREENSHOTS=1 (how the README's pictures are made)."""
+files, ask a question, read the streamed answer (Markdown rendered, HTML inert) and its sources
+and evidence, example questions, copy and regenerate, browse and filter documents, see the
+settings. Screenshots land in the test's folder, and in docs/img/ with
+RAGSERVE_UPDATE_SCREENSHOTS=1 (how the README's pictures are made).
+
+The upstream model is the fake OpenAI server, whose answer depends on the question (a Markdown
+answer, a hostile one...). The evidence of an answer (``rag.evidence``, the contract in
+ragserve/api/documents.py ``Evidence``) is added to the server's stream by :class:`EvidenceStub`
+where the server leaves it unset, exactly as the contract shapes it (the passage's code point
+offsets in its source's text): what is tested is the page's handling of that contract."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import httpx
 import pytest
 
+from ragserve.testing.fake_openai import FakeOpenAI
 from tests.filemakers import make_pdf
-from tests.live_server import live_app
+from tests.live_server import serve
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-playground-test"
 ANSWER = "Line 3's pump is serviced every week by the night shift [1]."
+FACT = "Line 3's pump is serviced every week by the night shift."  # the evidence sentence, in the sources
+MARKDOWN_ANSWER = """**Servicing** the pump takes *three* steps:
+
+1. Stop line 3 with `pumpctl stop`.
+2. Replace the **seals** [1].
+3. Start it again.
+
+You need:
+- gloves
+- goggles
+
+```sh
+pumpctl stop --line 3 && echo "<b>done</b>"
+```
+See [the manual](https://example.com/manual?page=3) for the rest."""
+HOSTILE_ANSWER = """<script>window.__xss = 1</script> <img src=x onerror="window.__xss = 2">
+[click me](javascript:window.__xss=3) and <a href="javascript:window.__xss=4">this</a> **<b>bold</b>**"""
+HOSTILE_TITLE = '<img src=x onerror="window.__xss = 5"><script>window.__xss = 6</script>'
 
 pytestmark = pytest.mark.skipif(
     not (CHROMIUM and CHROMEDRIVER),
@@ -28,15 +58,118 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def app_url(tmp_path_factory, embedding_model) -> Iterator[str]:
-    from ragserve.testing.embedder import InProcessEmbedder
+def fake_answer(attempts: dict[str, int]) -> Any:
+    """The fake model's answer to a request: chosen by words of the question (the last message)."""
 
-    with live_app(tmp_path_factory.mktemp("ui"), InProcessEmbedder(embedding_model), answer=ANSWER, api_keys=[KEY]) as (
-        url,
-        _,
+    def answer(body: dict[str, Any]) -> str:
+        asked = str(body["messages"][-1].get("content", "")).lower()
+        if "formatting demo" in asked:
+            return MARKDOWN_ANSWER
+        if "hostile demo" in asked:
+            return HOSTILE_ANSWER
+        if "moon" in asked:
+            return "The indexed documents do not say how far away the moon is."
+        if "regenerate demo" in asked:
+            attempts["regenerate"] = attempts.get("regenerate", 0) + 1
+            return f"**Attempt {attempts['regenerate']}**: the seals are replaced every quarter [1]."
+        return ANSWER
+
+    return answer
+
+
+class EvidenceStub:
+    """ASGI middleware over the application: in a streamed chat answer whose ``rag`` has no
+    ``evidence``, it sets it (on the first chunk, and on the final chunk too, as the contract says)
+    to every occurrence of FACT in the sources, with its code point offsets; a question about the
+    moon gets ``answerable: false``. Every other byte passes as the server sent it."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].endswith("/v1/chat/completions"):
+            await self.app(scope, receive, send)
+            return
+        state: dict[str, Any] = {"buffer": b"", "rag": None}
+
+        async def patched(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body":
+                state["buffer"] += message.get("body", b"")
+                *events, state["buffer"] = state["buffer"].split(b"\n\n")
+                body = b"".join(self._event(e, state) + b"\n\n" for e in events)
+                if not message.get("more_body", False):
+                    body, state["buffer"] = body + state["buffer"], b""
+                message = {**message, "body": body}
+            await send(message)
+
+        await self.app(scope, receive, patched)
+
+    @staticmethod
+    def _event(event: bytes, state: dict[str, Any]) -> bytes:
+        if not event.startswith(b"data: {"):
+            return event
+        chunk = json.loads(event[len(b"data: ") :])
+        rag = chunk.get("rag")
+        if isinstance(rag, dict) and chunk.get("source_nodes"):
+            if rag.get("evidence") is None:
+                rag["evidence"] = [
+                    {
+                        "text": FACT,
+                        "source": i,
+                        "node_id": n["node_id"],
+                        "start": start,
+                        "end": start + len(FACT),
+                        "score": round(0.9 - 0.1 * i, 2),
+                    }
+                    for i, n in enumerate(chunk["source_nodes"], start=1)
+                    if (start := n["text"].find(FACT)) >= 0
+                ]
+            if "moon" in rag.get("query", "").lower():
+                rag["answerable"] = False
+            state["rag"] = rag
+        elif state["rag"] is not None and any(c.get("finish_reason") for c in chunk.get("choices", [])):
+            chunk.setdefault("rag", state["rag"])
+        else:
+            return event
+        return b"data: " + json.dumps(chunk).encode()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory, embedding_model) -> Iterator[SimpleNamespace]:
+    from ragserve.testing.embedder import InProcessEmbedder
+    from ragserve.testing.inprocess import inprocess_app
+
+    attempts: dict[str, int] = {}
+    with (
+        FakeOpenAI(answer=fake_answer(attempts), model="fake-model", max_model_len=4096) as fake,
+        inprocess_app(
+            tmp_path_factory.mktemp("ui"),
+            InProcessEmbedder(embedding_model),
+            fake.url,
+            similarity_threshold=0.0,
+            api_keys=[KEY],
+        ) as (app, _),
+        serve(EvidenceStub(app)) as url,
     ):
-        yield url
+        auth = {"Authorization": f"Bearer {KEY}"}
+        assert httpx.get(f"{url}/health").status_code == 200
+        guide = [
+            {
+                "text": "Maintenance notes (pressure \U0001d45d under 6 bar). " + FACT + " The seals are replaced "
+                "every quarter.",
+                "metadata": {"title": "Pump servicing", "path": "guide/pumps.md"},
+            },
+            {"text": "Visitors sign in at the front desk.", "metadata": {"title": HOSTILE_TITLE}},
+            {"text": "Valves are locked out before any repair.", "metadata": {"title": "Valve lockout"}},
+        ]
+        r = httpx.post(f"{url}/index", json={"index_name": "guide", "documents": guide}, headers=auth, timeout=60)
+        assert r.status_code == 200, r.text
+        yield SimpleNamespace(url=url, fake=fake)
+
+
+@pytest.fixture(scope="module")
+def app_url(live: SimpleNamespace) -> str:
+    return live.url
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +202,39 @@ def shot(driver, name: str, tmp_path: Path) -> None:
     if os.environ.get("RAGSERVE_UPDATE_SCREENSHOTS") == "1":
         (REPO / "docs" / "img").mkdir(parents=True, exist_ok=True)
         driver.save_screenshot(str(REPO / "docs" / "img" / name))
+
+
+def open_chat(d, app_url: str, index: str = "guide"):
+    """The playground with the key given, `index` selected, on an empty chat; returns a wait."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    wait = WebDriverWait(d, 30)
+    d.get(f"{app_url}/ui/")
+    d.execute_script("sessionStorage.setItem('ragserve.apiKey', arguments[0])", KEY)
+    d.refresh()
+    wait.until(lambda _: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true")
+    select = Select(d.find_element(By.ID, "index-select"))
+    if select.first_selected_option.get_attribute("value") != index:
+        select.select_by_value(index)
+    d.find_element(By.CSS_SELECTOR, '[data-tab="chat"]').click()
+    if not d.find_element(By.ID, "opt-rag").is_selected():
+        d.find_element(By.ID, "opt-rag").click()
+    d.find_element(By.ID, "chat-clear").click()
+    return wait
+
+
+def ask(d, wait, question: str):
+    """Asks in the chat box and returns the answer's element once it is done."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    done = len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant.done"))
+    box = d.find_element(By.ID, "chat-input")
+    box.send_keys(question)
+    box.send_keys(Keys.ENTER)
+    wait.until(lambda _: len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant.done")) > done)
+    return d.find_elements(By.CSS_SELECTOR, ".msg.assistant.done")[-1]
 
 
 def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path: Path) -> None:
@@ -110,8 +276,12 @@ def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path
     wait.until(lambda _: Select(d.find_element(By.ID, "index-select")).first_selected_option.text == "handbook")
     wait.until(lambda _: "3 documents" in d.find_element(By.ID, "index-stats").text)
 
-    # ask: the answer streams in, with the RAG badge and the sources and their scores
+    # an empty chat offers questions made from the index's titles
     d.find_element(By.CSS_SELECTOR, '[data-tab="chat"]').click()
+    wait.until(lambda _: "Pump servicing" in d.find_element(By.ID, "messages").text)
+    shot(d, "ui-examples.png", tmp_path)
+
+    # ask: the answer streams in, with the RAG badge, the sources and their scores, and the evidence
     box = d.find_element(By.ID, "chat-input")
     box.send_keys("How often is the pump of line 3 serviced?")
     box.send_keys(Keys.ENTER)
@@ -126,6 +296,8 @@ def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path
     snippet = reply.find_element(By.CSS_SELECTOR, ".sources li .snippet")
     wait.until(lambda _: snippet.is_displayed())
     assert "serviced every week by the night shift" in snippet.text
+    assert snippet.find_element(By.TAG_NAME, "mark").text == FACT  # the evidence, highlighted
+    assert FACT in reply.find_element(By.CSS_SELECTOR, ".evidence").text
     shot(d, "ui.png", tmp_path)
 
     # no index: the answer says it was a passthrough and why
@@ -153,3 +325,221 @@ def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path
     wait.until(lambda _: "faiss_index_kind" in table.text)
     assert "API keys required yes" in table.text and "limit: max_documents_per_request 1000" in table.text
     assert KEY not in table.text and KEY not in d.page_source
+
+
+def test_markdown_answers_render_as_formatting(browser, app_url: str, live, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    wait = open_chat(d, app_url)
+    d.find_element(By.ID, "opt-filter").send_keys("path=guide/pumps.md")  # one source: the pump notes
+    # what the answer looks like while it streams (a word every 30 ms)
+    d.execute_script(
+        """window.__streamed = [];
+        new MutationObserver(() => {
+          const body = document.querySelector('.msg.assistant.streaming .body');
+          if (body) window.__streamed.push([body.querySelectorAll('strong, li').length, body.textContent.length]);
+        }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});"""
+    )
+    live.fake.chunk_delay_s = 0.03
+    try:
+        reply = ask(d, wait, "Show me the formatting demo: how is the pump of line 3 serviced?")
+    finally:
+        live.fake.chunk_delay_s = 0.0
+    body = reply.find_element(By.CSS_SELECTOR, ".body")
+    assert "**" not in body.text and "```" not in body.text and "](" not in body.text
+    assert [e.text for e in body.find_elements(By.CSS_SELECTOR, "strong")] == ["Servicing", "seals"]
+    assert [e.text for e in body.find_elements(By.CSS_SELECTOR, "em")] == ["three"]
+    steps = body.find_elements(By.CSS_SELECTOR, "ol > li")  # a numbered list is a list
+    assert [s.text for s in steps] == ["Stop line 3 with pumpctl stop.", "Replace the seals [1].", "Start it again."]
+    assert steps[0].find_element(By.TAG_NAME, "code").text == "pumpctl stop"
+    assert [li.text for li in body.find_elements(By.CSS_SELECTOR, "ul > li")] == ["gloves", "goggles"]
+    assert body.find_element(By.CSS_SELECTOR, "pre code").text == 'pumpctl stop --line 3 && echo "<b>done</b>"'
+    assert not body.find_elements(By.CSS_SELECTOR, "pre b")  # code is text
+    link = body.find_element(By.CSS_SELECTOR, "a:not(.cite)")
+    assert link.text == "the manual" and link.get_attribute("href") == "https://example.com/manual?page=3"
+    assert link.get_attribute("rel") == "noopener noreferrer" and link.get_attribute("target") == "_blank"
+    # the citation stays visible and opens its source
+    cite = body.find_element(By.CSS_SELECTOR, "a.cite")
+    assert cite.text == "[1]"
+    sources = reply.find_elements(By.CSS_SELECTOR, ".sources li details")
+    assert len(sources) == 1 and sources[0].get_attribute("open") is None
+    cite.click()
+    wait.until(lambda _: sources[0].get_attribute("open") is not None)
+    assert d.current_url.endswith("/ui/")  # the citation did not navigate
+    # it was rendered as it streamed, not only at the end
+    final = len(d.execute_script("return arguments[0].textContent", body))
+    streamed = d.execute_script("return window.__streamed")
+    assert any(formatted and 0 < length < final for formatted, length in streamed), streamed[-5:]
+    shot(d, "ui-markdown.png", tmp_path)
+
+
+def test_html_in_an_answer_or_a_title_is_inert_text(browser, app_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    wait = open_chat(d, app_url)
+    examples = wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, "#examples button.example"))
+    assert any(HOSTILE_TITLE in b.text for b in examples)  # the title, shown as its text
+    reply = ask(d, wait, "Show me the hostile demo")
+    body = reply.find_element(By.CSS_SELECTOR, ".body")
+    assert '<script>window.__xss = 1</script> <img src=x onerror="window.__xss = 2">' in body.text
+    assert "[click me](javascript:window.__xss=3)" in body.text and "<b>bold</b>" in body.text
+    messages = d.find_element(By.ID, "messages")
+    assert not messages.find_elements(By.CSS_SELECTOR, "script, img, b, [onerror]")
+    assert not d.find_elements(By.CSS_SELECTOR, 'a[href^="javascript:" i]')
+    assert body.find_element(By.TAG_NAME, "strong").text == "<b>bold</b>"
+    d.find_element(By.CSS_SELECTOR, '[data-tab="documents"]').click()  # titles in the documents table too
+    wait.until(lambda _: any(td.text == HOSTILE_TITLE for td in d.find_elements(By.CSS_SELECTOR, "#docs-table td")))
+    assert d.execute_script("return window.__xss") is None
+
+
+def test_example_questions_on_an_empty_chat_ask_when_clicked(browser, app_url: str, live) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    wait = open_chat(d, app_url)
+    examples = wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, "#examples button.example"))
+    texts = [b.text for b in examples]
+    assert len(texts) == 3 and any("Pump servicing" in t for t in texts) and any("Valve lockout" in t for t in texts)
+    assert "guide" in d.find_element(By.ID, "examples").text
+    pump = next(b for b in examples if "Pump servicing" in b.text)
+    question = pump.text
+    pump.click()
+    wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, ".msg.assistant.done"))
+    assert d.find_element(By.CSS_SELECTOR, ".msg.user").text == question
+    assert live.fake.requests[-1]["messages"][-1]["content"] == question
+    assert not d.find_elements(By.ID, "examples")  # gone once the chat has started
+    d.find_element(By.ID, "chat-clear").click()  # a new chat shows them again
+    wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, "#examples button.example"))
+    assert not d.find_elements(By.CSS_SELECTOR, ".msg")
+
+
+def test_copy_and_regenerate_the_answer(browser, app_url: str, live) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    wait = open_chat(d, app_url)
+    d.execute_cdp_cmd(
+        "Browser.grantPermissions",
+        {"origin": app_url, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]},
+    )
+    reply = ask(d, wait, "regenerate demo: how often are the seals replaced?")
+    assert reply.find_element(By.CSS_SELECTOR, ".body strong").text == "Attempt 1"
+    reply.find_element(By.CSS_SELECTOR, ".actions .copy").click()
+    wait.until(lambda _: "Copied" in reply.find_element(By.CSS_SELECTOR, ".actions .copy").text)
+    copied = d.execute_async_script("navigator.clipboard.readText().then(arguments[0], (e) => arguments[0]('' + e))")
+    assert copied == "**Attempt 1**: the seals are replaced every quarter [1]."  # the answer's own text
+    before = live.fake.requests[-1]["messages"]
+
+    reply.find_element(By.CSS_SELECTOR, ".actions .regenerate").click()
+    wait.until(lambda _: "Attempt 2" in d.find_element(By.CSS_SELECTOR, ".msg.assistant.done .body").text)
+    assert len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant")) == 1  # replaced, not added
+    assert len(d.find_elements(By.CSS_SELECTOR, ".msg.user")) == 1
+    assert live.fake.requests[-1]["messages"] == before  # the same question, the same conversation
+
+    # the conversation goes on from the new answer; only the newest answer can be regenerated
+    ask(d, wait, "And the valves?")
+    assert live.fake.requests[-1]["messages"][-2]["content"].startswith("**Attempt 2**")  # the answer kept
+    answers = d.find_elements(By.CSS_SELECTOR, ".msg.assistant.done")
+    assert not answers[0].find_elements(By.CSS_SELECTOR, ".regenerate") and answers[0].find_elements(
+        By.CSS_SELECTOR, ".copy"
+    )
+    assert answers[1].find_elements(By.CSS_SELECTOR, ".regenerate")
+
+
+def test_evidence_is_shown_and_highlighted_in_its_source(browser, app_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    wait = open_chat(d, app_url)
+    reply = ask(d, wait, "How often is the pump of line 3 serviced?")
+    evidence = reply.find_element(By.CSS_SELECTOR, ".evidence")
+    assert evidence.is_displayed() and FACT in evidence.text
+    item = evidence.find_element(By.CSS_SELECTOR, "li")
+    n = int(item.find_element(By.CSS_SELECTOR, "a.cite").get_attribute("data-source"))
+    source = reply.find_elements(By.CSS_SELECTOR, ".sources > li")[n - 1]
+    assert "Pump servicing" in source.text and "evidence" in source.find_element(By.TAG_NAME, "summary").text
+    item.find_element(By.CSS_SELECTOR, "a.cite").click()  # opens the source at the passage
+    mark = source.find_element(By.CSS_SELECTOR, ".snippet mark")
+    wait.until(lambda _: mark.is_displayed())
+    assert mark.text == FACT  # its offsets count code points: past the 𝑝 (two UTF-16 units) before it
+    snippet = source.find_element(By.CSS_SELECTOR, ".snippet").text
+    assert snippet.startswith("Maintenance notes (pressure \U0001d45d") and snippet.endswith("every quarter.")
+    # offsets are code points (the server's characters), not UTF-16 units; a passage found twice is
+    # marked where its offsets say
+    assert d.execute_script("return unitRange('\U0001f527ab', 1, 3)") == [2, 4]
+    assert d.execute_script("return evidenceRange('a. \U0001f527 a.', {text: 'a.', start: 5, end: 7})") == [6, 8]
+    assert d.execute_script("return evidenceRange('x a.', {text: 'a.', start: 9, end: 11})") == [2, 4]  # found
+    assert d.execute_script("return evidenceRange('x', {text: 'a.', start: 0, end: 2})") is None
+
+
+def test_an_answer_the_documents_do_not_cover_is_a_note(browser, app_url: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    wait = open_chat(d, app_url)
+    reply = ask(d, wait, "How far away is the moon?")
+    assert "not-covered" in reply.get_attribute("class")
+    note = reply.find_element(By.CSS_SELECTOR, ".note")
+    assert note.is_displayed() and "Not covered" in note.text
+    assert reply.find_elements(By.CSS_SELECTOR, ".sources li")  # the closest sources, still listed
+    covered = ask(d, wait, "How often is the pump of line 3 serviced?")
+    assert "not-covered" not in covered.get_attribute("class")
+    assert not covered.find_element(By.CSS_SELECTOR, ".note").is_displayed()
+
+
+def test_favicon_in_the_browser(browser, app_url: str) -> None:
+    d = browser
+    open_chat(d, app_url)
+    found = d.execute_async_script(
+        """const done = arguments[0];
+        const icon = document.querySelector('link[rel="icon"]').href;
+        Promise.all([fetch(icon), fetch('/favicon.ico')]).then(
+          (rs) => done(rs.map((r) => [r.status, r.headers.get('content-type')])), (e) => done(String(e)));"""
+    )
+    assert found == [[200, "image/svg+xml"], [200, "image/vnd.microsoft.icon"]]
+
+
+def test_markdown_rendering_is_linear_on_a_megabyte_of_the_worst_shapes(browser, app_url: str) -> None:
+    """1 MB answers made of what a parser may backtrack or nest on: each is parsed and built into
+    the page in well under a second, and none builds more than the renderer's element budget.
+    Laying out a megabyte of text is Chromium's work, the same for the text shown plain: it is
+    printed beside the render time, not asserted."""
+    d = browser
+    open_chat(d, app_url)
+    results = d.execute_script(
+        """const N = 1 << 20;
+        const shapes = {
+          stars: '*'.repeat(N), backticks: '`'.repeat(N), brackets: '['.repeat(N), underscores: '_'.repeat(N),
+          starWord: '*a'.repeat(N / 2), wordStar: 'a*'.repeat(N / 2), strong: '**a'.repeat(N / 3),
+          under: '_a '.repeat(N / 3), crossed: '*a _b '.repeat(N / 6),
+          nested: '*a '.repeat(N / 6) + 'a* '.repeat(N / 6),
+          codeSpans: '` '.repeat(N / 2), codeRuns: '``a`'.repeat(N / 4), links: '[a]('.repeat(N / 4),
+          linkPairs: '[a](https:'.repeat(N / 10), citations: '[1]'.repeat(N / 3), citationLists: '[1,'.repeat(N / 3),
+          urls: 'http://%'.repeat(N / 8), lines: '- a\\n'.repeat(N / 4), indents: '  '.repeat(N / 2) + '- a',
+          deepList: Array.from({length: 1000}, (_, k) => ' '.repeat(2 * k) + '- a').join('\\n'),
+          fences: '```\\n'.repeat(N / 4), headings: '# '.repeat(N / 2), quotes: '> '.repeat(N / 2),
+          newlines: '\\n'.repeat(N), crlf: 'a\\r\\n'.repeat(N / 3),
+        };
+        const box = document.createElement('div');
+        box.className = 'md';
+        document.body.append(box);
+        const out = {};
+        for (const [name, text] of Object.entries(shapes)) {
+          const t0 = performance.now();
+          Markdown.render(text, box, {sources: 3});
+          const t1 = performance.now();
+          box.offsetHeight;
+          const t2 = performance.now();
+          out[name] = [t1 - t0, t2 - t1, box.getElementsByTagName('*').length, text.length];
+          box.replaceChildren();
+        }
+        box.remove();
+        return out;"""
+    )
+    print("\nrender ms, layout ms:", {name: (round(ms), round(layout)) for name, (ms, layout, _, _) in results.items()})
+    for name, (ms, _, elements, size) in results.items():
+        assert size >= 1_000_000, name
+        assert ms < 1000, (name, ms)
+        assert elements <= 5010, (name, elements)
