@@ -137,7 +137,9 @@ class AnswerLines:
     * and after the line that reaches ``max_lines`` or ``max_chars``.
 
     Any line, the first included, that starts with a label, an echo or a source head ends the answer
-    there. ``judge`` expects the answer's text with its leading whitespace trimmed.
+    there; except that a first line that is a source head is the model citing the source it goes on
+    to copy, so the answer starts after it (``lead``). ``judge`` expects the answer's text with its
+    leading whitespace and that head trimmed.
     """
 
     labels: tuple[str, ...] = ()
@@ -145,6 +147,15 @@ class AnswerLines:
     multiline: bool = False
     max_lines: int = MAX_ANSWER_LINES
     max_chars: int = MAX_ANSWER_CHARS
+
+    def lead(self, text: str) -> int | None:
+        """How much of ``text`` (leading whitespace trimmed) comes before the answer: a first line that
+        is a source head (``[2] (install.rst)``, then the source's words); None while its first line
+        may be one and is not complete yet."""
+        if _SOURCE_HEAD.match(text):
+            nl = text.find("\n")
+            return None if nl < 0 else nl + 1
+        return None if _SOURCE_HEAD_START.fullmatch(text) and text else 0
 
     def judge(self, text: str, final: bool = False) -> tuple[int | None, int]:
         """``(end, ready)``: where the answer ends in ``text`` (None while not yet known) and how much
@@ -235,7 +246,13 @@ class AnswerCutter:
         self._answer = ""
 
     def _visible(self, text: str) -> str:
-        return text.lstrip() if self.strip else text
+        if not self.strip:
+            return text
+        text = text.lstrip()
+        if self.lines is not None:
+            lead = self.lines.lead(text)
+            text = "" if lead is None else text[lead:].lstrip()
+        return text
 
     def _judge(self, body: str, final: bool) -> tuple[int | None, int]:
         if self.lines is None:

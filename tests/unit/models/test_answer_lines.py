@@ -150,6 +150,23 @@ def test_an_answer_that_starts_by_echoing_the_prompt_is_cut_before_it() -> None:
         assert answer == "" and sent == [], generation
 
 
+@pytest.mark.parametrize("sizes", [(1,), (3,), (4, 9)])
+def test_a_source_head_before_the_answer_is_dropped_and_the_copied_answer_kept(sizes: tuple[int, ...]) -> None:
+    """What the packaged Gemma wrote for "List the colours …": the source's head, then its sentence."""
+    generation = (
+        " [1] (steps-4)\nThe Quillon 3 comes in four colours: graphite, coral, seafoam and ivory.\n\n"
+        "Question: List the colours of the Quillon 3 smartphone.\nAnswer:\n[1] (steps-5)"
+    )
+    sent, answer, stopped = generate("List the colours of the Quillon 3.", generation, sizes)
+    assert answer == "The Quillon 3 comes in four colours: graphite, coral, seafoam and ivory." and stopped
+    assert not any("[" in s for s in sent)
+
+
+def test_a_reference_at_the_start_of_an_answer_is_not_a_source_head() -> None:
+    _, answer, _ = generate("What does it say?", " [1] says the capital is Zorvath.\nQuestion: Next?")
+    assert answer == "[1] says the capital is Zorvath."
+
+
 def test_a_repeated_line_ends_a_loop_even_with_a_new_number() -> None:
     generation = (
         " 1. Create a project folder.\n"
