@@ -105,15 +105,16 @@ def _content(line: str) -> str:
     return " ".join((line[m.end() :] if m else line).lower().split())
 
 
+def _announces(line: str) -> bool:
+    """A line that announces what follows it, even after a blank line: "… the following command:",
+    an rst directive (``.. code-block:: sh``)."""
+    stripped = line.strip()
+    return stripped.endswith(":") or _DIRECTIVE.match(stripped) is not None
+
+
 def _opens_list(line: str) -> bool:
     """A first line that announces more lines: "… the following steps:", a list item, a code block."""
-    stripped = line.strip()
-    return (
-        stripped.endswith(":")
-        or _LIST_ITEM.match(line) is not None
-        or stripped.startswith(_FENCE)
-        or _DIRECTIVE.match(stripped) is not None
-    )
+    return _announces(line) or _LIST_ITEM.match(line) is not None or line.strip().startswith(_FENCE)
 
 
 _ACCEPT, _HOLD, _END = "accept", "hold", "end"
@@ -126,8 +127,9 @@ class AnswerLines:
     The first line is the answer unless it opens a list (ends with ":", is a numbered or bulleted
     line or a code block) or ``multiline`` (the question asks for steps or a list, ``asks_for_list``).
     A list answer goes on over the lines that follow it directly (items, their continuations, short
-    paragraphs), and, after a blank line, over a list item, an indented line or a code fence. It ends
-    before:
+    paragraphs), and, after a blank line, over a list item, an indented line or a code fence, or
+    anything when the line before the blank announced it (ends with ":", an rst directive). It
+    ends before:
 
     * a blank line followed by anything else (what a base model writes after an answer);
     * a line starting with one of ``labels`` (the format's ``Question:``, ``User:``, …) or with the
@@ -166,7 +168,7 @@ class AnswerLines:
         seen: set[str] = set()
         kept = 0  # lines of the answer (blank ones aside)
         answer_end = 0  # the answer so far ends here: after its last line
-        after_blank = in_fence = False
+        after_blank = in_fence = announced = False
         start = 0
         while True:
             nl = text.find("\n", start)
@@ -178,7 +180,7 @@ class AnswerLines:
                     return 0, 0  # no first line
                 if not complete:
                     return None, answer_end  # nothing but spaces yet: the line is still open
-                after_blank = not in_fence
+                after_blank = not in_fence and not announced  # a blank line after "…:" announces more
             else:
                 verdict = self._line(line, complete, after_blank, in_fence, seen)
                 if verdict == _END:
@@ -188,6 +190,7 @@ class AnswerLines:
                 if not complete:
                     return None, len(text)
                 answer_end, kept, after_blank = stop, kept + 1, False
+                announced = _announces(line)
                 content = _content(line).rstrip(_TRAILING)
                 if len(content) >= _MIN_REPEAT and not in_fence:
                     seen.add(content)

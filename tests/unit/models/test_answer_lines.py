@@ -111,6 +111,24 @@ def test_a_code_block_after_a_blank_line_belongs_to_the_steps() -> None:
     assert "Question" not in answer
 
 
+def test_what_a_line_ending_with_a_colon_announces_is_kept_after_a_blank_line() -> None:
+    """The issue's "You can install it using the following steps:", then the steps as a paragraph;
+    and the rst shape of the Flask docs: "…:", a directive, the command."""
+    generation = (
+        " You can install it using the following steps:\n\n"
+        "Create a virtual environment, activate it and run pip install Flask.\n\n"
+        "Flask is now installed."
+    )
+    _, answer, stopped = generate("Flask installation?", generation)
+    assert stopped and answer.endswith("run pip install Flask.") and "now installed" not in answer
+    generation = (
+        " Use the following command to install Flask:\n\n.. code-block:: sh\n\n    $ pip install Flask\n\n"
+        "Flask is now installed. Check out the quickstart."
+    )
+    _, answer, stopped = generate("How do I install Flask?", generation)
+    assert stopped and answer.endswith("$ pip install Flask") and "quickstart" not in answer
+
+
 @pytest.mark.parametrize(
     "after",
     [
