@@ -15,7 +15,8 @@ so a streamed answer is exactly the non-streamed one cut into pieces.
 
 Prompts are rendered by one renderer that the token counter shares (``ragserve.models.prompt_format``):
 the model's chat template, or, for a base model with none (the packaged Gemma), a plain-text
-completion prompt whose stop sequences end the answer; the generation stops as soon as one appears.
+completion prompt whose answer rule (``completion_answer_rule``) ends the answer; the generation stops
+as soon as the rule says it has ended.
 Both are given the request's ``SamplingParams.grounded``, as the budget's count was, so the prompt
 generated from is the one counted.
 
@@ -47,7 +48,7 @@ from ragserve.errors import EngineError
 from ragserve.hardware import usable_cores
 from ragserve.models.engine import GenerationEngine
 from ragserve.models.gemma import render_gemma
-from ragserve.models.prompt_format import COMPLETION_STOPS, PromptFormat, completion_renderer, resolve_format
+from ragserve.models.prompt_format import PromptFormat, completion_answer_rule, completion_renderer, resolve_format
 from ragserve.models.stops import AnswerCutter, merge_stops
 from ragserve.models.tokenizers import HFTokenCounter
 from ragserve.ports import ChatRenderer, TokenCounter
@@ -152,7 +153,7 @@ class TransformersEngine(GenerationEngine):
 
     ``prompt_format``: ``auto`` prompts a model that has a chat template with it, and one that has
     none (a base model, like the packaged Gemma) in the plain-text completion format, which also
-    brings that format's stop sequences; ``chat`` or ``completion`` force one (see
+    brings that format's answer rule (where an answer ends); ``chat`` or ``completion`` force one (see
     ``ragserve.models.prompt_format``).
 
     Sampling: ``temperature`` None or 0 decodes greedily (deterministic); above 0 it samples with
@@ -180,7 +181,6 @@ class TransformersEngine(GenerationEngine):
         self._prompt_format_setting: PromptFormat = prompt_format
         #: The format prompts are rendered in once loaded: ``chat`` or ``completion``.
         self.prompt_format: str | None = None
-        self._format_stops: tuple[str, ...] = ()
         self.cache_dir = Path(cache_dir)
         self._args = args
         if model is None:
@@ -349,7 +349,6 @@ class TransformersEngine(GenerationEngine):
         render: ChatRenderer | None = None
         if fmt == "completion":
             render = completion_renderer(_bos_text(tokenizer))
-            self._format_stops = COMPLETION_STOPS
         elif not has_template:
             if not str(getattr(text_config, "model_type", "")).startswith("gemma"):
                 raise ValueError(
@@ -460,7 +459,10 @@ class TransformersEngine(GenerationEngine):
         self.check_prompt_fits(prompt_tokens)
         window = self._window
         max_new = params.max_tokens if window is None else min(params.max_tokens, window - prompt_tokens)
-        cutter = AnswerCutter(merge_stops(self._format_stops, params.stop), strip=self.prompt_format == "completion")
+        completion = self.prompt_format == "completion"  # a base model: the answer rule ends its answer
+        cutter = AnswerCutter(
+            merge_stops(params.stop), strip=completion, lines=completion_answer_rule(messages) if completion else None
+        )
         job = _Job(asyncio.get_running_loop())
         self._executor.submit(
             self._generate_blocking, input_ids, self._generate_kwargs(params, max_new), params.seed, job
@@ -484,12 +486,13 @@ class TransformersEngine(GenerationEngine):
                     yield GenerationDelta(text=piece)
         finally:
             job.cancel.set()  # also when the consumer stops early: the worker ends at the next token
+        rest = cutter.finish()  # may end the answer before the end of the text (then it stopped)
         if cutter.stopped or (generated and generated[-1] in self._eos_ids):
             finish = "stop"
         else:
             finish = "length" if len(generated) >= max_new else "stop"
         yield GenerationDelta(
-            text=cutter.finish(), finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(generated)
+            text=rest, finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(generated)
         )
 
     async def chat_stream(

@@ -197,6 +197,41 @@ async def test_the_chat_format_has_no_completion_stops() -> None:
     assert result.text == " Line one.\nLine two." and result.finish_reason == "stop"
 
 
+STEPS_QUESTION = build_rag_messages([], [], "How do I install Flask?", [])
+STEPS_THEN_MORE = (
+    " You can install it using the following steps:\n"
+    "1. Create a virtual environment: python3 -m venv .venv\n"
+    "2. Activate it: . .venv/bin/activate\n"
+    "3. Install Flask: pip install Flask\n"
+    "\nFlask is now installed. Check out the quickstart.\nQuestion: How do I run it?" + "x" * 300
+)
+STEPS = STEPS_THEN_MORE.split("\n\n")[0].strip()
+
+
+async def test_steps_asked_for_are_answered_whole_and_generation_stops_after_them() -> None:
+    engine, model = scripted_engine(STEPS_THEN_MORE)
+    result = await engine.chat(STEPS_QUESTION, SamplingParams(max_tokens=400))
+    assert result.text == STEPS and result.finish_reason == "stop"
+    for step in ("venv", "activate", "pip install Flask"):
+        assert step in result.text
+    assert model.produced < len(STEPS) + 40  # stopped once the prose after the blank line began
+
+
+async def test_a_streamed_list_answer_is_the_whole_one_in_pieces() -> None:
+    engine, _ = scripted_engine(STEPS_THEN_MORE)
+    deltas = [d async for d in engine.chat_stream(STEPS_QUESTION, SamplingParams(max_tokens=400))]
+    assert "".join(d.text for d in deltas) == STEPS
+    assert not any("Flask is now" in d.text or "Question" in d.text for d in deltas)
+    assert deltas[-1].finish_reason == "stop" and len(deltas) > 10
+
+
+async def test_a_list_cut_by_max_tokens_after_its_end_finishes_as_stop() -> None:
+    engine, _ = scripted_engine(STEPS_THEN_MORE)
+    limit = len(STEPS_THEN_MORE.split("\n\n")[0]) + 4  # " ...Flask\n\nFla": the prose has begun
+    result = await engine.chat(STEPS_QUESTION, SamplingParams(max_tokens=limit))
+    assert (result.text, result.finish_reason) == (STEPS, "stop")
+
+
 class OneSource:
     """The chat service's documents: the index exists and every search finds one source."""
 
