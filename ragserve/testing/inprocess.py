@@ -60,14 +60,21 @@ def inprocess_app(
     metrics_text: Any = None,
     **settings: Any,
 ) -> Iterator[tuple[FastAPI, Settings]]:
-    """Yield ``(app, settings)``; the shards are closed on exit. ``settings`` override Settings fields.
+    """Yield ``(app, settings)``; the shards are closed on exit. ``settings`` override Settings fields
+    (``llm_engine`` too: a caller that serves the embedded engine says so, as a deployment would).
     ``engine``: serve this engine (e.g. the real embedded TransformersEngine) instead of the OpenAI
     adapter to ``llm_url``."""
     s = Settings(
         storage_dir=str(storage_dir),
-        llm_engine="openai",
-        llm_url=llm_url,
-        **{"num_shards": 2, "default_max_tokens": 64, "chunk_size": 128, "chunk_overlap": 16, **settings},
+        **{
+            "llm_engine": "openai",
+            "llm_url": llm_url,
+            "num_shards": 2,
+            "default_max_tokens": 64,
+            "chunk_size": 128,
+            "chunk_overlap": 16,
+            **settings,
+        },
     )
     check_layout(s.storage_dir, s.num_shards)
     pool = LocalShardPool([ShardService(s.storage_dir, i, s.num_shards) for i in range(s.num_shards)])
