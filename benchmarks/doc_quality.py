@@ -329,7 +329,8 @@ def result_table(results: list[Result]) -> str:
         else:
             not_covered = "" if r.not_covered is None else ("wrongly" if r.not_covered else "")
             verdicts = [_mark(r.correct), _mark(r.source_top3), _mark(r.evidence_has_fact), not_covered]
-        rows.append([r.id, r.kind, *verdicts, len(r.sources), r.seconds, repr(" ".join(answer.split())[:70])])
+        mode = f"{r.mode}: {r.reason}" if r.reason else r.mode
+        rows.append([r.id, r.kind, *verdicts, mode, len(r.sources), r.seconds, repr(" ".join(answer.split())[:70])])
     return table(
         [
             "question",
@@ -338,6 +339,7 @@ def result_table(results: list[Result]) -> str:
             "source in top 3",
             "evidence has fact",
             "not covered",
+            "mode",
             "sources",
             "s",
             "answer",
@@ -400,13 +402,13 @@ def inprocess_server(storage: Path, model_cache: Path) -> Iterator[str]:
         name: Settings.model_fields[name].default
         for name in ("num_shards", "default_max_tokens", "chunk_size", "chunk_overlap")
     }
-    settings = {**defaults, "llm_engine": "transformers", "llm_url": None, "model_cache_dir": str(model_cache)}
+    settings = {**defaults, "llm_engine": "transformers", "model_cache_dir": str(model_cache)}
     engine = make_engine(Settings(storage_dir=str(storage), **settings))
     asyncio.run(engine.start())
     embedder = InProcessEmbedder(LocalEmbeddingModel(None, device="cpu"))
     try:
         with (
-            inprocess_app(storage, embedder, "http://unused.invalid", engine=engine, **settings) as (app, _),
+            inprocess_app(storage, embedder, None, engine=engine, **settings) as (app, _),
             serve(app, startup_timeout_s=120) as url,
         ):
             yield url
@@ -468,6 +470,41 @@ def run(args: argparse.Namespace, url: str) -> dict[str, Any]:
     }
 
 
+def combined(paths: Sequence[str], questions: list[Question]) -> dict[str, Any]:
+    """Earlier runs' ``--json`` files taken as one run (parts asked with ``--only``/``--limit``,
+    with the same server, model, ``top_k`` and ``max_tokens``), judged again, in question order."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    setup = ("server", "model", "top_k", "max_tokens")
+    if any(tuple(p.get(k) for k in setup) != tuple(parts[0].get(k) for k in setup) for p in parts):
+        raise SystemExit(f"--report: the runs differ in {setup}; give runs of one setup")
+    order = {q.id: i for i, q in enumerate(questions)}
+    by_id = {r["id"]: r for p in parts for r in p["results"]}
+    unknown = sorted(set(by_id) - set(order))
+    if unknown:
+        raise SystemExit(f"--report: no question {unknown} in the question set")
+    results = [Result(**by_id[i]) for i in sorted(by_id, key=order.__getitem__)]
+    judge(results, {q.id: q for q in questions})
+    return {
+        **{k: parts[0].get(k) for k in ("machine", *setup, "docs")},
+        "index": [p.get("index") for p in parts],
+        "wall_s": sum(p.get("wall_s") or 0.0 for p in parts),
+        "summary": summary(results),
+        "results": [asdict(r) for r in results],
+    }
+
+
+def print_report(out: dict[str, Any]) -> None:
+    results = [Result(**r) for r in out["results"]]
+    print(f"machine: {out['machine']}")
+    print(
+        f"server: {out['server']}; model {out['model']}; top_k {out['top_k'] or 'none (server default)'}; "
+        f"max_tokens {out['max_tokens']}; index {out['index']}; {out.get('wall_s') or 0:.0f} s in all\n"
+    )
+    print(result_table(results))
+    print()
+    print(summary_table(out["summary"]))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--url", help="a running ragserve (default: the application in this process)")
@@ -486,8 +523,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds per request")
     parser.add_argument("--storage", help="in-process: the storage_dir (default: a temporary one)")
     parser.add_argument("--model-cache", type=Path, default=MODEL_CACHE, help="in-process: the converted Gemma cache")
+    parser.add_argument(
+        "--report",
+        nargs="+",
+        metavar="JSON",
+        help="ask nothing: print earlier runs' --json files taken together (parts of one run)",
+    )
     args = parser.parse_args(argv)
 
+    if args.report:
+        questions = load_questions(Path(args.questions) if args.questions else Path(args.docs) / "questions.json")
+        out = combined(args.report, questions)
+        print_report(out)
+        write_json(args.json, out)
+        return
     t0 = time.perf_counter()
     if args.url:
         out = run(args, args.url.rstrip("/"))
@@ -498,16 +547,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             with inprocess_server(storage, args.model_cache) as url:
                 out = run(args, url)
     out["wall_s"] = time.perf_counter() - t0
-
-    results = [Result(**{k: v for k, v in r.items()}) for r in out["results"]]
-    print(f"machine: {out['machine']}")
-    print(
-        f"server: {out['server']}; model {out['model']}; top_k {out['top_k'] or 'none (server default)'}; "
-        f"max_tokens {out['max_tokens']}; index {out['index']}\n"
-    )
-    print(result_table(results))
-    print()
-    print(summary_table(out["summary"]))
+    print_report(out)
     write_json(args.json, out)
 
 

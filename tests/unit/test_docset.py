@@ -129,3 +129,23 @@ def test_an_answer_that_echoes_the_prompt_is_not_correct() -> None:
     results = [Result("waitress-port", "fact", port.question, answer="Question: port? Answer: 8080")]
     judge(results, {port.id: port})
     assert results[0].correct is False
+
+
+def test_parts_of_a_run_are_reported_together_in_question_order(tmp_path: Path) -> None:
+    from dataclasses import asdict
+
+    from benchmarks.doc_quality import combined
+
+    setup = {"machine": "m", "server": "s", "model": "gemma", "top_k": None, "max_tokens": 64, "docs": "d"}
+    port = next(q for q in QUESTIONS if q.id == "waitress-port")
+    dev = next(q for q in QUESTIONS if q.id == "dev-port")
+    late = Result(port.id, port.kind, port.question, answer="8080", seconds=2.0, sources=["deploying/waitress.rst"])
+    early = Result(dev.id, dev.kind, dev.question, answer="5000", seconds=4.0, sources=["quickstart.rst"])
+    for name, r in (("a.json", late), ("b.json", early)):
+        (tmp_path / name).write_text(json.dumps({**setup, "index": {}, "wall_s": 1.0, "results": [asdict(r)]}))
+    out = combined([str(tmp_path / "a.json"), str(tmp_path / "b.json")], QUESTIONS)
+    assert [r["id"] for r in out["results"]] == ["dev-port", "waitress-port"]  # as in questions.json
+    assert out["summary"]["correct"] == {"yes": 2, "of": 2} and out["summary"]["max_s"] == 4.0
+    (tmp_path / "c.json").write_text(json.dumps({**setup, "top_k": 5, "index": {}, "results": []}))
+    with pytest.raises(SystemExit, match="differ"):
+        combined([str(tmp_path / "a.json"), str(tmp_path / "c.json")], QUESTIONS)
