@@ -75,13 +75,14 @@ class HandleEmbedder:
 
 
 class HandleGenerator:
-    """``ragserve.ports.LanguageModel`` over the Generator deployment. Model id, window and the token
-    counter are fetched once and kept, so the budget is computed locally."""
+    """``ragserve.ports.LanguageModel`` over the Generator deployment. Model id, window, prefill speed
+    and the token counter are fetched once and kept, so the budget is computed locally."""
 
     def __init__(self, handle: Any):
         self._h = handle
         self.model_id = ""
         self._window = 0
+        self._prefill: float | None = None
         self._counter: TokenCounter | None = None
         self._lock = asyncio.Lock()
 
@@ -91,6 +92,7 @@ class HandleGenerator:
                 return
             info = await self._h.info.remote()
             self.model_id, self._window = info["model_id"], info["context_window"]
+            self._prefill = info.get("prefill_tokens_per_s")  # absent from a generator of an older release
             try:
                 self._counter = await self._h.token_counter.remote()
             except Exception as e:  # a tokenizer that does not pickle: count here instead
@@ -105,6 +107,10 @@ class HandleGenerator:
         await self.ready()
         assert self._counter is not None
         return self._counter
+
+    async def prefill_tokens_per_s(self) -> float | None:
+        await self.ready()
+        return self._prefill
 
     async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
         try:
