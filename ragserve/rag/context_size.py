@@ -56,12 +56,13 @@ class ContextSize:
         """One line for people: the size, about how many sources of ``chunk_size`` tokens it holds,
         and why."""
         sources = max(1, self.tokens // chunk_size)
-        why = {
-            "setting": "chat_context_tokens",
-            "engine_speed": f"what the engine prefills in {self.prefill_s:g} s at "
-            f"{self.prefill_tokens_per_s or 0:.0f} tokens/s",
-            "window": "context_token_ratio of the window",
-        }[self.basis]
+        if self.basis == "setting":
+            why = "chat_context_tokens"
+        elif self.basis == "engine_speed":
+            rate = self.prefill_tokens_per_s or 0
+            why = f"what the engine prefills in {self.prefill_s or 0:g} s at {rate:.0f} tokens/s"
+        else:
+            why = "context_token_ratio of the window"
         return f"{self.tokens} tokens, about {sources} source(s) of {chunk_size} tokens ({why})"
 
 
