@@ -216,7 +216,7 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds the sources of a chat request without top_k may take to prefill on an "
         "engine that measures its speed (the embedded CPU engine; never more than half of llm_timeout_s, "
-        "never less than 512 tokens): the answer time this buys is about this plus the answer's own tokens.",
+        "never less than 3 chunks of chunk_size): an answer then takes about this plus its own tokens' time.",
     )
 
     # --- access and limits (every limit is a clear 4xx) ---------------------------------------

@@ -40,10 +40,11 @@ class Generator:
             tag_keys=("kind",),
         )
         log.info(
-            "generator ready: engine=%s model=%s window=%d in %.1fs",
+            "generator ready: engine=%s model=%s window=%d prefill=%s tokens/s in %.1fs",
             self.settings.llm_engine,
             self.engine.model_id,
             self.window,
+            self.engine.prefill_tokens_per_s(),
             time.perf_counter() - t0,
         )
 

@@ -59,9 +59,11 @@ ENGINE_ARG_KEYS = frozenset({"dtype", "torch_threads", "attn_implementation"})
 #: End-of-turn markers of common chat formats; generation stops on any that the vocabulary has.
 END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
 #: The start-up measurement of prefill speed: a prompt of this many tokens is read this many times
-#: (after a short warm-up) and the fastest run kept, since other work on the machine only slows one.
+#: (after a short warm-up) and the fastest run kept, since other work on the machine only slows one;
+#: a run slower than ``PREFILL_PROBE_MAX_S`` is not repeated (a busy machine starts sooner).
 PREFILL_PROBE_TOKENS = 512
 PREFILL_PROBE_RUNS = 2
+PREFILL_PROBE_MAX_S = 5.0
 #: What the probe prompt says does not matter to its cost, only its length.
 _PROBE_TEXT = (
     "The pump on line three was serviced in May; its seals were replaced and the pressure was checked "
@@ -263,8 +265,9 @@ class TransformersEngine(GenerationEngine):
     def _measure_prefill(self) -> float:
         """Prompt tokens per second the loaded model reads on this machine, as requests will be read:
         ``generate`` of one token after a prompt of ``PREFILL_PROBE_TOKENS`` (fewer if the window is
-        smaller), the fastest of ``PREFILL_PROBE_RUNS`` runs after a short warm-up. About a second or
-        two at start on two cores; what ``prefill_tokens_per_s`` reports."""
+        smaller), the fastest of ``PREFILL_PROBE_RUNS`` runs after a short warm-up (one, if it took more
+        than ``PREFILL_PROBE_MAX_S``). A few seconds at start on two cores; what
+        ``prefill_tokens_per_s`` reports."""
         hf = _hf()
         torch = hf.torch
         one = self._tokenizer(_PROBE_TEXT, add_special_tokens=False).input_ids
@@ -279,7 +282,11 @@ class TransformersEngine(GenerationEngine):
 
         with torch.inference_mode():
             read(ids[:, :16])  # the first call pays one-off costs
-            fastest = min(read(ids) for _ in range(PREFILL_PROBE_RUNS))
+            fastest = read(ids)
+            for _ in range(PREFILL_PROBE_RUNS - 1):
+                if fastest > PREFILL_PROBE_MAX_S:
+                    break
+                fastest = min(fastest, read(ids))
         return length / max(fastest, 1e-6)
 
     def prefill_tokens_per_s(self) -> float | None:

@@ -10,7 +10,7 @@ import pytest
 
 from ragserve.api.documents import NodeWithScore
 from ragserve.api.messages import message_text
-from ragserve.rag.context_size import MIN_CANDIDATES, MIN_CONTEXT_TOKENS, chat_context_size
+from ragserve.rag.context_size import MIN_CANDIDATES, MIN_CONTEXT_SOURCES, chat_context_size
 from ragserve.rag.fit import fit
 from ragserve.rag.prompt import format_source
 
@@ -64,7 +64,7 @@ def test_the_setting_fixes_the_size_on_any_engine_within_the_window() -> None:
 def test_the_timeout_bounds_the_prefill_time_and_a_slow_measure_keeps_a_floor() -> None:
     assert size(prefill_tokens_per_s=300.0, prefill_s=100.0, timeout_s=20.0).tokens == 300 * 10  # half of 20 s
     slow = size(prefill_tokens_per_s=20.0)  # measured on a busy machine: 80 tokens
-    assert (slow.tokens, slow.basis) == (MIN_CONTEXT_TOKENS, "engine_speed")
+    assert (slow.tokens, slow.basis) == (MIN_CONTEXT_SOURCES * 256, "engine_speed")  # 3 chunks' worth
 
 
 def test_a_request_max_tokens_and_ratio_change_the_windows_share() -> None:
