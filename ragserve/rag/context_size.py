@@ -60,8 +60,11 @@ class ContextSize:
         if self.basis == "setting":
             why = "chat_context_tokens"
         elif self.basis == "engine_speed":
-            rate = self.prefill_tokens_per_s or 0
-            why = f"what the engine prefills in {self.prefill_s or 0:g} s at {rate:.0f} tokens/s"
+            rate, seconds = self.prefill_tokens_per_s or 0.0, self.prefill_s or 0.0
+            why = f"what the engine prefills in {seconds:g} s at {rate:.0f} tokens/s"
+            if rate * seconds < self.tokens:  # the floor
+                read = rate * seconds
+                why = f"the least, {MIN_CONTEXT_SOURCES} chunks: the engine prefills {read:.0f} tokens in {seconds:g} s"
         else:
             why = "context_token_ratio of the window"
         return f"{self.tokens} tokens, about {sources} source(s) of {chunk_size} tokens ({why})"

@@ -65,6 +65,10 @@ def test_the_timeout_bounds_the_prefill_time_and_a_slow_measure_keeps_a_floor() 
     assert size(prefill_tokens_per_s=300.0, prefill_s=100.0, timeout_s=20.0).tokens == 300 * 10  # half of 20 s
     slow = size(prefill_tokens_per_s=20.0)  # measured on a busy machine: 80 tokens
     assert (slow.tokens, slow.basis) == (MIN_CONTEXT_SOURCES * 256, "engine_speed")  # 3 chunks' worth
+    assert (
+        slow.describe(256)
+        == "768 tokens, about 3 source(s) of 256 tokens (the least, 3 chunks: the engine prefills 80 tokens in 4 s)"
+    )
 
 
 def test_a_request_max_tokens_and_ratio_change_the_windows_share() -> None:
