@@ -212,7 +212,7 @@ class Settings(BaseSettings):
         "the window's share. A request's top_k gets what it asks for, within the window.",
     )
     chat_context_prefill_s: float = Field(
-        default=4.0,
+        default=2.0,
         gt=0,
         description="Seconds the sources of a chat request without top_k may take to prefill on an "
         "engine that measures its speed (the embedded CPU engine; never more than half of llm_timeout_s, "

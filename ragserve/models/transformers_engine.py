@@ -58,12 +58,13 @@ log = logging.getLogger(__name__)
 ENGINE_ARG_KEYS = frozenset({"dtype", "torch_threads", "attn_implementation"})
 #: End-of-turn markers of common chat formats; generation stops on any that the vocabulary has.
 END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
-#: The start-up measurement of prefill speed: a prompt of this many tokens is read this many times
-#: (after a short warm-up) and the fastest run kept, since other work on the machine only slows one;
-#: a run slower than ``PREFILL_PROBE_MAX_S`` is not repeated (a busy machine starts sooner).
+#: The start-up measurement of prefill speed: a prompt of this many tokens is read up to this many
+#: times (after a short warm-up) and the fastest read kept: on two cores, another process taking one
+#: of them slows a read three to eight times, so the fastest is the machine's own speed. No read is
+#: started once the probe has taken ``PREFILL_PROBE_MAX_S`` (a busy machine starts sooner).
 PREFILL_PROBE_TOKENS = 512
-PREFILL_PROBE_RUNS = 2
-PREFILL_PROBE_MAX_S = 5.0
+PREFILL_PROBE_RUNS = 3
+PREFILL_PROBE_MAX_S = 8.0
 #: What the probe prompt says does not matter to its cost, only its length.
 _PROBE_TEXT = (
     "The pump on line three was serviced in May; its seals were replaced and the pressure was checked "
@@ -265,8 +266,8 @@ class TransformersEngine(GenerationEngine):
     def _measure_prefill(self) -> float:
         """Prompt tokens per second the loaded model reads on this machine, as requests will be read:
         ``generate`` of one token after a prompt of ``PREFILL_PROBE_TOKENS`` (fewer if the window is
-        smaller), the fastest of ``PREFILL_PROBE_RUNS`` runs after a short warm-up (one, if it took more
-        than ``PREFILL_PROBE_MAX_S``). A few seconds at start on two cores; what
+        smaller), the fastest of up to ``PREFILL_PROBE_RUNS`` reads after a short warm-up (fewer once
+        ``PREFILL_PROBE_MAX_S`` has passed). About 3 s at start on two idle cores; what
         ``prefill_tokens_per_s`` reports."""
         hf = _hf()
         torch = hf.torch
@@ -280,11 +281,12 @@ class TransformersEngine(GenerationEngine):
             self._model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **kwargs)
             return time.perf_counter() - t0
 
+        started = time.perf_counter()
         with torch.inference_mode():
             read(ids[:, :16])  # the first call pays one-off costs
             fastest = read(ids)
             for _ in range(PREFILL_PROBE_RUNS - 1):
-                if fastest > PREFILL_PROBE_MAX_S:
+                if time.perf_counter() - started > PREFILL_PROBE_MAX_S:
                     break
                 fastest = min(fastest, read(ids))
         return length / max(fastest, 1e-6)

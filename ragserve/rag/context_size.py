@@ -79,7 +79,7 @@ def chat_context_size(
     max_top_k: int,
     configured_tokens: int | None = None,
     prefill_tokens_per_s: float | None = None,
-    prefill_s: float = 4.0,
+    prefill_s: float = 2.0,
     timeout_s: float | None = None,
 ) -> ContextSize:
     """The context of a chat request without ``top_k``.

@@ -46,7 +46,7 @@ def test_the_speed_is_the_fastest_of_a_few_reads_of_a_real_length_prompt() -> No
     assert model.calls[1:] == [(PREFILL_PROBE_TOKENS, 1)] * PREFILL_PROBE_RUNS  # one generated token each
 
 
-def test_a_slow_read_is_not_repeated(monkeypatch) -> None:
+def test_no_read_starts_once_the_probe_has_taken_its_time(monkeypatch) -> None:
     monkeypatch.setattr("ragserve.models.transformers_engine.PREFILL_PROBE_MAX_S", 0.01)
     engine, model = engine_with(32768)
     engine._measure_prefill()

@@ -22,7 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "ratio": 0.5,
     "chunk_size": 256,
     "max_top_k": 100,
-    "prefill_s": 4.0,
+    "prefill_s": 2.0,
     "timeout_s": 120.0,
 }
 
@@ -32,12 +32,12 @@ def size(**kw: Any):
 
 
 def test_an_engine_that_reports_its_speed_gets_what_it_reads_in_the_target_time() -> None:
-    cpu = size(prefill_tokens_per_s=300.0)
-    assert (cpu.tokens, cpu.basis) == (1200, "engine_speed")  # 300 tokens/s x 4 s
+    cpu = size(prefill_tokens_per_s=600.0)
+    assert (cpu.tokens, cpu.basis) == (1200, "engine_speed")  # 600 tokens/s x 2 s
     assert cpu.top_k == MIN_CANDIDATES  # 1200 // 256 = 4 sources' worth: never fewer than 5 candidates
-    assert cpu.cap == 1200 and cpu.prefill_s == 4.0
+    assert cpu.cap == 1200 and cpu.prefill_s == 2.0
     assert "1200 tokens, about 4 source(s) of 256 tokens" in cpu.describe(256)
-    faster = size(prefill_tokens_per_s=900.0)
+    faster = size(prefill_tokens_per_s=1800.0)
     assert (faster.tokens, faster.top_k) == (3600, 14)
 
 
@@ -63,11 +63,11 @@ def test_the_setting_fixes_the_size_on_any_engine_within_the_window() -> None:
 
 def test_the_timeout_bounds_the_prefill_time_and_a_slow_measure_keeps_a_floor() -> None:
     assert size(prefill_tokens_per_s=300.0, prefill_s=100.0, timeout_s=20.0).tokens == 300 * 10  # half of 20 s
-    slow = size(prefill_tokens_per_s=20.0)  # measured on a busy machine: 80 tokens
+    slow = size(prefill_tokens_per_s=40.0)  # measured on a busy machine: 80 tokens
     assert (slow.tokens, slow.basis) == (MIN_CONTEXT_SOURCES * 256, "engine_speed")  # 3 chunks' worth
     assert (
         slow.describe(256)
-        == "768 tokens, about 3 source(s) of 256 tokens (the least, 3 chunks: the engine prefills 80 tokens in 4 s)"
+        == "768 tokens, about 3 source(s) of 256 tokens (the least, 3 chunks: the engine prefills 80 tokens in 2 s)"
     )
 
 

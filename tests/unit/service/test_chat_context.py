@@ -36,10 +36,10 @@ QUESTION = [{"role": "user", "content": "What was checked after the pump repair?
 
 
 class CpuSpeedEngine(OpenAIEngine):
-    """The remote adapter, reporting a CPU engine's prefill speed: 100 tokens/s."""
+    """The remote adapter, reporting a CPU engine's prefill speed: 200 tokens/s."""
 
     def prefill_tokens_per_s(self) -> float | None:
-        return 100.0
+        return 200.0
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +86,12 @@ def shown(client: TestClient) -> dict[str, Any]:
 def test_a_slow_cpu_engine_answers_from_a_few_sources_and_says_so(app) -> None:
     client = app(cpu=True)
     body = chat(client)
-    # 100 tokens/s x chat_context_prefill_s 4 s = 400 tokens (more than the floor, 3 chunks of 128)
+    # 200 tokens/s x chat_context_prefill_s 2 s = 400 tokens (more than the floor, 3 chunks of 128)
     assert 1 <= len(body["source_nodes"]) <= 5
     settings = shown(client)
     assert settings["chat_top_k_in_force"] == 5
     assert settings["chat_context_in_force"].startswith("400 tokens, about 3 source(s) of 128 tokens")
-    assert "100 tokens/s" in settings["chat_context_in_force"]
+    assert "200 tokens/s" in settings["chat_context_in_force"]
     assert settings["top_k"] == 5 and settings["chat_context_tokens"] is None  # the configured values too
 
 
@@ -141,7 +141,7 @@ def test_the_prefill_speed_crosses_the_seams(fake: FakeOpenAI) -> None:
         assert await gen.prefill_tokens_per_s() == 321.0 and h.info.calls == 1
         assert await HandleGenerator(handle({"model_id": "m", "context_window": 8192})).prefill_tokens_per_s() is None
         for engine, rate in (
-            (CpuSpeedEngine(fake.url, "m", None, 1.0), 100.0),
+            (CpuSpeedEngine(fake.url, "m", None, 1.0), 200.0),
             (OpenAIEngine(fake.url, "m", None, 1.0), None),
         ):
             try:
