@@ -65,6 +65,8 @@ END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<
 PREFILL_PROBE_TOKENS = 512
 PREFILL_PROBE_RUNS = 3
 PREFILL_PROBE_MAX_S = 8.0
+#: The shortest prompt whose reading time raises the measured speed (``_observe_prefill``).
+PREFILL_OBSERVE_MIN_TOKENS = 256
 #: What the probe prompt says does not matter to its cost, only its length.
 _PROBE_TEXT = (
     "The pump on line three was serviced in May; its seals were replaced and the pressure was checked "
@@ -99,6 +101,8 @@ def _hf() -> SimpleNamespace:
             if not self.prompt_seen:
                 self.prompt_seen = True
                 return
+            if self.job.first_token_s is None:  # the prompt has been read
+                self.job.first_token_s = time.perf_counter() - self.job.started
             self.job.push([int(t) for t in value.reshape(-1).tolist()])
 
         def end(self) -> None:
@@ -119,6 +123,9 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
+    #: When the worker began it, and how long until its first token (its prompt read), in seconds.
+    started: float = 0.0
+    first_token_s: float | None = None
 
     def push(self, item: Any) -> None:
         """Called from the worker thread."""
@@ -292,9 +299,22 @@ class TransformersEngine(GenerationEngine):
         return length / max(fastest, 1e-6)
 
     def prefill_tokens_per_s(self) -> float | None:
-        """Measured at start (``_measure_prefill``); None before, and for a model installed without
-        ``start`` (tests' stand-ins), whose context the window bounds."""
+        """Measured at start (``_measure_prefill``) and raised by any request that reads its prompt
+        faster (``_observe_prefill``); None before, and for a model installed without ``start``
+        (tests' stand-ins), whose context the window bounds."""
         return self._prefill_rate
+
+    def _observe_prefill(self, prompt_tokens: int, seconds: float | None) -> None:
+        """A request's prompt read faster than the speed known so far raises it: the start-up probe
+        may have run while other work held a core, and would then size every chat's context for a
+        busy machine. Only prompts of at least ``PREFILL_OBSERVE_MIN_TOKENS`` count (a short one
+        says more about fixed costs than speed); the speed never falls, so a busy moment after a
+        good measure does not shrink contexts."""
+        if self._prefill_rate is None or seconds is None or seconds <= 0 or prompt_tokens < PREFILL_OBSERVE_MIN_TOKENS:
+            return
+        rate = prompt_tokens / seconds
+        if rate > self._prefill_rate:
+            self._prefill_rate = rate
 
     def _load_dir(self, path: str | Path) -> tuple[Any, Any]:
         hf = _hf()
@@ -472,6 +492,7 @@ class TransformersEngine(GenerationEngine):
             with hf.torch.inference_mode():
                 if seed is not None and kwargs.get("do_sample"):
                     hf.torch.manual_seed(seed)  # global RNG: safe, generation is serialised on this thread
+                job.started = time.perf_counter()
                 self._model.generate(
                     input_ids=input_ids,
                     attention_mask=hf.torch.ones_like(input_ids),
@@ -479,6 +500,7 @@ class TransformersEngine(GenerationEngine):
                     stopping_criteria=hf.transformers.StoppingCriteriaList([hf.CancelCriteria(job.cancel)]),
                     **kwargs,
                 )
+            self._observe_prefill(int(input_ids.shape[1]), job.first_token_s)
         except BaseException as exc:
             job.push(exc)
         finally:

@@ -119,9 +119,10 @@ def test_a_request_top_k_still_wins_on_a_slow_engine(app) -> None:
     assert len(chat(client, top_k=2)["source_nodes"]) == 2
 
 
-def test_the_prefill_speed_crosses_the_seams(fake: FakeOpenAI) -> None:
-    """EngineClient asks its engine; HandleGenerator reads it from the Generator's info once (and a
-    generator of an older release, which does not say, leaves the window to decide)."""
+def test_the_prefill_speed_crosses_the_seams(fake: FakeOpenAI, monkeypatch) -> None:
+    """EngineClient asks its engine; HandleGenerator reads it from the Generator's info, again every
+    PREFILL_REFRESH_S (a generator of an older release, which does not say, leaves the window to
+    decide)."""
 
     class Remote:
         def __init__(self, result: Any):
@@ -140,6 +141,12 @@ def test_the_prefill_speed_crosses_the_seams(fake: FakeOpenAI) -> None:
         assert await gen.prefill_tokens_per_s() == 321.0 and await gen.context_window() == 8192
         assert await gen.prefill_tokens_per_s() == 321.0 and h.info.calls == 1
         assert await HandleGenerator(handle({"model_id": "m", "context_window": 8192})).prefill_tokens_per_s() is None
+        # asked again after PREFILL_REFRESH_S (the engine raises its speed when a request reads faster)
+        monkeypatch.setattr("ragserve.deployments.clients.PREFILL_REFRESH_S", 0.0)
+        h.info.result = {"model_id": "m", "context_window": 8192, "prefill_tokens_per_s": 500.0}
+        assert await gen.prefill_tokens_per_s() == 500.0
+        h.info.result = None  # a failing refresh keeps what it had
+        assert await gen.prefill_tokens_per_s() == 500.0
         for engine, rate in (
             (CpuSpeedEngine(fake.url, "m", None, 1.0), 200.0),
             (OpenAIEngine(fake.url, "m", None, 1.0), None),
