@@ -202,6 +202,22 @@ class Settings(BaseSettings):
         le=1.0,
         description="Share of the free budget filled. None: 1.0 with an exact tokenizer, 0.8 if approximate.",
     )
+    chat_context_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens of sources a chat request without top_k may carry (never more than "
+        "context_token_ratio of the window); it retrieves about this divided by chunk_size candidates, at least 5. "
+        "None: what the engine can afford: on an engine that measures its prefill speed (the embedded "
+        "transformers engine, at start) what it reads in chat_context_prefill_s; on vLLM or a remote server, "
+        "the window's share. A request's top_k gets what it asks for, within the window.",
+    )
+    chat_context_prefill_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="Seconds the sources of a chat request without top_k may take to prefill on an "
+        "engine that measures its speed (the embedded CPU engine; never more than half of llm_timeout_s, "
+        "never less than 3 chunks of chunk_size): an answer then takes about this plus its own tokens' time.",
+    )
 
     # --- access and limits (every limit is a clear 4xx) ---------------------------------------
     api_keys: list[SecretStr | ScopedKey] | None = Field(

@@ -41,6 +41,7 @@ from ragserve.errors import BadRequestError, NotFoundError, ServiceError
 from ragserve.ports import LanguageModel
 from ragserve.rag.citations import parse_citations, sources_footer
 from ragserve.rag.context import passes_threshold, relevant
+from ragserve.rag.context_size import ContextSize, chat_context_size
 from ragserve.rag.fit import ContextBudgetError, FitResult, fit, fit_passthrough
 from ragserve.rag.followup import REWRITE_MAX_TOKENS, joined_query, previous_user_turns, rewrite_messages
 from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
@@ -63,6 +64,10 @@ class ChatOptions:
     budget_safety_ratio: float | None
     history_min_messages: int
     history_max_messages: int
+    # the context of a chat without top_k (``ragserve.rag.context_size``)
+    chat_context_tokens: int | None
+    chat_context_prefill_s: float
+    llm_timeout_s: float
     # retrieval for chat: threshold, mode, how many candidates, follow-up questions
     similarity_threshold: float
     retrieval_mode: RetrievalMode
@@ -218,9 +223,11 @@ class ChatService:
         threshold: float,
         ratio: float | None,
         max_tokens_param: str,
+        max_context_tokens: int | None = None,
     ) -> FitResult:
-        """The request fitted into the window; ``ContextBudgetError`` when relevant nodes were
-        retrieved but none fits (``max_tokens_param`` names the field to lower)."""
+        """The request fitted into the window, its sources within ``max_context_tokens`` if given;
+        ``ContextBudgetError`` when relevant nodes were retrieved but none fits
+        (``max_tokens_param`` names the field to lower)."""
         counter = await self.llm.token_counter()
         window = await self.llm.context_window()
         o = self.options
@@ -240,13 +247,18 @@ class ChatService:
             safety_ratio=o.budget_safety_ratio,
             history_min_messages=o.history_min_messages,
             history_max_messages=o.history_max_messages,
+            max_context_tokens=max_context_tokens,
         )
         if result.relevant_sources and not result.nodes_used:
             raise ContextBudgetError(result, param=max_tokens_param, requested_max_tokens=requested)
         return result
 
     async def _rag(self, p: RagPlan, request: ChatCompletionRequest) -> ChatOutcome:
-        k = p.params.top_k or await self._chat_top_k(p, request)
+        # without top_k: the context the model can use (its cost, its window); a request's top_k gets what it asks
+        size, k = None, p.params.top_k
+        if not k:
+            size = await self.context_size(request.requested_max_tokens(), p.params.context_token_ratio)
+            k = size.top_k
         threshold = self._threshold(p.params.similarity_threshold)
         try:
             nodes, timings, rag = await self._retrieve_for_chat(p, k, threshold)
@@ -268,6 +280,7 @@ class ChatService:
             threshold=threshold,
             ratio=p.params.context_token_ratio,
             max_tokens_param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
+            max_context_tokens=size.cap if size is not None else None,
         )
         timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
         sampling = request.to_sampling_params(result.max_tokens, grounded=result.grounded)
@@ -321,16 +334,24 @@ class ChatService:
         return outcome
 
     # --- what chat retrieves with (candidates, follow-ups) ------------------------------------
-    async def _chat_top_k(self, p: RagPlan, request: ChatCompletionRequest) -> int:
-        """Candidates for a request without ``top_k``: enough to fill the context budget (about the
-        budget divided by the chunk size), at least 5 and at most ``max_top_k``; ``fit`` then
-        selects from them by score, as many as fit."""
+    async def context_size(self, requested_max_tokens: int | None = None, ratio: float | None = None) -> ContextSize:
+        """The context of a chat request without ``top_k`` (``ragserve.rag.context_size``): what its
+        sources may take and how many candidates it retrieves, from ``chat_context_tokens``, else the
+        model's prefill speed (the embedded CPU engine), else its window. ``requested_max_tokens`` and
+        ``ratio``: the request's ``max_tokens`` and ``context_token_ratio``; with neither, what a
+        request that sets neither gets (what the playground's settings show)."""
         o = self.options
-        window = await self.llm.context_window()
-        reserve = request.requested_max_tokens() or o.default_max_tokens
-        ratio = p.params.context_token_ratio if p.params.context_token_ratio is not None else o.context_token_ratio
-        budget = max(0, window - reserve) * ratio
-        return min(o.max_top_k, max(5, int(budget // o.chunk_size)))
+        return chat_context_size(
+            window=await self.llm.context_window(),
+            reserve=requested_max_tokens or o.default_max_tokens,
+            ratio=ratio if ratio is not None else o.context_token_ratio,
+            chunk_size=o.chunk_size,
+            max_top_k=o.max_top_k,
+            configured_tokens=o.chat_context_tokens,
+            prefill_tokens_per_s=await self.llm.prefill_tokens_per_s(),
+            prefill_s=o.chat_context_prefill_s,
+            timeout_s=o.llm_timeout_s,
+        )
 
     async def _retrieve_for_chat(
         self, p: RagPlan, k: int, threshold: float

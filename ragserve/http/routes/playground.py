@@ -66,7 +66,8 @@ def playground_router(services: Services) -> APIRouter:
 
     @router.get("/ui/config", tags=["playground"])
     async def ui_config(request: Request) -> UiConfig:
-        """The settings in force (never keys), the request limits, the served models."""
+        """The settings in force (never keys), the request limits, the served models; also the context
+        a chat without ``top_k`` gets (``chat_context_in_force``, ``chat_top_k_in_force``)."""
         allow(request, Role.READ)
         llm = services.chat.llm
         return UiConfig(
@@ -75,7 +76,7 @@ def playground_router(services: Services) -> APIRouter:
             embedding_model=services.embeddings.model,
             auth_required=bool(services.credentials()),
             limits={f.name: getattr(limits, f.name) for f in fields(limits)},
-            settings=public_settings(services.settings),
+            settings=public_settings(services.settings, await services.chat.context_size()),
         )
 
     @router.post(
