@@ -134,12 +134,13 @@ def reading_text(text: str) -> str:
     out: list[str] = []
     fenced = False  # inside a Markdown code fence: every line is a line
     for i, line in enumerate(lines):
-        out.append(_markup_blanked(line, i + 1 < len(lines) and bool(line.strip()) and _is_underline(lines[i + 1])))
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        # an RST title: a line over an underline at least as long (a code fence's "```" is shorter)
+        out.append(_markup_blanked(line, bool(line.strip()) and _is_underline(nxt) and len(nxt) >= len(line.rstrip())))
         if line.lstrip().startswith(("```", "~~~")):
             fenced = not fenced
         if i + 1 == len(lines):
             break
-        nxt = lines[i + 1]
         hard = (
             not line.strip()
             or not nxt.strip()
