@@ -50,9 +50,10 @@ MAX_WINDOW_CHARS = 600
 #: The most sentences read for one answer, from the sources in order (best first): bounds the work
 #: of counting terms when a request has many sources.
 MAX_CANDIDATES = 256
-#: How many windows the query's terms shortlist for the embedder (at most twice as many sentences
-#: embedded: about 220 word pieces for 5 Flask documentation sources, docs/quality.md).
-SHORTLIST = 8
+#: How many windows the query's terms shortlist for the embedder: at most twice as many sentences
+#: embedded, about 200 word pieces for 5 sources of Flask's documentation, ~0.1 s of one CPU core
+#: (docs/quality.md); every sentence of them would be ~900, as costly as embedding the sources again.
+SHORTLIST = 6
 #: The part of a query its terms are read from (as the lexical parser does, ``ragserve.store.lexical``).
 MAX_QUERY_CHARS = 4096
 #: How the score weighs a window's cosine to the query against the share of the query's weighted
