@@ -69,16 +69,16 @@ QUESTION_WORDS = frozenset({"long", "large", "big", "small", "many", "much", "of
 _ROLE = re.compile(r":[a-z]+:(?=`)")
 _MARKUP = str.maketrans({"`": " ", "~": " ", "_": " ", "*": " "})
 # A line that starts a block of its own in Markdown or reStructuredText: a list item, a heading, a
-# quote, a table row, a fence, a directive. The line break before it is a real one.
-_BLOCK_START = ("-", "*", "+", "#", ">", "|", "```", "~~~", "..")
+# quote, a table row, a fence, a directive, a shell prompt. The line break before it is a real one.
+_BLOCK_START = ("-", "*", "+", "#", ">", "|", "```", "~~~", "..", "$ ")
 _UNDERLINE = frozenset("=-~^*+#`'\".:_")
 
 
 @dataclass(frozen=True)
 class Candidate:
     """A sentence of a source: ``text == nodes[source - 1].text[start:end]``. ``gap``: when the
-    next candidate is the next sentence of the same source (their window is scored), the source's
-    text between the two (whitespace, or a left-out fragment); else None."""
+    next candidate is the next sentence of the same source with only whitespace between (their
+    window is scored), that whitespace; else None."""
 
     source: int  # 1-based, as the answer cites it
     node_id: str
@@ -243,7 +243,7 @@ def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDAT
             seen.add(key)
             if len(out) >= max_sentences:
                 return out
-            if previous:
+            if previous and not text[out[-1].end : start].strip():  # a window never spans a heading
                 last = out[-1]
                 out[-1] = replace(last, gap=text[last.end : start])
             out.append(Candidate(number, node.node_id, start, end, piece))
