@@ -191,6 +191,43 @@ class Settings(BaseSettings):
         description="Append a plain 'Sources:' list to RAG answers' text, for clients that "
         "drop the response's extra fields (citations, source_nodes).",
     )
+    evidence_passages: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="How many passages of the sources a RAG answer carries as its evidence "
+        "(rag.evidence): the sentences, with the next one of their source, that best support an answer, by their "
+        "cosine to the question and the question's terms they hold (ragserve.rag.evidence). 0: none.",
+    )
+    answerability: bool = Field(
+        default=True,
+        description="Answer 'the indexed documents do not cover this question' (with the closest "
+        "sources, X-RAG-Reason: not_covered, rag.answerable false) instead of calling the model when the relevant "
+        "sources are too weak to answer: none holds every query term or reaches answerable_threshold, the sources "
+        "mention too little of the question (answerable_coverage) and no passage supports an answer "
+        "(answerable_evidence). Off: every request with a relevant source is answered by the model (docs/quality.md).",
+    )
+    answerable_threshold: float = Field(
+        default=0.7,
+        ge=-1.0,
+        le=1.0,
+        description="A best source with at least this cosine score is always answered (the second "
+        "threshold, above similarity_threshold, below which chat passes through as no_context).",
+    )
+    answerable_coverage: float = Field(
+        default=0.7,
+        ge=0.0,
+        le=1.0,
+        description="Answered when the sources' sentences hold this share of the question's terms, "
+        "each weighted by its rarity among them (a name the sources never mention weighs most).",
+    )
+    answerable_evidence: float = Field(
+        default=0.65,
+        ge=0.0,
+        le=1.0,
+        description="Answered when a passage of the sources has at least this evidence score (0..1: "
+        "its cosine to the question and the question's terms it holds), as a paraphrase may.",
+    )
 
     # --- token budget (docs/architecture.md §5) -----------------------------------------------------
     context_token_ratio: float = Field(default=0.5, ge=0.2, le=0.8)

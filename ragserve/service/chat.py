@@ -14,7 +14,10 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+import numpy as np
+
 from ragserve.api.documents import (
+    Evidence,
     NodeWithScore,
     QueryRequest,
     QueryResponse,
@@ -33,21 +36,28 @@ from ragserve.api.openai import (
     DeltaMessage,
     RagInfo,
     ResponseMessage,
+    UsageInfo,
     new_completion_id,
 )
 from ragserve.api.sampling import SamplingParams
 from ragserve.config import Settings
 from ragserve.errors import BadRequestError, NotFoundError, ServiceError
 from ragserve.ports import LanguageModel
+from ragserve.rag.answerable import AnswerabilityRule, answerable, closest, not_covered_answer
 from ragserve.rag.citations import parse_citations, sources_footer
 from ragserve.rag.context import passes_threshold, relevant
 from ragserve.rag.context_size import ContextSize, chat_context_size
+from ragserve.rag.evidence import Assessment, Shortlist, assess, candidates, model_text, shortlist
 from ragserve.rag.fit import ContextBudgetError, FitResult, fit, fit_passthrough
 from ragserve.rag.followup import REWRITE_MAX_TOKENS, joined_query, previous_user_turns, rewrite_messages
 from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
 from ragserve.service.documents import DocumentService
+from ragserve.service.retrieval import QUERY_EMBED_CHARS
 
 log = logging.getLogger("ragserve.chat")
+
+#: ``X-RAG-Reason`` of a RAG answer that says the documents do not cover the question (no model call).
+NOT_COVERED = "not_covered"
 
 
 @dataclass(frozen=True)
@@ -75,8 +85,13 @@ class ChatOptions:
     chunk_size: int
     followup_max_tokens: int
     query_rewrite: QueryRewrite
-    # the answer
+    # the answer: its "Sources:" list, its evidence, whether the sources can answer (docs/architecture.md §4)
     sources_in_content: bool
+    evidence_passages: int
+    answerability: bool
+    answerable_threshold: float
+    answerable_coverage: float
+    answerable_evidence: float
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ChatOptions:
@@ -148,10 +163,26 @@ class ChatService:
             ratio=None,
             max_tokens_param="llm_params.max_tokens",
         )
+        used = result.nodes_used
+        assessment = await self._assess(req.query, used)
+        if used and not self._answerable(used, assessment):
+            near = closest(used)
+            return QueryResponse(
+                response=not_covered_answer(near),
+                source_nodes=near,
+                metadata={n.node_id: n.metadata for n in near},
+                evidence=[],
+                answerable=False,
+            )
         sampling = req.llm_params.to_sampling_params(result.max_tokens, grounded=result.grounded)
         answer = await self.llm.chat(result.messages, sampling)
-        used = result.nodes_used
-        return QueryResponse(response=answer.text, source_nodes=used, metadata={n.node_id: n.metadata for n in used})
+        return QueryResponse(
+            response=answer.text,
+            source_nodes=used,
+            metadata={n.node_id: n.metadata for n in used},
+            evidence=self._shown(assessment),
+            answerable=True if used else None,
+        )
 
     async def retrieve(self, req: RetrieveRequest) -> tuple[RetrieveResponse, dict[str, float]]:
         """KAITO's ``/retrieve``: the best nodes, without generation; with ``similarity_threshold``
@@ -283,6 +314,13 @@ class ChatService:
             max_context_tokens=size.cap if size is not None else None,
         )
         timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
+        t_evidence = time.perf_counter()
+        assessment = await self._assess(rag.query, result.nodes_used)
+        timings["evidence"] = time.perf_counter() - t_evidence
+        if not self._answerable(result.nodes_used, assessment):
+            return self._not_covered(closest(result.nodes_used), rag, request, timings)
+        shown = self._shown(assessment)
+        rag = rag.model_copy(update={"answerable": True, **({"evidence": shown} if shown is not None else {})})
         sampling = request.to_sampling_params(result.max_tokens, grounded=result.grounded)
         footer = self.options.sources_in_content if p.params.sources_in_content is None else p.params.sources_in_content
         outcome = ChatOutcome(
@@ -326,6 +364,109 @@ class ChatService:
             invalid_citations=invalid,
             rag=rag,
         )
+        return outcome
+
+    # --- evidence and answerability (ragserve.rag.evidence, ragserve.rag.answerable) ---------------
+    def _answerable(self, nodes: list[NodeWithScore], assessment: Assessment | None) -> bool:
+        o = self.options
+        rule = AnswerabilityRule(
+            enabled=o.answerability,
+            score=o.answerable_threshold,
+            coverage=o.answerable_coverage,
+            evidence=o.answerable_evidence,
+        )
+        return answerable(nodes, assessment, rule)
+
+    def _shown(self, assessment: Assessment | None) -> list[Evidence] | None:
+        """The evidence an answer carries; None when none is asked for or it was not computed."""
+        if assessment is None or self.options.evidence_passages == 0:
+            return None
+        return assessment.evidence[: self.options.evidence_passages]
+
+    async def _assess(self, query: str, nodes: list[NodeWithScore]) -> Assessment | None:
+        """The passages of ``nodes`` (numbered as sent in ``source_nodes``) that best support an
+        answer to ``query``, best first, and how much of the question they mention
+        (``ragserve.rag.evidence``): the sentences are cut and shortlisted by the query's terms on a
+        worker thread, the shortlisted ones embedded in one small batch beside the query (whose
+        vector retrieval has just computed: a cache hit where queries are cached), then scored.
+        None when neither evidence nor answerability is asked for, or the embedder failed (the
+        answer then goes on without them)."""
+        o = self.options
+        if not nodes or (o.evidence_passages == 0 and not o.answerability):
+            return None
+        short = await asyncio.to_thread(_shortlist, query, nodes)
+        texts = [model_text(short.found[i].text) for i in short.to_embed]
+        embedder = self.documents.embedder
+        try:
+            query_vector, vectors = await asyncio.gather(
+                embedder.embed_query(query[:QUERY_EMBED_CHARS]),
+                embedder.embed_documents(texts) if texts else _no_vectors(),
+            )
+        except ServiceError as e:
+            log.warning("evidence not computed, the embedder failed: %s", e.message)
+            return None
+        return assess(query_vector, short, vectors, max(o.evidence_passages, 1))  # a few dozen numbers: inline
+
+    def _not_covered(
+        self, sources: list[NodeWithScore], rag: RagInfo, request: ChatCompletionRequest, timings: dict[str, float]
+    ) -> ChatOutcome:
+        """The answer that the indexed documents do not cover the question, with the closest
+        ``sources``; no model call. Mode ``rag``, reason ``not_covered``, ``rag.answerable`` false."""
+        rag = rag.model_copy(update={"evidence": [], "answerable": False})
+        text = not_covered_answer(sources)
+        outcome = ChatOutcome(
+            mode="rag",
+            reason=NOT_COVERED,
+            source_nodes=sources,
+            timings=timings,
+            rag=rag,
+            stats={"prompt_tokens": 0, "context_tokens": 0, "history_tokens": 0, "history_dropped": 0, "nodes_used": 0},
+        )
+        cid, created, model = new_completion_id(), int(time.time()), self.llm.model_id
+        if not request.stream:
+            outcome.response = ChatCompletionResponse(
+                id=cid,
+                object="chat.completion",
+                created=created,
+                model=model,
+                choices=[
+                    ChatCompletionChoice(
+                        index=0, message=ResponseMessage(role="assistant", content=text), finish_reason="stop"
+                    )
+                ],
+                usage=UsageInfo.of(0, 0),
+                source_nodes=sources,
+                citations=[],
+                invalid_citations=[],
+                rag=rag,
+            )
+            return outcome
+        include_usage = bool((request.stream_options or {}).get("include_usage"))
+
+        async def chunks() -> AsyncGenerator[ChatCompletionChunk, None]:
+            def chunk(delta: DeltaMessage, finish: str | None = None) -> ChatCompletionChunk:
+                return ChatCompletionChunk(
+                    id=cid,
+                    object="chat.completion.chunk",
+                    created=created,
+                    model=model,
+                    choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)],
+                )
+
+            head = chunk(DeltaMessage(role="assistant", content=""))
+            head.source_nodes, head.rag = sources, rag
+            yield head
+            yield chunk(DeltaMessage(content=text))
+            last = chunk(DeltaMessage(), "stop")
+            last.citations, last.invalid_citations, last.rag = [], [], rag
+            yield last
+            if include_usage:
+                usage = UsageInfo.of(0, 0)
+                yield ChatCompletionChunk(
+                    id=cid, object="chat.completion.chunk", created=created, model=model, choices=[], usage=usage
+                )
+
+        outcome.stream = chunks()
         return outcome
 
     @staticmethod
@@ -437,6 +578,8 @@ class ChatService:
                 out.append(chunk(DeltaMessage(content=extra)))
             last = chunk(DeltaMessage(), finish)
             last.citations, last.invalid_citations = citations, invalid
+            if outcome.rag is not None:  # the evidence again, beside the whole answer it supports
+                last.rag = outcome.rag
             out.append(last)
             return out
 
@@ -474,6 +617,14 @@ class ChatService:
         finally:
             outcome.timings["generate"] = time.perf_counter() - t0
             await _close(deltas)
+
+
+def _shortlist(query: str, nodes: list[NodeWithScore]) -> Shortlist:
+    return shortlist(query, candidates(nodes))
+
+
+async def _no_vectors() -> np.ndarray:
+    return np.zeros((0, 0), dtype=np.float32)
 
 
 async def _close(iterator: AsyncIterator[Any]) -> None:

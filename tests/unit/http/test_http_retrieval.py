@@ -151,8 +151,15 @@ def test_a_follow_up_retrieves_with_the_previous_turn_and_says_so(client: TestCl
     used = f"{FIRST_TURN}\n\nHow do I install it?"
     assert unquote(r.headers["x-rag-query"]) == used
     body = r.json()
-    assert body["rag"] == {"query": used, "query_source": "joined", "retrieval_mode": "hybrid"}
+    rag = body["rag"]
+    assert (rag["query"], rag["query_source"], rag["retrieval_mode"], rag["answerable"]) == (
+        used,
+        "joined",
+        "hybrid",
+        True,
+    )
     used_ids = [n["doc_id"] for n in body["source_nodes"]]
+    assert used_ids[rag["evidence"][0]["source"] - 1] == "zephyr-install"  # the joined question's evidence
     assert "zephyr-install" in used_ids and "lumen-install" not in used_ids, used_ids
     assert "Installing the Zephyr X200" in fake.requests[-1]["messages"][0]["content"]
     assert fake.requests[-1]["messages"][-1] == {"role": "user", "content": "How do I install it?"}

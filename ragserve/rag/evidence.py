@@ -1,0 +1,378 @@
+"""Evidence: the passages of the retrieved sources that best support an answer to the question.
+
+Extractive and cheap (docs/architecture.md §4), in three steps:
+
+1. ``candidates``: each source's text cut into sentences (wrapped lines read as one, markup lines
+   left out, a short sentence joined to the one before it).
+2. ``shortlist``: the *windows* (a sentence with the next one of its source: a fact sentence, "The
+   default is only 1 worker.", rarely names its subject, which the sentence before it does) that
+   hold most of the query's terms, weighted by their rarity among the sentences
+   (``term_overlap``); and how much of the question the sources mention at all (``coverage``,
+   for the answerability rule, ``ragserve.rag.answerable``). The service embeds the shortlisted
+   sentences in one small batch beside the query.
+3. ``assess``: each shortlisted window scored by its cosine to the query (its vector is the
+   normalised sum of its sentences', so windows cost no second embedding) and its terms; the best
+   that do not overlap are the evidence.
+
+Every passage is the source's own text: ``Evidence.text == source_nodes[source - 1].text[start:end]``.
+
+Pure (no I/O, no models) and linear in the sources' length: sentences come from the ingest
+splitter (``sentence_spans``, linear), line breaks are classified in one pass over the lines, and
+every regex here matches runs of one character class or a bounded shape.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ragserve.api.documents import Evidence, NodeWithScore
+from ragserve.ingest.sentence import sentence_spans
+from ragserve.store.lexical import STOPWORDS
+
+#: A passage with fewer words is no evidence (a heading, a code fragment, "No.").
+MIN_WORDS = 4
+#: A sentence of fewer words joins the one before it in its paragraph ("Warn if cookie headers are
+#: larger than this many bytes. Defaults to 4093.": the short one holds the fact, the one before
+#: says what of).
+MERGE_WORDS = 8
+#: A longer sentence (a paragraph without stops, a table) is cut at whitespace into pieces of at
+#: most this many characters: evidence is read at a glance, and the embedder reads only its first
+#: 256 word pieces anyway.
+MAX_SENTENCE_CHARS = 400
+#: A window of two sentences is scored only up to this length; a longer pair is scored as one sentence.
+MAX_WINDOW_CHARS = 600
+#: The most sentences read for one answer, from the sources in order (best first): bounds the work
+#: of counting terms when a request has many sources.
+MAX_CANDIDATES = 256
+#: How many windows the query's terms shortlist for the embedder: at most twice as many sentences
+#: embedded, about 200 word pieces for 5 sources of Flask's documentation, ~0.1 s of one CPU core
+#: (docs/quality.md); every sentence of them would be ~900, as costly as embedding the sources again.
+SHORTLIST = 6
+#: The part of a query its terms are read from (as the lexical parser does, ``ragserve.store.lexical``).
+MAX_QUERY_CHARS = 4096
+#: How the score weighs a window's cosine to the query against the share of the query's weighted
+#: terms it holds (chosen on the questions over Flask's documentation: docs/quality.md).
+COSINE_WEIGHT = 0.7
+
+_WORD = re.compile(r"[^\W_]+")
+#: Words of how a question is asked, not of what it asks about ("how long", "too large", "what
+#: kind of"): a sentence that answers rarely repeats them.
+QUESTION_WORDS = frozenset({"long", "large", "big", "small", "many", "much", "often", "far", "old", "kind", "way"})
+# An RST role before its target (":attr:`x`"): a try starts only at a ":" and reads one run of
+# letters, so finding them all is linear.
+_ROLE = re.compile(r":[a-z]+:(?=`)")
+_MARKUP = str.maketrans({"`": " ", "~": " ", "_": " ", "*": " "})
+# A line that starts a block of its own in Markdown or reStructuredText: a list item, a heading, a
+# quote, a table row, a fence, a directive, a shell prompt. The line break before it is a real one.
+_BLOCK_START = ("-", "*", "+", "#", ">", "|", "```", "~~~", "..", "$ ")
+_UNDERLINE = frozenset("=-~^*+#`'\".:_")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A sentence of a source: ``text == nodes[source - 1].text[start:end]``. ``gap``: when the
+    next candidate is the next sentence of the same source with only whitespace between (their
+    window is scored), that whitespace; else None."""
+
+    source: int  # 1-based, as the answer cites it
+    node_id: str
+    start: int
+    end: int
+    text: str
+    gap: str | None = None
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """What the sources say to a question: the best passages, and ``coverage``, the weighted share
+    of the question's terms that some sentence holds (1.0 when it has none)."""
+
+    evidence: list[Evidence]
+    coverage: float
+
+
+def _is_underline(line: str) -> bool:
+    """An RST heading's over- or underline (``=====``): one punctuation character repeated."""
+    s = line.strip()
+    return len(s) >= 3 and s[0] in _UNDERLINE and s.count(s[0]) == len(s)
+
+
+def _starts_block(line: str) -> bool:
+    s = line.lstrip()
+    if s.startswith(_BLOCK_START):
+        return True
+    digits = len(s) - len(s.lstrip("0123456789"))
+    return 0 < digits < len(s) and s[digits] in ".)"  # "1. step", "2) step"
+
+
+def _markup_blanked(line: str, heading: bool) -> str:
+    """``line`` (same length) with what is not prose blanked: a heading (``heading``: an RST title
+    over its underline; a Markdown ``#`` line) and an RST underline (a title says what a section is
+    about, never what it says), a directive's marker (``.. note::``; a link target or a comment,
+    ``.. _x: url``, whole)."""
+    s = line.lstrip()
+    if heading or _is_underline(line) or s.startswith("#"):
+        return " " * len(line)
+    if s.startswith(".. ") or s == "..":
+        marker = line.find("::")
+        return " " * len(line) if marker < 0 else " " * (marker + 2) + line[marker + 2 :]
+    return line
+
+
+def reading_text(text: str) -> str:
+    """``text`` with the line breaks inside a paragraph read as spaces (same length, so offsets
+    stay the text's). A break stays where a paragraph ends (a blank line), a block starts (a list
+    item, a heading, a table row, a fence), the indentation goes back (a list item's wrapped lines
+    are indented more than its first), in a fenced code block, or where a line is a heading or its
+    underline: wrapped prose becomes whole sentences, structure stays lines."""
+    lines = text.split("\n")
+    out: list[str] = []
+    fenced = False  # inside a Markdown code fence: every line is a line
+    for i, line in enumerate(lines):
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        # an RST title: a line over an underline at least as long (a code fence's "```" is shorter)
+        out.append(_markup_blanked(line, bool(line.strip()) and _is_underline(nxt) and len(nxt) >= len(line.rstrip())))
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        if i + 1 == len(lines):
+            break
+        hard = (
+            not line.strip()
+            or not nxt.strip()
+            or _starts_block(nxt)
+            or line.lstrip().startswith(("#", "|", "```", "~~~", ".."))
+            or _is_underline(line)
+            or _is_underline(nxt)
+            or len(nxt) - len(nxt.lstrip()) < len(line) - len(line.lstrip())
+            or fenced
+        )
+        out.append("\n" if hard else " ")
+    return "".join(out)
+
+
+def _pieces(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """``[start, end)`` trimmed of whitespace and cut at whitespace into pieces of at most
+    ``MAX_SENTENCE_CHARS`` (a piece without whitespace is cut where it reaches the limit).
+    ``text`` is the reading text (``reading_text``), whose blanked markup is whitespace."""
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    out: list[tuple[int, int]] = []
+    while end - start > MAX_SENTENCE_CHARS:
+        limit = start + MAX_SENTENCE_CHARS
+        cut = max(text.rfind(" ", start + 1, limit + 1), text.rfind("\n", start + 1, limit + 1))
+        if cut <= start:
+            cut = limit
+        out.append((start, cut))
+        start = cut
+        while start < end and text[start].isspace():
+            start += 1
+    if end > start:
+        out.append((start, end))
+    return out
+
+
+def terms(text: str) -> list[str]:
+    """The words of ``text`` that say what it is about: lower-cased, stopwords and
+    ``QUESTION_WORDS`` dropped, each cut to a crude stem (``_stem``). ``MAX_CONTENT_LENGTH`` is
+    three words, as a reader would say it."""
+    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in STOPWORDS and w not in QUESTION_WORDS]
+
+
+def _stem(word: str) -> str:
+    """A crude stem, enough to match a question's words with a sentence's: "cached", "caches",
+    "caching" and "cache" are "cach"; "configured" and "configuration" are "config"; "settings"
+    and "setting" are "sett"."""
+    if len(word) > 4 and word.endswith("es"):
+        word = word[:-2]
+    elif len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]
+    if len(word) > 5 and word.endswith("ing"):
+        word = word[:-3]
+    elif len(word) > 4 and word.endswith("ed"):
+        word = word[:-2]
+    if len(word) > 3 and word.endswith("e"):
+        word = word[:-1]
+    return word[:6]
+
+
+def passages(text: str) -> list[tuple[int, int]]:
+    """The ``[start, end)`` passages of ``text`` worth scoring, in order: its sentences (wrapped
+    lines read as one, markup lines blanked, long ones cut in pieces), a sentence of fewer than
+    ``MERGE_WORDS`` words joined to the one before it in the same paragraph, and then those of
+    fewer than ``MIN_WORDS`` words left out (headings, fragments)."""
+    reading = reading_text(text)
+    units: list[list[int]] = []  # [start, end, words]
+    for s, e in sentence_spans(reading):
+        for start, end in _pieces(reading, s, e):
+            words = len(_WORD.findall(reading, start, end))
+            if (
+                units
+                and words < MERGE_WORDS
+                and end - units[-1][0] <= MAX_SENTENCE_CHARS
+                and "\n" not in reading[units[-1][1] : start]
+            ):
+                units[-1][1] = end
+                units[-1][2] += words
+            else:
+                units.append([start, end, words])
+    return [(start, end) for start, end, words in units if words >= MIN_WORDS]
+
+
+def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDATES) -> list[Candidate]:
+    """The passages of ``nodes`` (in their order, the best source first) to score: each text once
+    (overlapping chunks repeat sentences: the first source keeps it), at most ``max_sentences``."""
+    out: list[Candidate] = []
+    seen: set[str] = set()
+    for number, node in enumerate(nodes, start=1):
+        text = node.text
+        previous = False  # the last candidate is this source's sentence just before this one
+        for start, end in passages(text):
+            piece = text[start:end]
+            key = " ".join(piece.split()).lower()
+            if key in seen:
+                previous = False
+                continue
+            seen.add(key)
+            if len(out) >= max_sentences:
+                return out
+            if previous and not text[out[-1].end : start].strip():  # a window never spans a heading
+                last = out[-1]
+                out[-1] = replace(last, gap=text[last.end : start])
+            out.append(Candidate(number, node.node_id, start, end, piece))
+            previous = True
+    return out
+
+
+def model_text(passage: str) -> str:
+    """What the embedder and the term count read of a passage: its words without the markup
+    around them (RST roles ``:attr:``, backticks, ``~``; ``MAX_CONTENT_LENGTH`` as three words)."""
+    return _ROLE.sub(" ", passage).translate(_MARKUP)
+
+
+def _weights(query: str, texts: Sequence[str]) -> tuple[dict[str, float], list[set[str]]]:
+    """The query's terms weighted by rarity among ``texts`` (a term no text holds weighs most), and
+    the query terms each text holds."""
+    wanted = set(terms(query[:MAX_QUERY_CHARS]))
+    held = [wanted.intersection(terms(t)) for t in texts]
+    df = Counter(t for h in held for t in h)
+    n = len(texts)
+    return {t: math.log(1.0 + (n + 1) / (df[t] + 1)) for t in wanted}, held
+
+
+def term_overlap(query: str, texts: Sequence[str]) -> list[float]:
+    """For each text, the share of the query's terms it holds, each weighted by how rare it is
+    among ``texts`` (a word every sentence has, like the project's name, says little; a term no
+    sentence has weighs most, so a question about something absent scores low everywhere). 0..1;
+    0 everywhere when the query has no terms."""
+    weight, held = _weights(query, texts)
+    total = sum(weight.values())
+    return [sum(weight[t] for t in h) / total if total else 0.0 for h in held]
+
+
+def coverage(query: str, texts: Sequence[str]) -> float:
+    """The weighted share (as in ``term_overlap``) of the query's terms that some text holds: low
+    when the question names something the sources never mention ("Kubernetes" in Flask's docs).
+    1.0 for a query without terms."""
+    weight, held = _weights(query, texts)
+    total = sum(weight.values())
+    if not total:
+        return 1.0
+    found = set().union(*held) if held else set()
+    return sum(w for t, w in weight.items() if t in found) / total
+
+
+@dataclass(frozen=True)
+class Window:
+    """A passage scored as evidence: a candidate alone, or with the next sentence of its source."""
+
+    first: int  # index of its first candidate
+    last: int  # of its last (== first alone)
+    text: str  # the source's text from the first's start to the last's end
+
+
+@dataclass(frozen=True)
+class Shortlist:
+    """What ``shortlist`` keeps of the candidates for the embedder: the best ``windows`` by the
+    query's terms they hold (``overlap``, 0..1), the candidates whose vectors they need
+    (``to_embed``, indexes into ``found``), and the question's ``coverage`` by every candidate."""
+
+    found: list[Candidate]
+    windows: list[Window]
+    overlap: list[float]
+    to_embed: list[int]
+    coverage: float
+
+
+def _windows(found: Sequence[Candidate]) -> list[Window]:
+    """Each candidate with the next sentence of its source (when it follows it and the two fit
+    ``MAX_WINDOW_CHARS``), else alone."""
+    out = []
+    for i, c in enumerate(found):
+        nxt = found[i + 1] if c.gap is not None and i + 1 < len(found) else None
+        if c.gap is not None and nxt is not None and nxt.end - c.start <= MAX_WINDOW_CHARS:
+            out.append(Window(i, i + 1, c.text + c.gap + nxt.text))
+        else:
+            out.append(Window(i, i, c.text))
+    return out
+
+
+def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST) -> Shortlist:
+    """The ``size`` windows of ``found`` that hold most of the query's weighted terms (ties: the
+    earlier source and sentence, so a question sharing no word with its sources still gets the
+    best source's first sentences), and the candidates to embed for them. Embedding every sentence
+    of five sources costs as much as embedding the sources again (~0.5 s of a CPU core for 5 × 256
+    tokens, docs/quality.md): the terms choose, the embedder orders the few chosen."""
+    windows = _windows(found)
+    texts = [model_text(c.text) for c in found]
+    overlap = term_overlap(query, [model_text(w.text) for w in windows])
+    best = sorted(range(len(windows)), key=lambda i: -overlap[i])[:size]
+    kept = [windows[i] for i in best]
+    needed = sorted({j for w in kept for j in (w.first, w.last)})
+    return Shortlist(list(found), kept, [overlap[i] for i in best], needed, coverage(query, texts))
+
+
+def assess(query_vector: np.ndarray, short: Shortlist, vectors: np.ndarray, limit: int) -> Assessment:
+    """The ``limit`` best shortlisted windows that do not overlap, as ``Evidence`` (best first;
+    ties: the earlier source and sentence), and the question's coverage. A window's score, 0..1:
+    ``COSINE_WEIGHT`` × the cosine to ``query_vector`` of its vector (its sentences' L2-normalised
+    vectors summed and normalised again; a negative cosine counts as 0) + the rest × its share of
+    the query's weighted terms. ``vectors`` holds one row per ``short.to_embed``, in its order."""
+    if vectors.shape[0] != len(short.to_embed):
+        raise ValueError(f"{vectors.shape[0]} vectors for {len(short.to_embed)} candidates")
+    if not short.windows:
+        return Assessment([], short.coverage)
+    row = {j: k for k, j in enumerate(short.to_embed)}
+    summed = np.stack(
+        [vectors[row[w.first]] + (vectors[row[w.last]] if w.last != w.first else 0.0) for w in short.windows]
+    )
+    unit = summed / np.maximum(np.linalg.norm(summed, axis=1, keepdims=True), 1e-12)
+    cosines = np.clip(unit @ query_vector, 0.0, 1.0)
+    scored = [
+        round(COSINE_WEIGHT * float(c) + (1.0 - COSINE_WEIGHT) * o, 4)
+        for c, o in zip(cosines, short.overlap, strict=True)
+    ]
+    chosen: list[int] = []
+    taken: set[int] = set()  # candidates inside a window already chosen
+    for i in sorted(range(len(short.windows)), key=lambda i: (-scored[i], short.windows[i].first)):
+        w = short.windows[i]
+        if len(chosen) >= limit:
+            break
+        if w.first in taken or w.last in taken:
+            continue
+        chosen.append(i)
+        taken.update((w.first, w.last))
+    evidence = []
+    for i in chosen:
+        w = short.windows[i]
+        first, last = short.found[w.first], short.found[w.last]
+        node, start, end = first.node_id, first.start, last.end
+        evidence.append(Evidence(text=w.text, source=first.source, node_id=node, start=start, end=end, score=scored[i]))
+    return Assessment(evidence, short.coverage)
