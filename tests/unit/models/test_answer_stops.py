@@ -233,7 +233,11 @@ async def test_a_list_cut_by_max_tokens_after_its_end_finishes_as_stop() -> None
 
 
 class OneSource:
-    """The chat service's documents: the index exists and every search finds one source."""
+    """The chat service's documents: the index exists and every search finds one source; the
+    embedder is the real one (the evidence for the answer is computed with it)."""
+
+    def __init__(self, embedder: Any) -> None:
+        self.embedder = embedder
 
     async def index_exists(self, index_name: str) -> bool:
         return True
@@ -243,12 +247,14 @@ class OneSource:
         return [NodeWithScore(doc_id="d", node_id="n", text=text, score=0.9, metadata={"title": "p.md"})], {}
 
 
-async def test_the_chat_service_tells_the_engine_a_rag_prompt_is_a_question_over_sources(tmp_path: Path) -> None:
+async def test_the_chat_service_tells_the_engine_a_rag_prompt_is_a_question_over_sources(
+    tmp_path: Path, embedder: Any
+) -> None:
     """The engine does not read the RAG prompt: ``SamplingParams.grounded`` makes it a question, and
     the budget counted that very prompt."""
     engine, model = scripted_engine(ANSWER_THEN_MORE)
     chat = ChatService(
-        ChatOptions.from_settings(Settings(storage_dir=str(tmp_path))), OneSource(), EngineClient(engine)
+        ChatOptions.from_settings(Settings(storage_dir=str(tmp_path))), OneSource(embedder), EngineClient(engine)
     )
     question = {"role": "user", "content": "What is the capital of Pellumia?"}
     rag = await chat.complete(ChatCompletionRequest(messages=[question], index_name="kb"))
