@@ -62,8 +62,12 @@ COSINE_WEIGHT = 0.7
 
 _WORD = re.compile(r"[^\W_]+")
 #: Words of how a question is asked, not of what it asks about ("how long", "too large", "what
-#: kind of"): a sentence that answers rarely repeats them.
-QUESTION_WORDS = frozenset({"long", "large", "big", "small", "many", "much", "often", "far", "old", "kind", "way"})
+#: kind of", "explain what", "how does it work"): a sentence that answers rarely repeats them.
+_QUESTION_WORDS_TEXT = """
+long large big small many much often far old kind way explain describe tell mean means meaning define
+definition difference example examples give need please work works happen happens
+"""
+QUESTION_WORDS = frozenset(_QUESTION_WORDS_TEXT.split())
 # An RST role before its target (":attr:`x`"): a try starts only at a ":" and reads one run of
 # letters, so finding them all is linear.
 _ROLE = re.compile(r":[a-z]+:(?=`)")

@@ -42,7 +42,7 @@ from ragserve.api.openai import (
 from ragserve.api.sampling import SamplingParams
 from ragserve.config import Settings
 from ragserve.errors import BadRequestError, NotFoundError, ServiceError
-from ragserve.ports import LanguageModel
+from ragserve.ports import LanguageModel, TextEmbedder
 from ragserve.rag.answerable import AnswerabilityRule, answerable, closest, not_covered_answer
 from ragserve.rag.citations import parse_citations, sources_footer
 from ragserve.rag.context import passes_threshold, relevant
@@ -123,10 +123,19 @@ def _stamp(body: ChatCompletionResponse | ChatCompletionChunk, cid: str, created
 
 
 class ChatService:
-    def __init__(self, options: ChatOptions, documents: DocumentService, llm: LanguageModel):
+    def __init__(
+        self,
+        options: ChatOptions,
+        documents: DocumentService,
+        llm: LanguageModel,
+        embedder: TextEmbedder | None = None,
+    ):
+        """``embedder`` embeds the sentences that may be an answer's evidence (the one retrieval
+        embeds queries with); without one, answers carry no evidence and none is "not covered"."""
         self.options = options
         self.documents = documents
         self.llm = llm
+        self.embedder = embedder
 
     # --- entry points -------------------------------------------------------------------------
     async def complete(self, request: ChatCompletionRequest) -> ChatOutcome:
@@ -392,11 +401,11 @@ class ChatService:
         None when neither evidence nor answerability is asked for, or the embedder failed (the
         answer then goes on without them)."""
         o = self.options
-        if not nodes or (o.evidence_passages == 0 and not o.answerability):
+        embedder = self.embedder
+        if embedder is None or not nodes or (o.evidence_passages == 0 and not o.answerability):
             return None
         short = await asyncio.to_thread(_shortlist, query, nodes)
         texts = [model_text(short.found[i].text) for i in short.to_embed]
-        embedder = self.documents.embedder
         try:
             query_vector, vectors = await asyncio.gather(
                 embedder.embed_query(query[:QUERY_EMBED_CHARS]),

@@ -117,6 +117,9 @@ def test_coverage_is_low_when_the_question_names_what_the_sources_never_mention(
     assert coverage("What is the maximum flow rate of the Zephyr X200?", texts) == 1.0
     assert coverage("How do I connect the Zephyr X200 to a solar panel?", texts) < 0.5
     assert coverage("What is it?", texts) == 1.0  # nothing asked about: nothing missing
+    # words of how a question is asked are not what it asks about
+    assert coverage("Explain when the warranty of the Zephyr X200 expires.", texts) < 1.0  # "expires" is absent
+    assert coverage("Explain how long the warranty of the Zephyr X200 is.", texts) == 1.0
 
 
 def test_the_shortlist_bounds_what_is_embedded() -> None:
