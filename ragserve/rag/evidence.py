@@ -50,6 +50,10 @@ MAX_WINDOW_CHARS = 600
 #: The most sentences read for one answer, from the sources in order (best first): bounds the work
 #: of counting terms when a request has many sources.
 MAX_CANDIDATES = 256
+#: ...and reads at most this much of the sources' text, the best source first (a GPU model's context
+# of 32,768 tokens is about 130,000 characters): a request's evidence costs a bounded time whatever
+# the sources hold.
+MAX_READ_CHARS = 262_144
 #: How many windows the query's terms shortlist for the embedder: at most twice as many sentences
 #: embedded, about 200 word pieces for 5 sources of Flask's documentation, ~0.1 s of one CPU core
 #: (docs/quality.md); every sentence of them would be ~900, as costly as embedding the sources again.
@@ -115,13 +119,12 @@ def _starts_block(line: str) -> bool:
     return 0 < digits < len(s) and s[digits] in ".)"  # "1. step", "2) step"
 
 
-def _markup_blanked(line: str, heading: bool) -> str:
+def _markup_blanked(line: str, s: str, heading: bool) -> str:
     """``line`` (same length) with what is not prose blanked: a heading (``heading``: an RST title
     over its underline; a Markdown ``#`` line) and an RST underline (a title says what a section is
     about, never what it says), a directive's marker (``.. note::``; a link target or a comment,
-    ``.. _x: url``, whole)."""
-    s = line.lstrip()
-    if heading or _is_underline(line) or s.startswith("#"):
+    ``.. _x: url``, whole). ``s``: the line without its indentation."""
+    if heading or s.startswith("#"):
         return " " * len(line)
     if s.startswith(".. ") or s == "..":
         marker = line.find("::")
@@ -134,27 +137,42 @@ def reading_text(text: str) -> str:
     stay the text's). A break stays where a paragraph ends (a blank line), a block starts (a list
     item, a heading, a table row, a fence), the indentation goes back (a list item's wrapped lines
     are indented more than its first), in a fenced code block, or where a line is a heading or its
-    underline: wrapped prose becomes whole sentences, structure stays lines."""
+    underline: wrapped prose becomes whole sentences, structure stays lines. Each line is read
+    once (its facts are kept for when it is the next line)."""
     lines = text.split("\n")
     out: list[str] = []
     fenced = False  # inside a Markdown code fence: every line is a line
-    for i, line in enumerate(lines):
-        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+    last = len(lines) - 1
+    nxt = lines[0]
+    n_body = nxt.lstrip()
+    n_under = _is_underline(nxt)
+    for i in range(last + 1):
+        line, body, under = nxt, n_body, n_under
+        if i < last:
+            nxt = lines[i + 1]
+            n_body = nxt.lstrip()
+            n_under = bool(n_body) and _is_underline(n_body)
+        else:
+            nxt, n_body, n_under = "", "", False
+        if not body:  # a blank line: kept as it is, and a paragraph's end
+            out.append(line)
+            if i < last:
+                out.append("\n")
+            continue
         # an RST title: a line over an underline at least as long (a code fence's "```" is shorter)
-        out.append(_markup_blanked(line, bool(line.strip()) and _is_underline(nxt) and len(nxt) >= len(line.rstrip())))
-        if line.lstrip().startswith(("```", "~~~")):
+        out.append(_markup_blanked(line, body, under or (n_under and len(nxt) >= len(line.rstrip()))))
+        if body.startswith(("```", "~~~")):
             fenced = not fenced
-        if i + 1 == len(lines):
+        if i == last:
             break
         hard = (
-            not line.strip()
-            or not nxt.strip()
-            or _starts_block(nxt)
-            or line.lstrip().startswith(("#", "|", "```", "~~~", ".."))
-            or _is_underline(line)
-            or _is_underline(nxt)
-            or len(nxt) - len(nxt.lstrip()) < len(line) - len(line.lstrip())
+            not n_body
             or fenced
+            or under
+            or n_under
+            or body.startswith(("#", "|", "```", "~~~", ".."))
+            or _starts_block(n_body)
+            or len(nxt) - len(n_body) < len(line) - len(body)
         )
         out.append("\n" if hard else " ")
     return "".join(out)
@@ -232,11 +250,16 @@ def passages(text: str) -> list[tuple[int, int]]:
 
 def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDATES) -> list[Candidate]:
     """The passages of ``nodes`` (in their order, the best source first) to score: each text once
-    (overlapping chunks repeat sentences: the first source keeps it), at most ``max_sentences``."""
+    (overlapping chunks repeat sentences: the first source keeps it), at most ``max_sentences``,
+    from the first ``MAX_READ_CHARS`` of their text."""
     out: list[Candidate] = []
     seen: set[str] = set()
+    budget = MAX_READ_CHARS
     for number, node in enumerate(nodes, start=1):
-        text = node.text
+        if budget <= 0:
+            break
+        text = node.text[:budget]
+        budget -= len(text)
         previous = False  # the last candidate is this source's sentence just before this one
         for start, end in passages(text):
             piece = text[start:end]

@@ -21,6 +21,7 @@ from ragserve.rag.answerable import (
 )
 from ragserve.rag.evidence import (
     MAX_CANDIDATES,
+    MAX_READ_CHARS,
     SHORTLIST,
     Assessment,
     assess,
@@ -130,6 +131,15 @@ def test_the_shortlist_bounds_what_is_embedded() -> None:
     assert len(short.windows) == SHORTLIST and len(short.to_embed) <= 2 * SHORTLIST
     with pytest.raises(ValueError):
         assess(np.ones(3, dtype=np.float32), short, np.zeros((1, 3), dtype=np.float32), 3)
+
+
+def test_only_the_first_max_read_chars_of_the_sources_are_read() -> None:
+    filler = "\n" * (MAX_READ_CHARS - 10)  # no passage in it, as long as the whole budget
+    late = "The pump holds 40 litres of water in its tank."
+    found = candidates([node(filler + late, "first"), node(PUMP, "second")])
+    assert found == []  # the budget ends inside the first source's sentence; the second is never read
+    found = candidates([node(late, "first"), node(PUMP, "second")])
+    assert [c.source for c in found][:1] == [1] and {c.source for c in found} == {1, 2}
 
 
 def evidence(score: float) -> Evidence:

@@ -51,6 +51,9 @@ class RecordingModel:
     async def context_window(self) -> int:
         return 4096
 
+    async def prefill_tokens_per_s(self) -> float | None:
+        return None  # sized by the window, as a GPU or remote model
+
     async def token_counter(self) -> TokenCounter:
         return ApproxTokenCounter("test")
 
