@@ -10,8 +10,9 @@ deploy a Flask application on Kubernetes?") retrieves sources as close by cosine
 - the best source's cosine score reaches ``answerable_threshold`` (a strong match), or
 - the sources mention what the question asks about: the ``coverage`` of its terms (weighted by
   their rarity, ``ragserve.rag.evidence``) reaches ``answerable_coverage``, or
-- a passage supports an answer well: the best evidence score reaches ``answerable_evidence``
-  (a paraphrase that shares few words with its answer);
+- a passage says what the question is about: the best evidence score, without the share for
+  holding what the question asks for (``Assessment.support``), reaches ``answerable_evidence`` (a
+  paraphrase that shares few words with its answer);
 
 otherwise the answer says plainly that the indexed documents do not cover the question and lists
 the closest sources, without a model call. The thresholds were chosen on questions over real
@@ -56,7 +57,7 @@ def answerable(nodes: Sequence[NodeWithScore], assessment: Assessment | None, ru
         return True
     if assessment.coverage >= rule.coverage:
         return True
-    return any(e.score >= rule.evidence for e in assessment.evidence)
+    return assessment.support >= rule.evidence
 
 
 def closest(nodes: Sequence[NodeWithScore]) -> list[NodeWithScore]:

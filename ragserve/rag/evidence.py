@@ -27,7 +27,7 @@ import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -57,19 +57,46 @@ MAX_READ_CHARS = 262_144
 #: How many windows the query's terms shortlist for the embedder: at most twice as many sentences
 #: embedded, about 200 word pieces for 5 sources of Flask's documentation, ~0.1 s of one CPU core
 #: (docs/quality.md); every sentence of them would be ~900, as costly as embedding the sources again.
-SHORTLIST = 6
+SHORTLIST = 12
 #: The part of a query its terms are read from (as the lexical parser does, ``ragserve.store.lexical``).
 MAX_QUERY_CHARS = 4096
 #: How the score weighs a window's cosine to the query against the share of the query's weighted
 #: terms it holds (chosen on the questions over Flask's documentation: docs/quality.md).
 COSINE_WEIGHT = 0.7
 
+#: How much of a window's score is whether it holds what the question asks for (``answer_kinds``:
+#: a number for "how many", a command or code for "how do I"), when the question asks for one.
+ANSWER_KIND_WEIGHT = 0.15
+
 _WORD = re.compile(r"[^\W_]+")
+# What a question asks for, read from its words (lower case, as ``_WORD`` finds them):
+# a quantity ("how many", "which port", "what version", "the default size") ...
+_NUMBER_WORDS = frozenset(
+    "many much long big large old often far fast port ports version versions code number numbers size "
+    "limit maximum minimum max min year years date timeout seconds minutes hours days bytes percent "
+    "length count duration".split()
+)
+# A number said in words ("two years", "a dozen", "twice").
+_NUMBER_NAMES = frozenset(
+    "one two three four five six seven eight nine ten eleven twelve fifteen twenty thirty forty fifty sixty "
+    "hundred thousand million billion dozen once twice half".split()
+)
+# ... or a way to do something ("how do I", "how can I", "how to", "what command", "steps").
+_HOW_TO = ("how do ", "how can ", "how should ", "how to ", "how would ")
+_HOW_TO_WORDS = frozenset("command commands steps install run configure enable set setup".split())
+# A passage holds a way to do something: a command (a line that starts with a shell or Python
+# prompt), a code block (its directive, fence or "::"), or a call (``name(``). Inline literals are
+# not enough: reStructuredText marks every name that way.
+_CODE_LINE = re.compile(r"^[ \t]*(?:\$ |>>> |\.\. code-block::|\.\. code::|\.\. sourcecode::|```|~~~)|::[ \t]*$", re.M)
+_CALL = re.compile(r"[A-Za-z0-9_]\(")
 #: Words of how a question is asked, not of what it asks about ("how long", "too large", "what
-#: kind of", "explain what", "how does it work"): a sentence that answers rarely repeats them.
+#: kind of", "explain what", "how does it work", "how long does it last", "a good way", "which tool
+#: does the documentation recommend"): a sentence that answers rarely repeats them.
 _QUESTION_WORDS_TEXT = """
-long large big small many much often far old kind way explain describe tell mean means meaning define
-definition difference example examples give need please work works happen happens
+long large big small many much often far old kind way ways explain describe tell mean means meaning
+define definition difference example examples give need please work works happen happens last lasts
+take takes good best better right proper properly correct correctly possible tool tools thing things
+documentation docs document documents documented manual guide
 """
 QUESTION_WORDS = frozenset(_QUESTION_WORDS_TEXT.split())
 # An RST role before its target (":attr:`x`"): a try starts only at a ":" and reads one run of
@@ -80,6 +107,22 @@ _MARKUP = str.maketrans({"`": " ", "~": " ", "_": " ", "*": " "})
 # quote, a table row, a fence, a directive, a shell prompt. The line break before it is a real one.
 _BLOCK_START = ("-", "*", "+", "#", ">", "|", "```", "~~~", "..", "$ ")
 _UNDERLINE = frozenset("=-~^*+#`'\".:_")
+# Directives whose text may start on their own line (``.. note:: Read this.``): what follows the
+# marker is prose. Every other directive's argument (``.. admonition:: How to generate good secret
+# keys``, ``.. code-block:: sh``) is a title or an option, not something the documents say.
+_PROSE_DIRECTIVES = frozenset(
+    "note warning tip important caution attention danger error hint seealso versionadded versionchanged "
+    "deprecated".split()
+)
+
+# A line that opens a code block: the block belongs to the passage just above it.
+_CODE_OPENERS = (".. code-block::", ".. code::", ".. sourcecode::")  # a fence may close one: ":" only
+# Directives that document a name (Sphinx's domain directives, "py:data", have a ":" in theirs).
+_API_DIRECTIVES = frozenset("data function class method attribute module exception option envvar confval".split())
+#: A section title read with its passages is cut at this length.
+MAX_TITLE_CHARS = 120
+# A line of a code block that is a command: a shell or Python prompt.
+_PROMPTS = ("$ ", ">>> ", "> ")
 
 
 @dataclass(frozen=True)
@@ -94,6 +137,7 @@ class Candidate:
     end: int
     text: str
     gap: str | None = None
+    title: str = ""  # the heading (or API directive's name) of its section in the source, if it has one
 
 
 @dataclass(frozen=True)
@@ -103,6 +147,10 @@ class Assessment:
 
     evidence: list[Evidence]
     coverage: float
+    #: The best window's score without what the question asks for (``ANSWER_KIND_WEIGHT``): how
+    #: well a passage says what the question is about, which the answerability rule reads (a
+    #: question the documents do not cover still finds a passage with a command or a number).
+    support: float = 0.0
 
 
 def _is_underline(line: str) -> bool:
@@ -121,14 +169,18 @@ def _starts_block(line: str) -> bool:
 
 def _markup_blanked(line: str, s: str, heading: bool) -> str:
     """``line`` (same length) with what is not prose blanked: a heading (``heading``: an RST title
-    over its underline; a Markdown ``#`` line) and an RST underline (a title says what a section is
+    over its underline; a Markdown ``#`` line), a code fence and an RST underline (a title says what a section is
     about, never what it says), a directive's marker (``.. note::``; a link target or a comment,
-    ``.. _x: url``, whole). ``s``: the line without its indentation."""
-    if heading or s.startswith("#"):
+    ``.. _x: url``, whole; a directive's argument too, a title or a language, except where it is
+    the first words of an admonition's text, ``_PROSE_DIRECTIVES``). ``s``: the line without its
+    indentation."""
+    if heading or s.startswith(("#", "```", "~~~")):
         return " " * len(line)
     if s.startswith(".. ") or s == "..":
         marker = line.find("::")
-        return " " * len(line) if marker < 0 else " " * (marker + 2) + line[marker + 2 :]
+        if marker < 0 or line[line.find("..") + 2 : marker].strip().lower() not in _PROSE_DIRECTIVES:
+            return " " * len(line)
+        return " " * (marker + 2) + line[marker + 2 :]
     return line
 
 
@@ -231,21 +283,54 @@ def passages(text: str) -> list[tuple[int, int]]:
     ``MERGE_WORDS`` words joined to the one before it in the same paragraph, and then those of
     fewer than ``MIN_WORDS`` words left out (headings, fragments)."""
     reading = reading_text(text)
-    units: list[list[int]] = []  # [start, end, words]
+    units: list[list[int]] = []  # [start, end, words, what it may join: _OPEN, _CODE_NEXT or 0]
     for s, e in sentence_spans(reading):
         for start, end in _pieces(reading, s, e):
             words = len(_WORD.findall(reading, start, end))
-            if (
-                units
+            last = units[-1] if units else None
+            if last and last[3] and end - last[0] <= MAX_WINDOW_CHARS and _joins(text, last, start):
+                # what a passage announces (a command, a code block) joins it, and the block's next
+                # prompt lines ("$ cd app", "$ pip install waitress") too
+                last[1:] = [end, last[2] + words, _CODE_NEXT]
+            elif (
+                last
                 and words < MERGE_WORDS
-                and end - units[-1][0] <= MAX_SENTENCE_CHARS
-                and "\n" not in reading[units[-1][1] : start]
+                and end - last[0] <= MAX_SENTENCE_CHARS
+                and "\n" not in reading[last[1] : start]
             ):
-                units[-1][1] = end
-                units[-1][2] += words
+                last[1:] = [end, last[2] + words, _OPEN]
             else:
-                units.append([start, end, words])
-    return [(start, end) for start, end, words in units if words >= MIN_WORDS]
+                units.append([start, end, words, _OPEN])
+    return [(start, end) for start, end, words, _ in units if words >= MIN_WORDS]
+
+
+_OPEN = 1  # a passage that may be joined by what it announces
+_CODE_NEXT = 2  # a passage that ends in a code block: its next prompt line joins it
+
+
+def _opens_block(line: str) -> bool:
+    """A directive's line (``.. code-block:: sh``, ``.. note::``) or a fence: what a passage that
+    ends with ":" announces may lie past it (never past a heading, prose, a link target)."""
+    s = line.lstrip()
+    return s.startswith(("```", "~~~")) or (s.startswith(".. ") and "::" in s)
+
+
+def _joins(text: str, last: list[int], start: int) -> bool:
+    """Whether the passage at ``start`` joins ``last`` (``[start, end, words, state]``, see
+    ``passages``): after a passage that ends with ":", what follows past blank lines and
+    ``_opens_block`` lines only; after any passage, a code block
+    that a code directive or fence opens right below it; in a code block, the next line that starts
+    with a prompt. Reads at most ``MAX_WINDOW_CHARS`` of the gap."""
+    if start - last[1] > MAX_WINDOW_CHARS:
+        return False
+    gap = text[last[1] : start].split("\n")
+    if last[3] == _CODE_NEXT:
+        return len(gap) == 2 and not gap[0].strip() and text.startswith(_PROMPTS, start)
+    if not all(not line.strip() or _opens_block(line) for line in gap):
+        return False
+    if text[last[1] - 1] == ":":
+        return True
+    return any(line.lstrip().startswith(_CODE_OPENERS) for line in gap)
 
 
 def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDATES) -> list[Candidate]:
@@ -261,7 +346,11 @@ def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDAT
         text = node.text[:budget]
         budget -= len(text)
         previous = False  # the last candidate is this source's sentence just before this one
+        heads = section_titles(text)
+        h = 0
         for start, end in passages(text):
+            while h < len(heads) and heads[h][0] <= start:
+                h += 1
             piece = text[start:end]
             key = " ".join(piece.split()).lower()
             if key in seen:
@@ -273,9 +362,40 @@ def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDAT
             if previous and not text[out[-1].end : start].strip():  # a window never spans a heading
                 last = out[-1]
                 out[-1] = replace(last, gap=text[last.end : start])
-            out.append(Candidate(number, node.node_id, start, end, piece))
+            out.append(Candidate(number, node.node_id, start, end, piece, title=heads[h - 1][1] if h else ""))
             previous = True
     return out
+
+
+def section_titles(text: str) -> list[tuple[int, str]]:
+    """``(offset, title)`` of each section ``text`` opens, in order: an RST title (a line over its
+    underline), a Markdown ``#`` heading, an API directive's name (``.. py:data:: MAX_CONTENT_LENGTH``,
+    ``.. function:: x``: what the text under it describes). A passage under one is read with it
+    (``embed_text``): "Default: 31 days" says what of only under ``PERMANENT_SESSION_LIFETIME``.
+    Each line read once; a title is cut at ``MAX_TITLE_CHARS``."""
+    out: list[tuple[int, str]] = []
+    offset = 0
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        s = line.strip()
+        title = ""
+        if s.startswith("#"):
+            title = s.lstrip("#").strip()
+        elif s.startswith(".. ") and "::" in s:
+            name, _, arg = s[3:].partition("::")
+            if ":" in name or name.strip() in _API_DIRECTIVES:
+                title = arg.strip()
+        elif s and i + 1 < len(lines) and _is_underline(lines[i + 1]) and len(lines[i + 1].rstrip()) >= len(line.rstrip()):
+            title = s
+        if title:
+            out.append((offset, title[:MAX_TITLE_CHARS]))
+        offset += len(line) + 1
+    return out
+
+
+def embed_text(c: Candidate) -> str:
+    """What the embedder reads of a candidate: its section's title, then its words (``model_text``)."""
+    return model_text(f"{c.title}: {c.text}" if c.title else c.text)
 
 
 def model_text(passage: str) -> str:
@@ -316,6 +436,24 @@ def coverage(query: str, texts: Sequence[str]) -> float:
     return sum(w for t, w in weight.items() if t in found) / total
 
 
+def answer_kinds(query: str) -> tuple[bool, bool]:
+    """What ``query`` asks for: (a number, a way to do something), as ``_NUMBER_WORDS``, ``_HOW_TO``
+    and ``_HOW_TO_WORDS`` read it. Read from its first ``MAX_QUERY_CHARS``."""
+    q = query[:MAX_QUERY_CHARS].lower()
+    words = set(_WORD.findall(q))
+    number = bool(words & _NUMBER_WORDS) and not q.lstrip().startswith(("why ", "is ", "are ", "does ", "do ", "can "))
+    how_to = any(q.lstrip().startswith(h) or f" {h}" in q for h in _HOW_TO) or bool(words & _HOW_TO_WORDS)
+    return number, how_to
+
+
+def holds_kind(text: str, kinds: tuple[bool, bool]) -> bool:
+    """Whether ``text`` holds what the question asks for (``answer_kinds``): a digit, or code."""
+    number, how_to = kinds
+    if number and (any(ch.isdigit() for ch in text) or not _NUMBER_NAMES.isdisjoint(_WORD.findall(text.lower()))):
+        return True
+    return how_to and (_CODE_LINE.search(text) is not None or _CALL.search(text) is not None)
+
+
 @dataclass(frozen=True)
 class Window:
     """A passage scored as evidence: a candidate alone, or with the next sentence of its source."""
@@ -336,6 +474,8 @@ class Shortlist:
     overlap: list[float]
     to_embed: list[int]
     coverage: float
+    typed: list[bool] = field(default_factory=list)  # each window holds what the question asks for
+    asks_kind: bool = False  # the question asks for a number or a way to do something
 
 
 def _windows(found: Sequence[Candidate]) -> list[Window]:
@@ -358,12 +498,16 @@ def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST) -> 
     of five sources costs as much as embedding the sources again (~0.5 s of a CPU core for 5 × 256
     tokens, docs/quality.md): the terms choose, the embedder orders the few chosen."""
     windows = _windows(found)
-    texts = [model_text(c.text) for c in found]
-    overlap = term_overlap(query, [model_text(w.text) for w in windows])
-    best = sorted(range(len(windows)), key=lambda i: -overlap[i])[:size]
+    texts = [model_text(f"{c.title} {c.text}") for c in found]
+    overlap = term_overlap(query, [model_text(f"{found[w.first].title} {w.text}") for w in windows])
+    kinds = answer_kinds(query)
+    typed = [holds_kind(w.text, kinds) for w in windows]
+    best = sorted(range(len(windows)), key=lambda i: -(overlap[i] + ANSWER_KIND_WEIGHT * typed[i]))[:size]
     kept = [windows[i] for i in best]
     needed = sorted({j for w in kept for j in (w.first, w.last)})
-    return Shortlist(list(found), kept, [overlap[i] for i in best], needed, coverage(query, texts))
+    return Shortlist(
+        list(found), kept, [overlap[i] for i in best], needed, coverage(query, texts), [typed[i] for i in best], any(kinds)
+    )
 
 
 def assess(query_vector: np.ndarray, short: Shortlist, vectors: np.ndarray, limit: int) -> Assessment:
@@ -382,10 +526,10 @@ def assess(query_vector: np.ndarray, short: Shortlist, vectors: np.ndarray, limi
     )
     unit = summed / np.maximum(np.linalg.norm(summed, axis=1, keepdims=True), 1e-12)
     cosines = np.clip(unit @ query_vector, 0.0, 1.0)
-    scored = [
-        round(COSINE_WEIGHT * float(c) + (1.0 - COSINE_WEIGHT) * o, 4)
-        for c, o in zip(cosines, short.overlap, strict=True)
-    ]
+    kind = ANSWER_KIND_WEIGHT if short.asks_kind else 0.0
+    typed = short.typed or [False] * len(short.windows)
+    plain = [COSINE_WEIGHT * float(c) + (1.0 - COSINE_WEIGHT) * o for c, o in zip(cosines, short.overlap, strict=True)]
+    scored = [round((1.0 - kind) * p + kind * t, 4) for p, t in zip(plain, typed, strict=True)]
     chosen: list[int] = []
     taken: set[int] = set()  # candidates inside a window already chosen
     for i in sorted(range(len(short.windows)), key=lambda i: (-scored[i], short.windows[i].first)):
@@ -402,4 +546,4 @@ def assess(query_vector: np.ndarray, short: Shortlist, vectors: np.ndarray, limi
         first, last = short.found[w.first], short.found[w.last]
         node, start, end = first.node_id, first.start, last.end
         evidence.append(Evidence(text=w.text, source=first.source, node_id=node, start=start, end=end, score=scored[i]))
-    return Assessment(evidence, short.coverage)
+    return Assessment(evidence, short.coverage, round(max(plain), 4))

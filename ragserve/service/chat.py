@@ -47,7 +47,7 @@ from ragserve.rag.answerable import AnswerabilityRule, answerable, closest, not_
 from ragserve.rag.citations import parse_citations, sources_footer
 from ragserve.rag.context import passes_threshold, relevant
 from ragserve.rag.context_size import ContextSize, chat_context_size
-from ragserve.rag.evidence import Assessment, Shortlist, assess, candidates, model_text, shortlist
+from ragserve.rag.evidence import Assessment, Shortlist, assess, candidates, embed_text, shortlist
 from ragserve.rag.fit import ContextBudgetError, FitResult, fit, fit_passthrough
 from ragserve.rag.followup import REWRITE_MAX_TOKENS, joined_query, previous_user_turns, rewrite_messages
 from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
@@ -405,7 +405,7 @@ class ChatService:
         if embedder is None or not nodes or (o.evidence_passages == 0 and not o.answerability):
             return None
         short = await asyncio.to_thread(_shortlist, query, nodes)
-        texts = [model_text(short.found[i].text) for i in short.to_embed]
+        texts = [embed_text(short.found[i]) for i in short.to_embed]
         try:
             query_vector, vectors = await asyncio.gather(
                 embedder.embed_query(query[:QUERY_EMBED_CHARS]),

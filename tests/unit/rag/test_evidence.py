@@ -27,9 +27,13 @@ from ragserve.rag.evidence import (
     assess,
     candidates,
     coverage,
+    answer_kinds,
+    embed_text,
+    holds_kind,
     model_text,
     passages,
     reading_text,
+    section_titles,
     shortlist,
 )
 
@@ -61,7 +65,7 @@ def node(text: str, node_id: str, score: float = 0.6, **kw: object) -> NodeWithS
 def evidence_for(embedder, query: str, nodes: list[NodeWithScore], limit: int = 3) -> Assessment:
     """What the chat service does, with the real embedder."""
     short = shortlist(query, candidates(nodes))
-    vectors = asyncio.run(embedder.embed_documents([model_text(short.found[i].text) for i in short.to_embed]))
+    vectors = asyncio.run(embedder.embed_documents([embed_text(short.found[i]) for i in short.to_embed]))
     query_vector = asyncio.run(embedder.embed_query(query))
     return assess(query_vector, short, vectors, limit)
 
@@ -142,6 +146,105 @@ def test_only_the_first_max_read_chars_of_the_sources_are_read() -> None:
     assert [c.source for c in found][:1] == [1] and {c.source for c in found} == {1, 2}
 
 
+def test_a_directive_title_is_not_prose_but_an_admonition_text_is() -> None:
+    text = (
+        ".. admonition:: How to generate good secret keys\n\n"
+        "    A secret key should be as random as possible.\n\n"
+        ".. note:: Keep the secret key out of version control.\n\n"
+        ".. code-block:: python\n\n    print('hello world and more')\n"
+    )
+    found = [text[s:e] for s, e in passages(text)]
+    assert not any("How to generate" in p for p in found)  # a title restates questions, says nothing
+    assert any(p.startswith("Keep the secret key out of version control.") for p in found)
+    assert not any(p.startswith("python") for p in found)
+
+
+@pytest.mark.parametrize(
+    ("text", "joined"),
+    [
+        # reStructuredText: "::" and a code directive; Markdown: a fence
+        ("Use the following command to make a key::\n\n    $ python -c 'x'\n", "$ python -c 'x'"),
+        ("Install it with this command:\n\n.. code-block:: sh\n\n    $ pip install flask\n", "$ pip install flask"),
+        ("Install it with this command:\n\n```sh\npip install flask\n```\n", "pip install flask"),
+        # no colon: a code directive right below still belongs to the passage; its prompt lines follow
+        (
+            "Create a virtualenv, then install waitress.\n\n.. code-block:: text\n\n"
+            "    $ python -m venv .venv\n    $ pip install waitress\n",
+            "$ pip install waitress",
+        ),
+    ],
+)
+def test_what_a_passage_announces_joins_it(text: str, joined: str) -> None:
+    found = [text[s:e] for s, e in passages(text)]
+    assert len(found) == 1 and found[0].endswith(joined), found
+
+
+def test_an_announcing_passage_never_joins_the_next_section_or_past_a_link_target() -> None:
+    text = (
+        "The options are these:\n\nNext section\n============\n\nThe next section says other things.\n\n"
+        "Another passage that ends here:\n\n.. _target: https://example.com\n\n$ run a command here\n"
+    )
+    found = [text[s:e] for s, e in passages(text)]
+    assert "The options are these:" in found and "The next section says other things." in found
+    assert "Another passage that ends here:" in found
+
+
+@pytest.mark.parametrize(
+    ("question", "kinds"),
+    [
+        ("How many workers does gunicorn start?", (True, False)),
+        ("On which port does the server listen?", (True, False)),
+        ("How long does the warranty last?", (True, False)),
+        ("How do I install Flask?", (False, True)),
+        ("What are the steps to run my app with Waitress?", (False, True)),
+        ("Why is the sky blue?", (False, False)),
+        ("Does Flask support async views?", (False, False)),
+    ],
+)
+def test_what_a_question_asks_for(question: str, kinds: tuple[bool, bool]) -> None:
+    assert answer_kinds(question) == kinds
+
+
+def test_a_passage_holds_a_number_or_a_way_to_do_something() -> None:
+    number, how_to = (True, False), (False, True)
+    assert holds_kind("It listens on port 8080.", number) and holds_kind("It covers two years.", number)
+    assert not holds_kind("It listens on a port.", number)
+    assert holds_kind("Run it:\n\n    $ flask run\n", how_to) and holds_kind("Call app.register_blueprint(bp).", how_to)
+    # an inline literal alone is not a way to do something: reStructuredText marks every name so
+    assert not holds_kind("The ``flask`` command is the way.", how_to)
+    assert not holds_kind("8080", (False, False))
+
+
+def test_a_passage_is_read_with_its_section_title() -> None:
+    text = (
+        "Configuration\n=============\n\n.. py:data:: PERMANENT_SESSION_LIFETIME\n\n"
+        "    If the session is permanent, the cookie expires this many seconds in the future.\n\n"
+        "    Default: ``timedelta(days=31)`` (``2678400`` seconds)\n\n"
+        "# Deployment\n\nRun the application behind a proxy server.\n"
+    )
+    assert [t for _, t in section_titles(text)] == ["Configuration", "PERMANENT_SESSION_LIFETIME", "Deployment"]
+    found = {c.text: c for c in candidates([node(text, "config")])}
+    default = found["Default: ``timedelta(days=31)`` (``2678400`` seconds)"]
+    assert default.title == "PERMANENT_SESSION_LIFETIME"
+    assert embed_text(default).startswith("PERMANENT SESSION LIFETIME: Default:")
+    assert found["Run the application behind a proxy server."].title == "Deployment"
+
+
+def test_the_passage_with_the_value_is_chosen_for_a_question_about_a_setting(embedder) -> None:
+    text = (
+        ".. py:data:: PERMANENT_SESSION_LIFETIME\n\n"
+        "    If ``session.permanent`` is true, the cookie's expiration will be set this\n"
+        "    number of seconds in the future.\n\n"
+        "    Default: ``timedelta(days=31)`` (``2678400`` seconds)\n\n"
+        ".. py:data:: SESSION_REFRESH_EACH_REQUEST\n\n"
+        "    Control whether the cookie is sent with every response when ``session.permanent`` is true.\n\n"
+        "    Default: ``True``\n"
+    )
+    result = evidence_for(embedder, "How long does a permanent session last by default?", [node(text, "config")])
+    assert "days=31" in result.evidence[0].text, [e.text for e in result.evidence]
+    assert result.support <= max(e.score for e in result.evidence)  # the number's share is not support
+
+
 def evidence(score: float) -> Evidence:
     return Evidence(text="t", source=1, node_id="n", start=0, end=1, score=score)
 
@@ -150,21 +253,23 @@ RULE = AnswerabilityRule(enabled=True, score=0.7, coverage=0.7, evidence=0.65)
 
 
 @pytest.mark.parametrize(
-    ("best", "keyword", "cover", "ev", "expected"),
+    ("best", "keyword", "cover", "support", "expected"),
     [
         (0.69, False, 0.69, 0.64, False),  # every signal just under its threshold
         (0.70, False, 0.69, 0.64, True),  # a strong source
         (0.69, True, 0.0, 0.0, True),  # a source holds every query term
         (0.69, False, 0.70, 0.64, True),  # the sources mention what the question asks about
-        (0.69, False, 0.69, 0.65, True),  # a passage supports an answer
+        (0.69, False, 0.69, 0.65, True),  # a passage says what the question is about
         (0.9, False, 0.0, 0.0, True),
     ],
 )
 def test_the_answerability_rule_on_each_side_of_each_threshold(
-    best: float, keyword: bool, cover: float, ev: float, expected: bool
+    best: float, keyword: bool, cover: float, support: float, expected: bool
 ) -> None:
     nodes = [node("x", "a", score=best - 0.1), node("y", "b", score=best, keyword_match=keyword or None)]
-    assert answerable(nodes, Assessment([evidence(ev), evidence(ev - 0.1)], cover), RULE) is expected
+    # the shown score may hold a share for what the question asks for (a number): the rule reads support only
+    shown = [evidence(support + 0.2), evidence(support - 0.1)]
+    assert answerable(nodes, Assessment(shown, cover, support), RULE) is expected
 
 
 def test_the_rule_off_or_without_an_assessment_answers() -> None:
