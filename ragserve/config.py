@@ -206,13 +206,22 @@ class Settings(BaseSettings):
         "(rag.evidence): the sentences, with the next one of their source, that best support an answer, by their "
         "cosine to the question and the question's terms they hold (ragserve.rag.evidence). 0: none.",
     )
+    evidence_in_prompt: int = Field(
+        default=1,
+        ge=0,
+        le=5,
+        description="Repeat this many of the answer's evidence passages after the sources, right before the "
+        "question ('The passage that best answers the question'), when the window has room: a small model answers "
+        "from the sentence that holds the fact instead of a neighbouring one (docs/quality.md). 0: off.",
+    )
     answerability: bool = Field(
         default=True,
         description="Answer 'the indexed documents do not cover this question' (with the closest "
         "sources, X-RAG-Reason: not_covered, rag.answerable false) instead of calling the model when the relevant "
-        "sources are too weak to answer: none holds every query term or reaches answerable_threshold, the sources "
-        "mention too little of the question (answerable_coverage) and no passage supports an answer "
-        "(answerable_evidence). Off: every request with a relevant source is answered by the model (docs/quality.md).",
+        "sources are too weak to answer: none holds every query term or reaches answerable_threshold, and the "
+        "question names something no source mentions (an acronym, a product: 'PostgreSQL', 'CORS') or the sources "
+        "mention too little of it (answerable_coverage) and no passage supports an answer (answerable_evidence). "
+        "Off: every request with a relevant source is answered by the model (docs/quality.md).",
     )
     answerable_threshold: float = Field(
         default=0.7,
@@ -222,7 +231,7 @@ class Settings(BaseSettings):
         "threshold, above similarity_threshold, below which chat passes through as no_context).",
     )
     answerable_coverage: float = Field(
-        default=0.75,
+        default=0.65,
         ge=0.0,
         le=1.0,
         description="Answered when the sources' sentences hold this share of the question's terms, "

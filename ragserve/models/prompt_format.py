@@ -59,7 +59,14 @@ ANSWER_LABEL = "Answer:"
 #: A line of the answer starting with one of these is the model writing the next block of the
 #: prompt (the format's labels, and the heading of a RAG prompt's sources, ragserve.rag.prompt's
 #: ``SOURCES_HEADING``), never the answer.
-COMPLETION_LABELS: tuple[str, ...] = (QUESTION_LABEL, ANSWER_LABEL, USER_LABEL, ASSISTANT_LABEL, "Sources:")
+COMPLETION_LABELS: tuple[str, ...] = (
+    QUESTION_LABEL,
+    ANSWER_LABEL,
+    USER_LABEL,
+    ASSISTANT_LABEL,
+    "Sources:",
+    "The passage that best answers the question:",  # ragserve.rag.prompt's EVIDENCE_HEADING
+)
 #: A prompt's first line shorter than this is too common a text to call an answer line starting
 #: with it an echo.
 MIN_ECHO_LINE = 16

@@ -7,7 +7,12 @@ deploy a Flask application on Kubernetes?") retrieves sources as close by cosine
 (docs/quality.md), and a small model given them improvises. So the model is called only when
 
 - a source holds every term of the query (``keyword_match``), or
-- the best source's cosine score reaches ``answerable_threshold`` (a strong match), or
+- the best source's cosine score reaches ``answerable_threshold`` (a strong match);
+
+else not when the question names something (an acronym, a product, a proper name:
+``ragserve.rag.evidence.names``) that no source mentions ("How do I connect Flask to
+PostgreSQL?" over documentation that never says PostgreSQL); else when
+
 - the sources mention what the question asks about: the ``coverage`` of its terms (weighted by
   their rarity, ``ragserve.rag.evidence``) reaches ``answerable_coverage``, or
 - a passage says what the question is about: the best evidence score, without the share for
@@ -55,6 +60,8 @@ def answerable(nodes: Sequence[NodeWithScore], assessment: Assessment | None, ru
         return False
     if any(n.keyword_match for n in nodes) or max(n.score for n in nodes) >= rule.score:
         return True
+    if assessment.missing:  # the question names something no source mentions
+        return False
     if assessment.coverage >= rule.coverage:
         return True
     return assessment.support >= rule.evidence

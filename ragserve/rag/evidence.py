@@ -69,21 +69,36 @@ COSINE_WEIGHT = 0.7
 ANSWER_KIND_WEIGHT = 0.15
 
 _WORD = re.compile(r"[^\W_]+")
+
+
+def _words(text: str) -> frozenset[str]:
+    """The whitespace-separated words of ``text``: how the word lists below are written."""
+    return frozenset(text.split())
+
+
 # What a question asks for, read from its words (lower case, as ``_WORD`` finds them):
 # a quantity ("how many", "which port", "what version", "the default size") ...
-_NUMBER_WORDS = frozenset(
-    "many much long big large old often far fast port ports version versions code number numbers size "
-    "limit maximum minimum max min year years date timeout seconds minutes hours days bytes percent "
-    "length count duration".split()
+_NUMBER_WORDS = _words(
+    """
+many much long big large old often far fast port ports version versions code number numbers size
+limit maximum minimum max min year years date timeout seconds minutes hours days bytes percent
+length count duration
+"""
 )
 # A number said in words ("two years", "a dozen", "twice").
-_NUMBER_NAMES = frozenset(
-    "one two three four five six seven eight nine ten eleven twelve fifteen twenty thirty forty fifty sixty "
-    "hundred thousand million billion dozen once twice half".split()
+_NUMBER_NAMES = _words(
+    """
+one two three four five six seven eight nine ten eleven twelve fifteen twenty thirty forty fifty
+sixty hundred thousand million billion dozen once twice half
+"""
 )
 # ... or a way to do something ("how do I", "how can I", "how to", "what command", "steps").
 _HOW_TO = ("how do ", "how can ", "how should ", "how to ", "how would ")
-_HOW_TO_WORDS = frozenset("command commands steps install run configure enable set setup".split())
+_HOW_TO_WORDS = _words(
+    """
+command commands steps install run configure enable set setup
+"""
+)
 # A passage holds a way to do something: a command (a line that starts with a shell or Python
 # prompt), a code block (its directive, fence or "::"), or a call (``name(``). Inline literals are
 # not enough: reStructuredText marks every name that way.
@@ -110,15 +125,21 @@ _UNDERLINE = frozenset("=-~^*+#`'\".:_")
 # Directives whose text may start on their own line (``.. note:: Read this.``): what follows the
 # marker is prose. Every other directive's argument (``.. admonition:: How to generate good secret
 # keys``, ``.. code-block:: sh``) is a title or an option, not something the documents say.
-_PROSE_DIRECTIVES = frozenset(
-    "note warning tip important caution attention danger error hint seealso versionadded versionchanged "
-    "deprecated".split()
+_PROSE_DIRECTIVES = _words(
+    """
+note warning tip important caution attention danger error hint seealso versionadded versionchanged
+deprecated
+"""
 )
 
 # A line that opens a code block: the block belongs to the passage just above it.
 _CODE_OPENERS = (".. code-block::", ".. code::", ".. sourcecode::")  # a fence may close one: ":" only
 # Directives that document a name (Sphinx's domain directives, "py:data", have a ":" in theirs).
-_API_DIRECTIVES = frozenset("data function class method attribute module exception option envvar confval".split())
+_API_DIRECTIVES = _words(
+    """
+data function class method attribute module exception option envvar confval
+"""
+)
 #: A section title read with its passages is cut at this length.
 MAX_TITLE_CHARS = 120
 # A line of a code block that is a command: a shell or Python prompt.
@@ -151,6 +172,9 @@ class Assessment:
     #: well a passage says what the question is about, which the answerability rule reads (a
     #: question the documents do not cover still finds a passage with a command or a number).
     support: float = 0.0
+    #: The names the question gives (``names``: "PostgreSQL", "CORS", "gRPC") that no passage of
+    #: the sources mentions: the question is about something they do not cover.
+    missing: list[str] = field(default_factory=list)
 
 
 def _is_underline(line: str) -> bool:
@@ -385,7 +409,12 @@ def section_titles(text: str) -> list[tuple[int, str]]:
             name, _, arg = s[3:].partition("::")
             if ":" in name or name.strip() in _API_DIRECTIVES:
                 title = arg.strip()
-        elif s and i + 1 < len(lines) and _is_underline(lines[i + 1]) and len(lines[i + 1].rstrip()) >= len(line.rstrip()):
+        elif (
+            s
+            and i + 1 < len(lines)
+            and _is_underline(lines[i + 1])
+            and len(lines[i + 1].rstrip()) >= len(line.rstrip())
+        ):
             title = s
         if title:
             out.append((offset, title[:MAX_TITLE_CHARS]))
@@ -422,6 +451,38 @@ def term_overlap(query: str, texts: Sequence[str]) -> list[float]:
     weight, held = _weights(query, texts)
     total = sum(weight.values())
     return [sum(weight[t] for t in h) / total if total else 0.0 for h in held]
+
+
+def names(query: str) -> list[str]:
+    """The words of ``query`` that name something, as its writer spelled them: an acronym
+    ("CORS"), a word with a capital inside ("PostgreSQL", "gRPC", "OAuth"), or a capitalised word
+    that does not start a sentence ("Kubernetes", "Stripe"); not "I", not stopwords. Read from its
+    first ``MAX_QUERY_CHARS``."""
+    out: list[str] = []
+    text = query[:MAX_QUERY_CHARS]
+    for m in _WORD.finditer(text):
+        w = m.group()
+        if len(w) < 2 or w.lower() in STOPWORDS or w.isdigit():
+            continue
+        before = text[: m.start()].rstrip()
+        starts = not before or before[-1] in ".?!:\n\"'("
+        inner = any(ch.isupper() for ch in w[1:])
+        if inner or (w[0].isupper() and not starts):
+            out.append(w)
+    return out
+
+
+def missing_names(query: str, texts: Sequence[str]) -> list[str]:
+    """The ``names`` of ``query`` that none of ``texts`` holds (as ``terms`` reads both)."""
+    wanted = {_stem(n.lower()): n for n in names(query)}
+    if not wanted:
+        return []
+    held: set[str] = set()
+    for t in texts:
+        held.update(terms(t))
+        if held.issuperset(wanted):
+            return []
+    return [n for stem, n in wanted.items() if stem not in held]
 
 
 def coverage(query: str, texts: Sequence[str]) -> float:
@@ -476,6 +537,7 @@ class Shortlist:
     coverage: float
     typed: list[bool] = field(default_factory=list)  # each window holds what the question asks for
     asks_kind: bool = False  # the question asks for a number or a way to do something
+    missing: list[str] = field(default_factory=list)  # names the question gives that no candidate holds
 
 
 def _windows(found: Sequence[Candidate]) -> list[Window]:
@@ -506,7 +568,14 @@ def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST) -> 
     kept = [windows[i] for i in best]
     needed = sorted({j for w in kept for j in (w.first, w.last)})
     return Shortlist(
-        list(found), kept, [overlap[i] for i in best], needed, coverage(query, texts), [typed[i] for i in best], any(kinds)
+        list(found),
+        kept,
+        [overlap[i] for i in best],
+        needed,
+        coverage(query, texts),
+        [typed[i] for i in best],
+        any(kinds),
+        missing_names(query, texts),
     )
 
 
@@ -519,7 +588,7 @@ def assess(query_vector: np.ndarray, short: Shortlist, vectors: np.ndarray, limi
     if vectors.shape[0] != len(short.to_embed):
         raise ValueError(f"{vectors.shape[0]} vectors for {len(short.to_embed)} candidates")
     if not short.windows:
-        return Assessment([], short.coverage)
+        return Assessment([], short.coverage, missing=short.missing)
     row = {j: k for k, j in enumerate(short.to_embed)}
     summed = np.stack(
         [vectors[row[w.first]] + (vectors[row[w.last]] if w.last != w.first else 0.0) for w in short.windows]
@@ -546,4 +615,4 @@ def assess(query_vector: np.ndarray, short: Shortlist, vectors: np.ndarray, limi
         first, last = short.found[w.first], short.found[w.last]
         node, start, end = first.node_id, first.start, last.end
         evidence.append(Evidence(text=w.text, source=first.source, node_id=node, start=start, end=end, score=scored[i]))
-    return Assessment(evidence, short.coverage, round(max(plain), 4))
+    return Assessment(evidence, short.coverage, round(max(plain), 4), short.missing)

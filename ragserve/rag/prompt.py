@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ragserve.api.documents import NodeWithScore
+from ragserve.api.documents import Evidence, NodeWithScore
 from ragserve.api.messages import message_text
 
 CONTEXT_INSTRUCTIONS = (
@@ -17,6 +17,8 @@ CONTEXT_INSTRUCTIONS = (
     "If the sources do not contain the answer, say so instead of guessing."
 )
 SOURCES_HEADING = "Sources:"
+#: What introduces the evidence repeated after the sources (``with_evidence``).
+EVIDENCE_HEADING = "The passage that best answers the question:"
 _LABEL_KEYS = ("title", "source", "file_name", "filename", "url", "path")
 
 
@@ -58,3 +60,16 @@ def build_rag_messages(
     messages.extend(history)
     messages.append({"role": "user", "content": query})
     return messages
+
+
+def with_evidence(messages: Sequence[dict[str, Any]], evidence: Sequence[Evidence]) -> list[dict[str, Any]]:
+    """``messages`` (as ``build_rag_messages`` made them, sources in the first system message) with
+    ``evidence`` repeated at the end of that message, each passage with the number of its source:
+    the last thing before the question, where a small model looks for what to answer. Unchanged
+    without evidence or without a system message."""
+    if not evidence or not messages or messages[0].get("role") != "system":
+        return list(messages)
+    passages = "\n".join(f"[{e.source}] {' '.join(e.text.split())}" for e in evidence)
+    head = dict(messages[0])
+    head["content"] = f"{message_text(head)}\n\n{EVIDENCE_HEADING}\n{passages}"
+    return [head, *messages[1:]]

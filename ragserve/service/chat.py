@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -51,6 +51,7 @@ from ragserve.rag.evidence import Assessment, Shortlist, assess, candidates, emb
 from ragserve.rag.fit import ContextBudgetError, FitResult, fit, fit_passthrough
 from ragserve.rag.followup import REWRITE_MAX_TOKENS, joined_query, previous_user_turns, rewrite_messages
 from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
+from ragserve.rag.prompt import with_evidence
 from ragserve.service.documents import DocumentService
 from ragserve.service.retrieval import QUERY_EMBED_CHARS
 
@@ -88,6 +89,7 @@ class ChatOptions:
     # the answer: its "Sources:" list, its evidence, whether the sources can answer (docs/architecture.md §4)
     sources_in_content: bool
     evidence_passages: int
+    evidence_in_prompt: int
     answerability: bool
     answerable_threshold: float
     answerable_coverage: float
@@ -183,6 +185,7 @@ class ChatService:
                 evidence=[],
                 answerable=False,
             )
+        result = await self._with_evidence_hint(result, assessment)
         sampling = req.llm_params.to_sampling_params(result.max_tokens, grounded=result.grounded)
         answer = await self.llm.chat(result.messages, sampling)
         return QueryResponse(
@@ -330,6 +333,7 @@ class ChatService:
             return self._not_covered(closest(result.nodes_used), rag, request, timings)
         shown = self._shown(assessment)
         rag = rag.model_copy(update={"answerable": True, **({"evidence": shown} if shown is not None else {})})
+        result = await self._with_evidence_hint(result, assessment)
         sampling = request.to_sampling_params(result.max_tokens, grounded=result.grounded)
         footer = self.options.sources_in_content if p.params.sources_in_content is None else p.params.sources_in_content
         outcome = ChatOutcome(
@@ -385,6 +389,20 @@ class ChatService:
             evidence=o.answerable_evidence,
         )
         return answerable(nodes, assessment, rule)
+
+    async def _with_evidence_hint(self, result: FitResult, assessment: Assessment | None) -> FitResult:
+        """``result`` with its best ``evidence_in_prompt`` evidence passages repeated after the
+        sources (``ragserve.rag.prompt.with_evidence``) when the prompt still leaves ``max_tokens``
+        in the window, counted as sent; else ``result`` as it is."""
+        n = self.options.evidence_in_prompt
+        if not n or assessment is None or not assessment.evidence or not result.nodes_used:
+            return result
+        messages = with_evidence(result.messages, assessment.evidence[:n])
+        counter = await self.llm.token_counter()
+        prompt = await asyncio.to_thread(counter.count_messages, messages, grounded=result.grounded)
+        if prompt + result.max_tokens > result.window:
+            return result
+        return replace(result, messages=messages, prompt_tokens=prompt)
 
     def _shown(self, assessment: Assessment | None) -> list[Evidence] | None:
         """The evidence an answer carries; None when none is asked for or it was not computed."""
@@ -506,10 +524,13 @@ class ChatService:
     async def _retrieve_for_chat(
         self, p: RagPlan, k: int, threshold: float
     ) -> tuple[list[NodeWithScore], dict[str, float], RagInfo]:
-        """Retrieve for the newest user turn; when it finds nothing relevant and there are earlier user
-        turns, retry with them joined to it (``ragserve.rag.followup``). With ``query_rewrite: llm`` a
-        standalone rewrite by the generator is tried first. Returns the nodes, the summed timings and
-        which query found them (the newest turn alone when none did)."""
+        """Retrieve for the newest user turn; unless it finds a strong match (``answerable_threshold``)
+        and there are earlier user turns, retry with them joined to it (``ragserve.rag.followup``), and
+        keep the query whose best source scores highest ("How do I install it?" alone finds weak
+        sources above ``similarity_threshold``; joined to the turn that says what "it" is, stronger
+        ones). With ``query_rewrite: llm`` a standalone rewrite by the generator is tried first.
+        Returns the nodes, the summed timings and which query found them (the newest turn alone
+        when none found a relevant source)."""
         mode = p.params.retrieval_mode or self.options.retrieval_mode
         rewrite = p.params.query_rewrite or self.options.query_rewrite
         previous = previous_user_turns(p.history)
@@ -530,15 +551,22 @@ class ChatService:
             if joined != p.query:
                 attempts.append((joined, "joined"))
         first: tuple[list[NodeWithScore], RagInfo] | None = None
+        best: tuple[float, list[NodeWithScore], RagInfo] | None = None
         for query, source in attempts:
             nodes, spent = await self.documents.retrieve(p.params.index_name, query, k, p.params.metadata_filter, mode)
             for stage, seconds in spent.items():
                 timings[stage] = timings.get(stage, 0.0) + seconds
             info = RagInfo(query=query, query_source=source, retrieval_mode=mode)
             if relevant(nodes, threshold):
-                return nodes, timings, info
+                top = max(n.score for n in nodes)
+                if top >= self.options.answerable_threshold:  # a strong match: no need to look further
+                    return nodes, timings, info
+                if best is None or top > best[0]:
+                    best = (top, nodes, info)
             if source == "message":
                 first = (nodes, info)
+        if best is not None:
+            return best[1], timings, best[2]
         assert first is not None  # the newest turn itself is always attempted
         return first[0], timings, first[1]
 

@@ -172,6 +172,15 @@ def test_a_first_question_retrieves_with_itself(client: TestClient) -> None:
     assert r.json()["rag"]["query_source"] == "message"
 
 
+def test_a_new_subject_in_a_conversation_retrieves_with_itself(client: TestClient) -> None:
+    # the newest turn finds its sources itself; joined to the turn before it, it would find them less well
+    switch = [*FOLLOW_UP[:2], {"role": "user", "content": "How many brightness levels does the Lumen desk lamp have?"}]
+    r = chat(client, switch)
+    assert r.status_code == 200, r.text
+    rag = r.json()["rag"]
+    assert rag["query_source"] == "message" and r.json()["source_nodes"][0]["doc_id"] == "lumen"
+
+
 def test_query_rewrite_llm_asks_the_generator_first(client: TestClient, fake: FakeOpenAI) -> None:
     r = chat(client, FOLLOW_UP, query_rewrite="llm")
     assert r.status_code == 200, r.text

@@ -24,13 +24,15 @@ from ragserve.rag.evidence import (
     MAX_READ_CHARS,
     SHORTLIST,
     Assessment,
+    answer_kinds,
     assess,
     candidates,
     coverage,
-    answer_kinds,
     embed_text,
     holds_kind,
+    missing_names,
     model_text,
+    names,
     passages,
     reading_text,
     section_titles,
@@ -243,6 +245,40 @@ def test_the_passage_with_the_value_is_chosen_for_a_question_about_a_setting(emb
     result = evidence_for(embedder, "How long does a permanent session last by default?", [node(text, "config")])
     assert "days=31" in result.evidence[0].text, [e.text for e in result.evidence]
     assert result.support <= max(e.score for e in result.evidence)  # the number's share is not support
+
+
+@pytest.mark.parametrize(
+    ("question", "named"),
+    [
+        ("How do I connect Flask to a PostgreSQL database?", ["Flask", "PostgreSQL"]),
+        ("How do I enable CORS for my API?", ["CORS", "API"]),
+        ("How do I expose a gRPC service?", ["gRPC"]),
+        ("Can I run Gunicorn on Windows?", ["Gunicorn", "Windows"]),
+        ("Kubernetes: how do I deploy?", []),  # a sentence's first word is capitalised anyway
+        ("What is ItsDangerous used for?", ["ItsDangerous"]),  # ... unless it has a capital inside
+        ("how do i use postgres with flask", []),  # written in lower case: the coverage rule decides
+        ("Which port does the development server listen on? I use Windows.", ["Windows"]),
+    ],
+)
+def test_the_names_a_question_gives(question: str, named: list[str]) -> None:
+    assert names(question) == named
+
+
+def test_a_name_counts_as_missing_only_when_no_source_holds_it() -> None:
+    texts = [model_text(c.text) for c in candidates([node(PUMP, "pump"), node(LIGHT, "light")])]
+    assert missing_names("Can the Zephyr X200 run on a Tesla Powerwall?", texts) == ["Tesla", "Powerwall"]
+    assert missing_names("Does the Lumen L5 fit the Zephyr X200?", texts) == []
+    assert missing_names("What does the ZEPHYR x200 weigh?", texts) == []  # case aside
+
+
+def test_a_question_naming_what_the_sources_do_not_mention_is_not_answered() -> None:
+    nodes = [node("x", "a", score=0.6)]
+    strong = Assessment([evidence(0.9)], 1.0, 0.9)
+    assert answerable(nodes, strong, RULE)
+    assert not answerable(nodes, Assessment([evidence(0.9)], 1.0, 0.9, ["PostgreSQL"]), RULE)
+    # a source that holds every query term, or a strong match, is answered all the same
+    assert answerable([node("x", "a", score=0.6, keyword_match=True)], Assessment([], 0.0, 0.0, ["X"]), RULE)
+    assert answerable([node("x", "a", score=0.7)], Assessment([], 0.0, 0.0, ["X"]), RULE)
 
 
 def evidence(score: float) -> Evidence:

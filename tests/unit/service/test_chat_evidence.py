@@ -20,6 +20,8 @@ from ragserve.config import Settings
 from ragserve.models.tokenizers import ApproxTokenCounter
 from ragserve.ports import TokenCounter
 from ragserve.rag.answerable import NOT_COVERED_ANSWER
+from ragserve.rag.fit import ContextBudgetError
+from ragserve.rag.prompt import EVIDENCE_HEADING
 from ragserve.service.chat import NOT_COVERED
 from ragserve.service.pool import LocalShardPool
 from ragserve.service.shard_service import ShardService, check_layout
@@ -45,11 +47,13 @@ class RecordingModel:
 
     model_id = "recording-model"
 
-    def __init__(self) -> None:
+    def __init__(self, window: int = 4096) -> None:
         self.calls: list[str] = []
+        self.prompts: list[list[Message]] = []
+        self.window = window
 
     async def context_window(self) -> int:
-        return 4096
+        return self.window
 
     async def prefill_tokens_per_s(self) -> float | None:
         return None  # sized by the window, as a GPU or remote model
@@ -59,10 +63,12 @@ class RecordingModel:
 
     async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
         self.calls.append("chat")
+        self.prompts.append(list(messages))
         return GenerationResult(text="3,200 litres per hour [1].", prompt_tokens=10, completion_tokens=5)
 
     async def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
         self.calls.append("chat_stream")
+        self.prompts.append(list(messages))
         for piece in ("3,200 litres ", "per hour [1]."):
             yield GenerationDelta(text=piece)
         yield GenerationDelta(finish_reason="stop", prompt_tokens=10, completion_tokens=5)
@@ -83,7 +89,7 @@ class RecordingModel:
 def build(tmp_path: Path, embedder) -> Iterator[Any]:
     pools: list[LocalShardPool] = []
 
-    def make(**overrides: Any) -> tuple[Services, RecordingModel]:
+    def make(window: int = 4096, **overrides: Any) -> tuple[Services, RecordingModel]:
         s = Settings(
             storage_dir=str(tmp_path / f"s{len(pools)}"),
             num_shards=1,
@@ -95,7 +101,7 @@ def build(tmp_path: Path, embedder) -> Iterator[Any]:
         check_layout(s.storage_dir, s.num_shards)
         pool = LocalShardPool([ShardService(s.storage_dir, 0, 1)])
         pools.append(pool)
-        model = RecordingModel()
+        model = RecordingModel(window)
         svc = build_services(
             s,
             pool=pool,
@@ -211,3 +217,42 @@ def test_query_carries_evidence_or_says_not_covered(build) -> None:
     assert model.calls == []
     assert refused.answerable is False and refused.evidence == []
     assert refused.response.startswith(NOT_COVERED_ANSWER) and refused.source_nodes[0].doc_id == "pump"
+
+
+def test_a_question_naming_what_no_source_mentions_is_not_covered(build) -> None:
+    svc, model = build()
+    # every other word is the pump manual's: only the name is missing
+    outcome = asyncio.run(svc.chat.complete(request("How do I clean the impeller of the Zephyr X200 with Kärcher?")))
+    assert (outcome.reason, model.calls) == (NOT_COVERED, [])
+    outcome = asyncio.run(svc.chat.complete(request("How often should the impeller of the Zephyr X200 be cleaned?")))
+    assert (outcome.reason, model.calls) == (None, ["chat"])
+
+
+def test_the_best_evidence_is_repeated_before_the_question(build) -> None:
+    svc, model = build()
+    body = asyncio.run(svc.chat.complete(request(ANSWERED))).response
+    assert body is not None and body.rag is not None and body.rag.evidence
+    system = str(model.prompts[-1][0]["content"])
+    best = body.rag.evidence[0]
+    head, _, hint = system.rpartition(EVIDENCE_HEADING)
+    assert head and hint.strip() == f"[{best.source}] {' '.join(best.text.split())}"  # one passage, the best
+    assert model.prompts[-1][-1] == {"role": "user", "content": ANSWERED}
+
+
+def test_no_evidence_in_the_prompt_when_off_or_when_the_window_has_no_room(build) -> None:
+    svc, model = build(evidence_in_prompt=0)
+    asyncio.run(svc.chat.complete(request(ANSWERED)))
+    assert EVIDENCE_HEADING not in str(model.prompts[-1][0]["content"])
+    without = asyncio.run(svc.chat.complete(request(ANSWERED, max_tokens=16, top_k=1))).stats["prompt_tokens"]
+    # the smallest window that takes the source and max_tokens: no room for three passages more
+    window = without + 16
+    while True:
+        svc, model = build(window=window, evidence_in_prompt=3)
+        try:
+            outcome = asyncio.run(svc.chat.complete(request(ANSWERED, max_tokens=16, top_k=1, context_token_ratio=0.8)))
+            break
+        except ContextBudgetError:
+            window += 8
+    assert outcome.mode == "rag" and model.calls == ["chat"], outcome
+    assert EVIDENCE_HEADING not in str(model.prompts[-1][0]["content"])
+    assert outcome.stats["prompt_tokens"] == without and without + 16 <= window
