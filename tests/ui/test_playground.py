@@ -6,10 +6,13 @@ settings. Screenshots land in the test's folder, and in docs/img/ with
 RAGSERVE_UPDATE_SCREENSHOTS=1 (how the README's pictures are made).
 
 The upstream model is the fake OpenAI server, whose answer depends on the question (a Markdown
-answer, a hostile one...). The evidence of an answer (``rag.evidence``, the contract in
-ragserve/api/documents.py ``Evidence``) is added to the server's stream by :class:`EvidenceStub`
-where the server leaves it unset, exactly as the contract shapes it (the passage's code point
-offsets in its source's text): what is tested is the page's handling of that contract."""
+answer, a hostile one...); every question asked is one the indexed documents answer (it shares
+their words), so the server's answerability rule lets it through to the model whatever its exact
+thresholds. The evidence of an answer (``rag.evidence``, the contract in ragserve/api/openai.py
+``RagInfo`` and ragserve/api/documents.py ``Evidence``) is the server's own: :class:`ChatRecorder`
+keeps what each chat stream sent, unchanged, and the tests check that the page shows those
+passages and highlights each where its offsets (code points) say in its source, whichever passages
+the server chose."""
 
 from __future__ import annotations
 
@@ -33,7 +36,13 @@ CHROMEDRIVER = shutil.which("chromedriver")
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-playground-test"
 ANSWER = "Line 3's pump is serviced every week by the night shift [1]."
-FACT = "Line 3's pump is serviced every week by the night shift."  # the evidence sentence, in the sources
+FACT = "Line 3's pump is serviced every week by the night shift."  # the sentence that answers QUESTION
+# The questions asked: each shares its key words with the document that answers it (below, `guide`).
+QUESTION = "How often is the pump of line 3 serviced?"
+MARKDOWN_QUESTION = "How is the pump of line 3 serviced?"
+HOSTILE_QUESTION = "Where do visitors sign in?"
+REGENERATE_QUESTION = "When are the seals replaced?"
+FOLLOW_UP_QUESTION = "And when are the valves locked out?"
 MARKDOWN_ANSWER = """**Servicing** the pump takes *three* steps:
 
 1. Stop line 3 with `pumpctl stop`.
@@ -59,17 +68,15 @@ pytestmark = pytest.mark.skipif(
 
 
 def fake_answer(attempts: dict[str, int]) -> Any:
-    """The fake model's answer to a request: chosen by words of the question (the last message)."""
+    """The fake model's answer to a request: chosen by the question (the last message)."""
 
     def answer(body: dict[str, Any]) -> str:
-        asked = str(body["messages"][-1].get("content", "")).lower()
-        if "formatting demo" in asked:
+        asked = str(body["messages"][-1].get("content", "")).strip()
+        if asked == MARKDOWN_QUESTION:
             return MARKDOWN_ANSWER
-        if "hostile demo" in asked:
+        if asked == HOSTILE_QUESTION:
             return HOSTILE_ANSWER
-        if "moon" in asked:
-            return "The indexed documents do not say how far away the moon is."
-        if "regenerate demo" in asked:
+        if asked == REGENERATE_QUESTION:
             attempts["regenerate"] = attempts.get("regenerate", 0) + 1
             return f"**Attempt {attempts['regenerate']}**: the seals are replaced every quarter [1]."
         return ANSWER
@@ -77,61 +84,42 @@ def fake_answer(attempts: dict[str, int]) -> Any:
     return answer
 
 
-class EvidenceStub:
-    """ASGI middleware over the application: in a streamed chat answer whose ``rag`` has no
-    ``evidence``, it sets it (on the first chunk, and on the final chunk too, as the contract says)
-    to every occurrence of FACT in the sources, with its code point offsets; a question about the
-    moon gets ``answerable: false``. Every other byte passes as the server sent it."""
+class ChatRecorder:
+    """ASGI middleware over the application that passes every byte as the server sent it and keeps,
+    for each chat completion (in ``chats``, the newest last), what its stream said of the answer:
+    ``source_nodes`` (first chunk) and ``rag`` (the newest one sent: the final chunk's)."""
 
     def __init__(self, app: Any):
         self.app = app
+        self.chats: list[SimpleNamespace] = []
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not scope["path"].endswith("/v1/chat/completions"):
             await self.app(scope, receive, send)
             return
-        state: dict[str, Any] = {"buffer": b"", "rag": None}
+        body = bytearray()
 
-        async def patched(message: dict[str, Any]) -> None:
+        async def recording(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.body":
-                state["buffer"] += message.get("body", b"")
-                *events, state["buffer"] = state["buffer"].split(b"\n\n")
-                body = b"".join(self._event(e, state) + b"\n\n" for e in events)
+                body.extend(message.get("body", b""))
                 if not message.get("more_body", False):
-                    body, state["buffer"] = body + state["buffer"], b""
-                message = {**message, "body": body}
+                    self.chats.append(self._read(bytes(body)))
             await send(message)
 
-        await self.app(scope, receive, patched)
+        await self.app(scope, receive, recording)
 
     @staticmethod
-    def _event(event: bytes, state: dict[str, Any]) -> bytes:
-        if not event.startswith(b"data: {"):
-            return event
-        chunk = json.loads(event[len(b"data: ") :])
-        rag = chunk.get("rag")
-        if isinstance(rag, dict) and chunk.get("source_nodes"):
-            if rag.get("evidence") is None:
-                rag["evidence"] = [
-                    {
-                        "text": FACT,
-                        "source": i,
-                        "node_id": n["node_id"],
-                        "start": start,
-                        "end": start + len(FACT),
-                        "score": round(0.9 - 0.1 * i, 2),
-                    }
-                    for i, n in enumerate(chunk["source_nodes"], start=1)
-                    if (start := n["text"].find(FACT)) >= 0
-                ]
-            if "moon" in rag.get("query", "").lower():
-                rag["answerable"] = False
-            state["rag"] = rag
-        elif state["rag"] is not None and any(c.get("finish_reason") for c in chunk.get("choices", [])):
-            chunk.setdefault("rag", state["rag"])
-        else:
-            return event
-        return b"data: " + json.dumps(chunk).encode()
+    def _read(body: bytes) -> SimpleNamespace:
+        chat = SimpleNamespace(source_nodes=None, rag=None)
+        for event in body.split(b"\n\n"):
+            if not event.startswith(b"data: {"):
+                continue
+            chunk = json.loads(event[len(b"data: ") :])
+            if chunk.get("source_nodes") and chat.source_nodes is None:
+                chat.source_nodes = chunk["source_nodes"]
+            if isinstance(chunk.get("rag"), dict):
+                chat.rag = chunk["rag"]
+        return chat
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +137,7 @@ def live(tmp_path_factory, embedding_model) -> Iterator[SimpleNamespace]:
             similarity_threshold=0.0,
             api_keys=[KEY],
         ) as (app, _),
-        serve(EvidenceStub(app)) as url,
+        serve(recorder := ChatRecorder(app)) as url,
     ):
         auth = {"Authorization": f"Bearer {KEY}"}
         assert httpx.get(f"{url}/health").status_code == 200
@@ -164,7 +152,7 @@ def live(tmp_path_factory, embedding_model) -> Iterator[SimpleNamespace]:
         ]
         r = httpx.post(f"{url}/index", json={"index_name": "guide", "documents": guide}, headers=auth, timeout=60)
         assert r.status_code == 200, r.text
-        yield SimpleNamespace(url=url, fake=fake)
+        yield SimpleNamespace(url=url, fake=fake, chats=recorder.chats)
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +225,27 @@ def ask(d, wait, question: str):
     return d.find_elements(By.CSS_SELECTOR, ".msg.assistant.done")[-1]
 
 
-def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path: Path) -> None:
+def evidence_shown(reply) -> list[tuple[int, str]]:
+    """The evidence listed under an answer: (the source its [n] cites, the passage), in order."""
+    from selenium.webdriver.common.by import By
+
+    return [
+        (
+            int(li.find_element(By.CSS_SELECTOR, "a.cite").get_attribute("data-source")),
+            li.find_element(By.TAG_NAME, "q").get_attribute("textContent"),
+        )
+        for li in reply.find_elements(By.CSS_SELECTOR, ".evidence li")
+    ]
+
+
+def marked(snippet) -> list[str]:
+    """The passages highlighted in a source's text, in order (as their text, not as laid out)."""
+    from selenium.webdriver.common.by import By
+
+    return [m.get_attribute("textContent") for m in snippet.find_elements(By.TAG_NAME, "mark")]
+
+
+def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, live, tmp_path: Path) -> None:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as ec
@@ -283,9 +291,10 @@ def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path
 
     # ask: the answer streams in, with the RAG badge, the sources and their scores, and the evidence
     box = d.find_element(By.ID, "chat-input")
-    box.send_keys("How often is the pump of line 3 serviced?")
+    box.send_keys(QUESTION)
     box.send_keys(Keys.ENTER)
     reply = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".msg.assistant.done")))
+    sent = live.chats[-1]  # what the server's stream said: its sources and evidence
     assert reply.find_element(By.CSS_SELECTOR, ".body").text == ANSWER
     assert reply.find_element(By.CSS_SELECTOR, ".badge").text == "rag"
     sources = reply.find_elements(By.CSS_SELECTOR, ".sources li summary")
@@ -296,8 +305,13 @@ def test_upload_ask_and_browse_in_a_real_browser(browser, app_url: str, tmp_path
     snippet = reply.find_element(By.CSS_SELECTOR, ".sources li .snippet")
     wait.until(lambda _: snippet.is_displayed())
     assert "serviced every week by the night shift" in snippet.text
-    assert snippet.find_element(By.TAG_NAME, "mark").text == FACT  # the evidence, highlighted
-    assert FACT in reply.find_element(By.CSS_SELECTOR, ".evidence").text
+    # the evidence the server sent: listed under the answer, and highlighted in the pump notes' text
+    evidence = sent.rag["evidence"]
+    assert evidence and reply.find_element(By.CSS_SELECTOR, ".evidence").is_displayed()
+    assert evidence_shown(reply) == [(ev["source"], ev["text"]) for ev in evidence]
+    in_first = sorted((ev for ev in evidence if ev["source"] == 1), key=lambda ev: ev["start"])
+    assert in_first, evidence  # the best source holds evidence for a question it answers
+    assert marked(snippet) == [ev["text"] for ev in in_first]
     shot(d, "ui.png", tmp_path)
 
     # no index: the answer says it was a passthrough and why
@@ -343,7 +357,7 @@ def test_markdown_answers_render_as_formatting(browser, app_url: str, live, tmp_
     )
     live.fake.chunk_delay_s = 0.03
     try:
-        reply = ask(d, wait, "Show me the formatting demo: how is the pump of line 3 serviced?")
+        reply = ask(d, wait, MARKDOWN_QUESTION)
     finally:
         live.fake.chunk_delay_s = 0.0
     body = reply.find_element(By.CSS_SELECTOR, ".body")
@@ -381,7 +395,8 @@ def test_html_in_an_answer_or_a_title_is_inert_text(browser, app_url: str) -> No
     wait = open_chat(d, app_url)
     examples = wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, "#examples button.example"))
     assert any(HOSTILE_TITLE in b.text for b in examples)  # the title, shown as its text
-    reply = ask(d, wait, "Show me the hostile demo")
+    reply = ask(d, wait, HOSTILE_QUESTION)
+    assert "not-covered" not in reply.get_attribute("class")  # the model's answer, shown
     body = reply.find_element(By.CSS_SELECTOR, ".body")
     assert '<script>window.__xss = 1</script> <img src=x onerror="window.__xss = 2">' in body.text
     assert "[click me](javascript:window.__xss=3)" in body.text and "<b>bold</b>" in body.text
@@ -389,6 +404,8 @@ def test_html_in_an_answer_or_a_title_is_inert_text(browser, app_url: str) -> No
     assert not messages.find_elements(By.CSS_SELECTOR, "script, img, b, [onerror]")
     assert not d.find_elements(By.CSS_SELECTOR, 'a[href^="javascript:" i]')
     assert body.find_element(By.TAG_NAME, "strong").text == "<b>bold</b>"
+    sources = [s.text for s in reply.find_elements(By.CSS_SELECTOR, ".sources li summary")]
+    assert any(s.startswith(HOSTILE_TITLE) for s in sources), sources  # a source's title too
     d.find_element(By.CSS_SELECTOR, '[data-tab="documents"]').click()  # titles in the documents table too
     wait.until(lambda _: any(td.text == HOSTILE_TITLE for td in d.find_elements(By.CSS_SELECTOR, "#docs-table td")))
     assert d.execute_script("return window.__xss") is None
@@ -406,8 +423,10 @@ def test_example_questions_on_an_empty_chat_ask_when_clicked(browser, app_url: s
     pump = next(b for b in examples if "Pump servicing" in b.text)
     question = pump.text
     pump.click()
-    wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, ".msg.assistant.done"))
+    reply = wait.until(lambda _: d.find_elements(By.CSS_SELECTOR, ".msg.assistant.done"))[0]
     assert d.find_element(By.CSS_SELECTOR, ".msg.user").text == question
+    assert "not-covered" not in reply.get_attribute("class")  # an example the documents answer
+    assert reply.find_element(By.CSS_SELECTOR, ".body").text == ANSWER
     assert live.fake.requests[-1]["messages"][-1]["content"] == question
     assert not d.find_elements(By.ID, "examples")  # gone once the chat has started
     d.find_element(By.ID, "chat-clear").click()  # a new chat shows them again
@@ -424,7 +443,7 @@ def test_copy_and_regenerate_the_answer(browser, app_url: str, live) -> None:
         "Browser.grantPermissions",
         {"origin": app_url, "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]},
     )
-    reply = ask(d, wait, "regenerate demo: how often are the seals replaced?")
+    reply = ask(d, wait, REGENERATE_QUESTION)
     assert reply.find_element(By.CSS_SELECTOR, ".body strong").text == "Attempt 1"
     reply.find_element(By.CSS_SELECTOR, ".actions .copy").click()
     wait.until(lambda _: "Copied" in reply.find_element(By.CSS_SELECTOR, ".actions .copy").text)
@@ -439,7 +458,8 @@ def test_copy_and_regenerate_the_answer(browser, app_url: str, live) -> None:
     assert live.fake.requests[-1]["messages"] == before  # the same question, the same conversation
 
     # the conversation goes on from the new answer; only the newest answer can be regenerated
-    ask(d, wait, "And the valves?")
+    follow_up = ask(d, wait, FOLLOW_UP_QUESTION)
+    assert follow_up.find_element(By.CSS_SELECTOR, ".body").text == ANSWER
     assert live.fake.requests[-1]["messages"][-2]["content"].startswith("**Attempt 2**")  # the answer kept
     answers = d.find_elements(By.CSS_SELECTOR, ".msg.assistant.done")
     assert not answers[0].find_elements(By.CSS_SELECTOR, ".regenerate") and answers[0].find_elements(
@@ -448,24 +468,39 @@ def test_copy_and_regenerate_the_answer(browser, app_url: str, live) -> None:
     assert answers[1].find_elements(By.CSS_SELECTOR, ".regenerate")
 
 
-def test_evidence_is_shown_and_highlighted_in_its_source(browser, app_url: str) -> None:
+def test_evidence_is_shown_and_highlighted_in_its_source(browser, app_url: str, live) -> None:
     from selenium.webdriver.common.by import By
 
     d = browser
     wait = open_chat(d, app_url)
-    reply = ask(d, wait, "How often is the pump of line 3 serviced?")
-    evidence = reply.find_element(By.CSS_SELECTOR, ".evidence")
-    assert evidence.is_displayed() and FACT in evidence.text
-    item = evidence.find_element(By.CSS_SELECTOR, "li")
-    n = int(item.find_element(By.CSS_SELECTOR, "a.cite").get_attribute("data-source"))
-    source = reply.find_elements(By.CSS_SELECTOR, ".sources > li")[n - 1]
+    reply = ask(d, wait, QUESTION)
+    sent = live.chats[-1]  # the sources and evidence the server sent, whichever passages it chose
+    evidence, nodes = sent.rag["evidence"], sent.source_nodes
+    box = reply.find_element(By.CSS_SELECTOR, ".evidence")
+    assert box.is_displayed() and evidence_shown(reply) == [(ev["source"], ev["text"]) for ev in evidence]
+    # a passage of the pump notes (their text has a 𝑝, two UTF-16 units, where the server counts one)
+    pump = [k for k, ev in enumerate(evidence) if nodes[ev["source"] - 1]["metadata"].get("title") == "Pump servicing"]
+    assert pump, evidence  # the notes that answer the question hold evidence
+    k = pump[0]
+    ev = evidence[k]
+    source = reply.find_elements(By.CSS_SELECTOR, ".sources > li")[ev["source"] - 1]
     assert "Pump servicing" in source.text and "evidence" in source.find_element(By.TAG_NAME, "summary").text
-    item.find_element(By.CSS_SELECTOR, "a.cite").click()  # opens the source at the passage
-    mark = source.find_element(By.CSS_SELECTOR, ".snippet mark")
+    box.find_elements(By.CSS_SELECTOR, "li")[k].find_element(By.CSS_SELECTOR, "a.cite").click()  # opens the source
+    mark = source.find_element(By.CSS_SELECTOR, f'.snippet mark[data-evidence="{k}"]')
     wait.until(lambda _: mark.is_displayed())
-    assert mark.text == FACT  # its offsets count code points: past the 𝑝 (two UTF-16 units) before it
-    snippet = source.find_element(By.CSS_SELECTOR, ".snippet").text
-    assert snippet.startswith("Maintenance notes (pressure \U0001d45d") and snippet.endswith("every quarter.")
+    assert "flash" in mark.get_attribute("class")  # at the passage
+    assert mark.get_attribute("textContent") == ev["text"]
+    # where its offsets say: after the source's first `start` characters (code points, past the 𝑝)
+    before = d.execute_script(
+        "const r = document.createRange(); r.setStart(arguments[0].parentNode, 0); r.setEndBefore(arguments[0]);"
+        "return r.toString();",
+        mark,
+    )
+    node_text = nodes[ev["source"] - 1]["text"]
+    assert before == node_text[: ev["start"]] and ev["text"] == node_text[ev["start"] : ev["end"]]
+    snippet = source.find_element(By.CSS_SELECTOR, ".snippet")
+    assert snippet.get_attribute("textContent") == node_text  # the whole source, marks and all
+    assert snippet.text.startswith("Maintenance notes (pressure \U0001d45d") and snippet.text.endswith("every quarter.")
     # offsets are code points (the server's characters), not UTF-16 units; a passage found twice is
     # marked where its offsets say
     assert d.execute_script("return unitRange('\U0001f527ab', 1, 3)") == [2, 4]
@@ -484,7 +519,7 @@ def test_an_answer_the_documents_do_not_cover_is_a_note(browser, app_url: str) -
     note = reply.find_element(By.CSS_SELECTOR, ".note")
     assert note.is_displayed() and "Not covered" in note.text
     assert reply.find_elements(By.CSS_SELECTOR, ".sources li")  # the closest sources, still listed
-    covered = ask(d, wait, "How often is the pump of line 3 serviced?")
+    covered = ask(d, wait, QUESTION)
     assert "not-covered" not in covered.get_attribute("class")
     assert not covered.find_element(By.CSS_SELECTOR, ".note").is_displayed()
 

@@ -368,8 +368,11 @@ function addActions(a) {
 }
 
 // --- example questions --------------------------------------------------------------------------
-const EXAMPLES = [(t) => `What is “${t}” about?`, (t) => `Summarize “${t}”.`,
-  (t) => `What are the key points of “${t}”?`];
+// Their words around the title are only stopwords and words of how a question is asked ("tell"),
+// which the server's answerability rule does not weigh (ragserve.rag.answerable): an example is
+// answered whenever the document holds its title's words. A word of their own ("Summarize", "key
+// points") would be a term no document holds, and a click would get "not covered".
+const EXAMPLES = [(t) => `What is “${t}” about?`, (t) => `Tell me about “${t}”.`, (t) => `What is in “${t}”?`];
 
 function docTitle(d) {
   const m = d.metadata || {};
