@@ -304,32 +304,33 @@ def _stem(word: str) -> str:
 def passages(text: str) -> list[tuple[int, int]]:
     """The ``[start, end)`` passages of ``text`` worth scoring, in order: its sentences (wrapped
     lines read as one, markup lines blanked, long ones cut in pieces), a sentence of fewer than
-    ``MERGE_WORDS`` words joined to the one before it in the same paragraph, and then those of
-    fewer than ``MIN_WORDS`` words left out (headings, fragments)."""
+    ``MERGE_WORDS`` words joined to the one before it in the same paragraph, what a passage
+    announces (``_joins``: the command, code block or list after a ":") joined to it, and then those
+    of fewer than ``MIN_WORDS`` words left out (headings, fragments)."""
     reading = reading_text(text)
-    units: list[list[int]] = []  # [start, end, words, what it may join: _OPEN, _CODE_NEXT or 0]
+    units: list[list[int]] = []  # [start, end, words, what it may join: _OPEN or _BLOCK_NEXT]
     for s, e in sentence_spans(reading):
         for start, end in _pieces(reading, s, e):
             words = len(_WORD.findall(reading, start, end))
             last = units[-1] if units else None
             if last and last[3] and end - last[0] <= MAX_WINDOW_CHARS and _joins(text, last, start):
-                # what a passage announces (a command, a code block) joins it, and the block's next
-                # prompt lines ("$ cd app", "$ pip install waitress") too
-                last[1:] = [end, last[2] + words, _CODE_NEXT]
+                # what a passage announces (a command, a code block, a list) joins it, and the
+                # block's next prompt lines ("$ pip install waitress") or list items too
+                last[1:] = [end, last[2] + words, _BLOCK_NEXT]
             elif (
                 last
                 and words < MERGE_WORDS
                 and end - last[0] <= MAX_SENTENCE_CHARS
                 and "\n" not in reading[last[1] : start]
             ):
-                last[1:] = [end, last[2] + words, _OPEN]
+                last[1:] = [end, last[2] + words, last[3]]
             else:
                 units.append([start, end, words, _OPEN])
     return [(start, end) for start, end, words, _ in units if words >= MIN_WORDS]
 
 
 _OPEN = 1  # a passage that may be joined by what it announces
-_CODE_NEXT = 2  # a passage that ends in a code block: its next prompt line joins it
+_BLOCK_NEXT = 2  # a passage that ends in what it announced: its next prompt line or list item joins it
 
 
 def _opens_block(line: str) -> bool:
@@ -339,17 +340,27 @@ def _opens_block(line: str) -> bool:
     return s.startswith(("```", "~~~")) or (s.startswith(".. ") and "::" in s)
 
 
+def _is_item(text: str, start: int) -> bool:
+    """Whether ``text`` has a list item at ``start``: "- x", "* x", "+ x", "1. x", "2) x"."""
+    head = text[start : start + 12]
+    if head[:2] in ("- ", "* ", "+ "):
+        return True
+    digits = len(head) - len(head.lstrip("0123456789"))
+    return 0 < digits < 10 and head[digits : digits + 2] in (". ", ") ")
+
+
 def _joins(text: str, last: list[int], start: int) -> bool:
     """Whether the passage at ``start`` joins ``last`` (``[start, end, words, state]``, see
     ``passages``): after a passage that ends with ":", what follows past blank lines and
     ``_opens_block`` lines only; after any passage, a code block
-    that a code directive or fence opens right below it; in a code block, the next line that starts
-    with a prompt. Reads at most ``MAX_WINDOW_CHARS`` of the gap."""
+    that a code directive or fence opens right below it; then the next line that starts with a
+    prompt or is a list item. Reads at most ``MAX_WINDOW_CHARS`` of the gap."""
     if start - last[1] > MAX_WINDOW_CHARS:
         return False
     gap = text[last[1] : start].split("\n")
-    if last[3] == _CODE_NEXT:
-        return len(gap) == 2 and not gap[0].strip() and text.startswith(_PROMPTS, start)
+    if last[3] == _BLOCK_NEXT:  # the next line, or past one blank line (a loose list)
+        nxt = text.startswith(_PROMPTS, start) or _is_item(text, start)
+        return len(gap) <= 3 and not "".join(gap).strip() and nxt
     if not all(not line.strip() or _opens_block(line) for line in gap):
         return False
     if text[last[1] - 1] == ":":

@@ -64,12 +64,17 @@ def build_rag_messages(
 
 def with_evidence(messages: Sequence[dict[str, Any]], evidence: Sequence[Evidence]) -> list[dict[str, Any]]:
     """``messages`` (as ``build_rag_messages`` made them, sources in the first system message) with
-    ``evidence`` repeated at the end of that message, each passage with the number of its source:
+    ``evidence`` repeated at the end of that message, each passage (its lines without their
+    indentation, blank lines left out: a list stays a list) followed by the number of its source:
     the last thing before the question, where a small model looks for what to answer. Unchanged
     without evidence or without a system message."""
     if not evidence or not messages or messages[0].get("role") != "system":
         return list(messages)
-    passages = "\n".join(f"[{e.source}] {' '.join(e.text.split())}" for e in evidence)
+    passages = "\n".join(_lines(e.text) + f" [{e.source}]" for e in evidence)
     head = dict(messages[0])
     head["content"] = f"{message_text(head)}\n\n{EVIDENCE_HEADING}\n{passages}"
     return [head, *messages[1:]]
+
+
+def _lines(text: str) -> str:
+    return "\n".join(line.strip() for line in text.splitlines() if line.strip())

@@ -255,7 +255,7 @@ def test_evidence_is_repeated_at_the_end_of_the_sources_message() -> None:
     assert hinted[1:] == messages[1:] and messages[0]["content"] != hinted[0]["content"]  # the input is not changed
     assert (
         hinted[0]["content"]
-        == f"{messages[0]['content']}\n\n{EVIDENCE_HEADING}\n[1] The pump moves 3,200 litres per hour."
+        == f"{messages[0]['content']}\n\n{EVIDENCE_HEADING}\nThe pump moves 3,200 litres\nper hour. [1]"
     )
     assert with_evidence(messages, []) == messages
     assert with_evidence([{"role": "user", "content": "q"}], [best]) == [{"role": "user", "content": "q"}]

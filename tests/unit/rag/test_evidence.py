@@ -170,6 +170,11 @@ def test_a_directive_title_is_not_prose_but_an_admonition_text_is() -> None:
         ("Install it with this command:\n\n```sh\npip install flask\n```\n", "pip install flask"),
         # no colon: a code directive right below still belongs to the passage; its prompt lines follow
         (
+            "To reset the drone:\n\n1. Hold the power button.\n2. Wait for amber.\n\n3. Press the key.\n",
+            "3. Press the key.",
+        ),
+        ("Brew it like this:\n\n- Boil 300 ml of water.\n- Steep for four minutes.\n", "- Steep for four minutes."),
+        (
             "Create a virtualenv, then install waitress.\n\n.. code-block:: text\n\n"
             "    $ python -m venv .venv\n    $ pip install waitress\n",
             "$ pip install waitress",

@@ -235,7 +235,8 @@ def test_the_best_evidence_is_repeated_before_the_question(build) -> None:
     system = str(model.prompts[-1][0]["content"])
     best = body.rag.evidence[0]
     head, _, hint = system.rpartition(EVIDENCE_HEADING)
-    assert head and hint.strip() == f"[{best.source}] {' '.join(best.text.split())}"  # one passage, the best
+    lines = "\n".join(line.strip() for line in best.text.splitlines() if line.strip())
+    assert head and hint.strip() == f"{lines} [{best.source}]"  # one passage, the best
     assert model.prompts[-1][-1] == {"role": "user", "content": ANSWERED}
 
 
