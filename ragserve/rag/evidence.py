@@ -254,6 +254,31 @@ def reading_text(text: str) -> str:
     return "".join(out)
 
 
+def prompt_text(text: str) -> str:
+    """``text`` as a model reads it in a prompt: without the lines that are markup, not content (a
+    code directive, ``.. code-block:: sh``, and its options, ``:caption: x``; a code fence's
+    ```` ```lang ```` line; a comment or link target, ``.. _x: url``), the marker of a directive
+    whose text follows it (``.. note:: Read this.`` is "Read this."), and blank lines at its ends.
+    A small model copies such a line as its answer. Each line read once."""
+    out: list[str] = []
+    options = False  # the lines right after a directive: its ":name: value" options
+    for line in text.split("\n"):
+        s = line.strip()
+        if options and s.startswith(":") and s.find(":", 1) > 1:
+            continue
+        options = False
+        if s.startswith(("```", "~~~")):
+            continue
+        if s.startswith(".. ") or s == "..":
+            name, marker, rest = s[3:].partition("::")
+            options = bool(marker)
+            if marker and name.strip().lower() in _PROSE_DIRECTIVES and rest.strip():
+                out.append(line[: len(line) - len(line.lstrip())] + rest.strip())
+            continue
+        out.append(line)
+    return "\n".join(out).strip("\n")
+
+
 def _pieces(text: str, start: int, end: int) -> list[tuple[int, int]]:
     """``[start, end)`` trimmed of whitespace and cut at whitespace into pieces of at most
     ``MAX_SENTENCE_CHARS`` (a piece without whitespace is cut where it reaches the limit).

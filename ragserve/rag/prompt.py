@@ -11,6 +11,7 @@ from typing import Any
 
 from ragserve.api.documents import Evidence, NodeWithScore
 from ragserve.api.messages import message_text
+from ragserve.rag.evidence import prompt_text
 
 CONTEXT_INSTRUCTIONS = (
     "Answer the user's question using the numbered sources below. Cite the sources you use as [1], [2]. "
@@ -31,8 +32,9 @@ def source_label(node: NodeWithScore) -> str:
 
 
 def format_source(number: int, node: NodeWithScore) -> str:
-    """One source entry; its token count is the node's marginal cost in the budget."""
-    return f"[{number}] ({source_label(node)})\n{node.text.strip()}"
+    """One source entry, its text as a model reads it (``prompt_text``: no markup lines); its token
+    count is the node's marginal cost in the budget."""
+    return f"[{number}] ({source_label(node)})\n{prompt_text(node.text).strip()}"
 
 
 def format_context(nodes: Sequence[NodeWithScore]) -> str:
@@ -77,4 +79,4 @@ def with_evidence(messages: Sequence[dict[str, Any]], evidence: Sequence[Evidenc
 
 
 def _lines(text: str) -> str:
-    return "\n".join(line.strip() for line in text.splitlines() if line.strip())
+    return "\n".join(line.strip() for line in prompt_text(text).splitlines() if line.strip())

@@ -34,6 +34,7 @@ from ragserve.rag.evidence import (
     model_text,
     names,
     passages,
+    prompt_text,
     reading_text,
     section_titles,
     shortlist,
@@ -286,6 +287,19 @@ def test_a_question_naming_what_the_sources_do_not_mention_is_not_answered() -> 
     assert answerable([node("x", "a", score=0.7)], Assessment([], 0.0, 0.0, ["X"]), RULE)
 
 
+def test_a_prompt_reads_content_not_markup_lines() -> None:
+    text = (
+        "Use this::\n\n.. code-block:: python\n    :caption: ``config.py``\n\n    SECRET_KEY = 'x'\n\n"
+        ".. note:: Keep it secret.\n```sh\npip install flask\n```\n.. _x: https://example.com\n"
+        ":param x: a field list in prose stays\n"
+    )
+    assert prompt_text(text) == (
+        "Use this::\n\n\n    SECRET_KEY = 'x'\n\nKeep it secret.\npip install flask\n"
+        ":param x: a field list in prose stays"
+    )
+    assert prompt_text("plain\ntext") == "plain\ntext"
+
+
 def evidence(score: float) -> Evidence:
     return Evidence(text="t", source=1, node_id="n", start=0, end=1, score=score)
 
@@ -360,6 +374,7 @@ def test_every_step_is_linear_on_a_megabyte_of_each_shape(unit: str) -> None:
     big = node(text, "big")
     query = ("pump " + unit) * 2000  # a long question of the same shape (its terms are read up to a bound)
     t0 = time.process_time()
+    prompt_text(text)
     passages(text)
     short = shortlist(query, candidates([big]))
     vectors = np.zeros((len(short.to_embed), 4), dtype=np.float32)
