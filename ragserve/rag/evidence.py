@@ -500,7 +500,7 @@ def names(query: str) -> list[str]:
         w = m.group()
         if len(w) < 2 or w.lower() in STOPWORDS or w.isdigit():
             continue
-        before = text[: m.start()].rstrip()
+        before = text[max(0, m.start() - 32) : m.start()].rstrip()  # what ends the text before it
         starts = not before or before[-1] in ".?!:\n\"'("
         inner = any(ch.isupper() for ch in w[1:])
         if inner or (w[0].isupper() and not starts):
