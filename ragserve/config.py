@@ -126,7 +126,14 @@ class Settings(BaseSettings):
         "hnsw: m, ef_construction, ef_search, max_deleted_ratio.",
     )
     shard_num_cpus: float = Field(default=0.1, ge=0, description="CPUs reserved by each shard actor.")
-    similarity_threshold: float = Field(default=0.5, ge=-1.0, le=1.0)
+    similarity_threshold: float = Field(
+        default=0.35,
+        ge=-1.0,
+        le=1.0,
+        description="Sources scoring below it are not relevant; a chat with none passes through (no_context). "
+        "Lower than the answerability thresholds that decide whether relevant sources answer (docs/quality.md: "
+        "on real documentation with MiniLM, answering sources score 0.39-0.5 as often as not).",
+    )
     top_k: int = Field(default=5, ge=1, le=100)
     chunk_size: int = Field(default=256, ge=16, description="Sentence chunk size in embedding-model tokens.")
     chunk_overlap: int = Field(default=32, ge=0)
@@ -191,6 +198,53 @@ class Settings(BaseSettings):
         description="Append a plain 'Sources:' list to RAG answers' text, for clients that "
         "drop the response's extra fields (citations, source_nodes).",
     )
+    evidence_passages: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="How many passages of the sources a RAG answer carries as its evidence "
+        "(rag.evidence): the sentences, with the next one of their source, that best support an answer, by their "
+        "cosine to the question and the question's terms they hold (ragserve.rag.evidence). 0: none.",
+    )
+    evidence_in_prompt: int = Field(
+        default=1,
+        ge=0,
+        le=5,
+        description="Repeat this many of the answer's evidence passages after the sources, right before the "
+        "question ('The passage that best answers the question'), when the window has room: a small model answers "
+        "from the sentence that holds the fact instead of a neighbouring one (docs/quality.md). 0: off.",
+    )
+    answerability: bool = Field(
+        default=True,
+        description="Answer 'the indexed documents do not cover this question' (with the closest "
+        "sources, X-RAG-Reason: not_covered, rag.answerable false) instead of calling the model when the relevant "
+        "sources are too weak to answer: none holds every query term or reaches answerable_threshold, and the "
+        "question names something no source mentions (an acronym, a product: 'PostgreSQL', 'CORS') or the sources "
+        "mention too little of it (answerable_coverage) and no passage supports an answer (answerable_evidence). "
+        "Off: every request with a relevant source is answered by the model (docs/quality.md).",
+    )
+    answerable_threshold: float = Field(
+        default=0.7,
+        ge=-1.0,
+        le=1.0,
+        description="A best source with at least this cosine score is always answered (the second "
+        "threshold, above similarity_threshold, below which chat passes through as no_context).",
+    )
+    answerable_coverage: float = Field(
+        default=0.65,
+        ge=0.0,
+        le=1.0,
+        description="Answered when the sources' sentences hold this share of the question's terms, "
+        "each weighted by its rarity among them (a name the sources never mention weighs most).",
+    )
+    answerable_evidence: float = Field(
+        default=0.68,
+        ge=0.0,
+        le=1.0,
+        description="Answered when a passage of the sources has at least this evidence score (0..1: "
+        "its cosine to the question and the question's terms it holds; not what the question asks for, "
+        "a number or a command), as a paraphrase may.",
+    )
 
     # --- token budget (docs/architecture.md §5) -----------------------------------------------------
     context_token_ratio: float = Field(default=0.5, ge=0.2, le=0.8)
@@ -201,6 +255,22 @@ class Settings(BaseSettings):
         gt=0,
         le=1.0,
         description="Share of the free budget filled. None: 1.0 with an exact tokenizer, 0.8 if approximate.",
+    )
+    chat_context_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens of sources a chat request without top_k may carry (never more than "
+        "context_token_ratio of the window); it retrieves about this divided by chunk_size candidates, at least 5. "
+        "None: what the engine can afford: on an engine that measures its prefill speed (the embedded "
+        "transformers engine, at start) what it reads in chat_context_prefill_s; on vLLM or a remote server, "
+        "the window's share. A request's top_k gets what it asks for, within the window.",
+    )
+    chat_context_prefill_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="Seconds the sources of a chat request without top_k may take to prefill on an "
+        "engine that measures its speed (the embedded CPU engine; never more than half of llm_timeout_s, "
+        "never less than 3 chunks of chunk_size): an answer then takes about this plus its own tokens' time.",
     )
 
     # --- access and limits (every limit is a clear 4xx) ---------------------------------------

@@ -5,7 +5,7 @@ actor, a real model or a test's fake.
 
 - ``ShardPool``: calls a method of one shard, or of every shard, of the sharded index.
 - ``TextEmbedder``: texts to L2-normalised vectors, and the embedding model's token counts.
-- ``LanguageModel``: chat, streamed chat and pass-through, with the model's window and counter.
+- ``LanguageModel``: chat, streamed chat and pass-through, with the model's window, counter and prefill speed.
 - ``Reranker``: scores (query, text) pairs.
 - ``TokenCounter`` (and ``ChatRenderer``): tokens of a text or of a chat as the model sees it.
 
@@ -73,6 +73,12 @@ class LanguageModel(Protocol):
     async def context_window(self) -> int: ...
 
     async def token_counter(self) -> TokenCounter: ...
+
+    async def prefill_tokens_per_s(self) -> float | None:
+        """Prompt tokens per second the model reads, where that bounds the context a request can
+        afford (the embedded CPU engine, measured at start); None where the window does (a GPU or a
+        remote server). Sizes the context of a chat without ``top_k`` (``ragserve.rag.context_size``)."""
+        ...
 
     async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult: ...
 

@@ -208,6 +208,14 @@ class QueryResponse(BaseModel):
     response: str
     source_nodes: list[NodeWithScore]
     metadata: dict[str, Any] = Field(default_factory=dict)
+    evidence: list[Evidence] | None = Field(
+        default=None, description="The passages of source_nodes that best support an answer, best first."
+    )
+    answerable: bool | None = Field(
+        default=None,
+        description="False when nothing retrieved is strong enough to answer: the response then says the indexed "
+        "documents do not cover the question and source_nodes are the closest sources.",
+    )
 
 
 class RetrieveRequest(_RetrievalRequest):

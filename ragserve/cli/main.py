@@ -1,7 +1,7 @@
 """``ragserve``: index folders, ask questions, look at indexes, from a terminal.
 
     ragserve ingest docs/ --index docs            # add, update, skip unchanged; --delete, --watch
-    ragserve chat --index docs                    # streaming answers with their sources
+    ragserve chat --index docs                    # streaming answers with their evidence and sources
     ragserve query --index docs "what is KAITO?"  # KAITO-style /query
     ragserve indexes                              # names, documents, chunks, bytes
     ragserve docs list --index docs --limit 50    # an index's documents, paged
@@ -30,7 +30,15 @@ from rich.markup import escape
 from ragserve.api.documents import validate_index_name
 from ragserve.cli.client import DEFAULT_URL, ApiError, RagClient, default_url
 from ragserve.cli.files import given_roots, shown, sync_base
-from ragserve.cli.output import RichProgress, document_rows, print_indexes, print_json, print_report, print_sources
+from ragserve.cli.output import (
+    RichProgress,
+    document_rows,
+    print_evidence,
+    print_indexes,
+    print_json,
+    print_report,
+    print_sources,
+)
 from ragserve.cli.sync import Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -189,6 +197,7 @@ def cmd_query(args: argparse.Namespace, client: RagClient, err: Console, console
         print_json(answer)
         return EXIT_OK
     console.print(escape(answer["response"]), highlight=False)
+    print_evidence(answer.get("evidence") or [], console)
     print_sources(answer.get("source_nodes") or [], console)
     return EXIT_OK
 
@@ -205,10 +214,12 @@ def _chat_once(
         body["max_tokens"] = args.max_tokens
     if args.model:
         body["model"] = args.model
+    rag: dict[str, Any] = {}
     if args.no_stream or args.json:
         response, mode, reason = client.chat(body)
         text = response["choices"][0]["message"].get("content") or ""
         sources = response.get("source_nodes") or []
+        rag = response.get("rag") or {}
         if not args.json:
             console.print(escape(text), highlight=False)
     else:
@@ -218,6 +229,8 @@ def _chat_once(
             for event in stream.events:
                 if event.get("source_nodes"):
                     sources = event["source_nodes"]
+                if event.get("rag"):  # on the first chunk and again on the final one
+                    rag = event["rag"]
                 for choice in event.get("choices") or []:
                     piece = (choice.get("delta") or {}).get("content") or ""
                     if piece:
@@ -228,8 +241,12 @@ def _chat_once(
     if not args.json:
         if mode == "passthrough":
             console.print(f"[yellow](answered without the index: {REASONS.get(reason, reason)})[/yellow]")
+        print_evidence(rag.get("evidence") or [], console)
         print_sources(sources, console)
-    return text, {"answer": text, "mode": mode, "reason": reason or None, "sources": sources}
+    result = {"answer": text, "mode": mode, "reason": reason or None, "sources": sources}
+    if rag:
+        result.update(evidence=rag.get("evidence"), answerable=rag.get("answerable"))
+    return text, result
 
 
 def _ask(json_mode: bool) -> str:

@@ -152,6 +152,24 @@ def print_sources(nodes: Sequence[dict[str, Any]], console: Console) -> None:
         console.print(escape(_source_line(i, node)), highlight=False)
 
 
+#: The most characters of one evidence passage printed (whitespace collapsed; the JSON has it whole).
+EVIDENCE_CHARS = 300
+
+
+def print_evidence(evidence: Sequence[dict[str, Any]], console: Console) -> None:
+    """The passages of the sources that best support the answer, as ``[n] "..."`` (n: the source in
+    the list below, the answer's ``[n]``), so an answer the sources do not say can be seen."""
+    if not evidence:
+        return
+    console.print("[bold]Evidence[/bold]")
+    for e in evidence:
+        text = " ".join(str(e.get("text", "")).split())
+        if len(text) > EVIDENCE_CHARS:
+            text = text[: EVIDENCE_CHARS - 1] + "…"
+        line = f'  [{e.get("source")}] "{text}"  (score {float(e.get("score", 0)):.2f})'
+        console.print(escape(line), highlight=False)
+
+
 def print_indexes(rows: Sequence[dict[str, Any]], console: Console) -> None:
     """The indexes as a table whose names are never cut (a name is what the next command needs); a
     terminal too narrow for that gets one line per index."""

@@ -7,6 +7,7 @@ the services never see Ray types.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -74,14 +75,22 @@ class HandleEmbedder:
         return await self._h.count_tokens.remote(texts)
 
 
+#: How often the ingress asks the Generator again for its prefill speed (which requests may raise:
+#: ``TransformersEngine.prefill_tokens_per_s``).
+PREFILL_REFRESH_S = 60.0
+
+
 class HandleGenerator:
     """``ragserve.ports.LanguageModel`` over the Generator deployment. Model id, window and the token
-    counter are fetched once and kept, so the budget is computed locally."""
+    counter are fetched once and kept, so the budget is computed locally; the prefill speed is asked
+    again every ``PREFILL_REFRESH_S``."""
 
     def __init__(self, handle: Any):
         self._h = handle
         self.model_id = ""
         self._window = 0
+        self._prefill: float | None = None
+        self._prefill_at = 0.0
         self._counter: TokenCounter | None = None
         self._lock = asyncio.Lock()
 
@@ -91,6 +100,8 @@ class HandleGenerator:
                 return
             info = await self._h.info.remote()
             self.model_id, self._window = info["model_id"], info["context_window"]
+            self._prefill = info.get("prefill_tokens_per_s")  # absent from a generator of an older release
+            self._prefill_at = time.monotonic()
             try:
                 self._counter = await self._h.token_counter.remote()
             except Exception as e:  # a tokenizer that does not pickle: count here instead
@@ -105,6 +116,16 @@ class HandleGenerator:
         await self.ready()
         assert self._counter is not None
         return self._counter
+
+    async def prefill_tokens_per_s(self) -> float | None:
+        await self.ready()
+        if time.monotonic() - self._prefill_at >= PREFILL_REFRESH_S:
+            self._prefill_at = time.monotonic()  # one refresh at a time; a failed one waits its turn too
+            try:
+                self._prefill = (await self._h.info.remote()).get("prefill_tokens_per_s", self._prefill)
+            except Exception as e:
+                log.warning("generator info not refreshed (%s); prefill speed kept at %s", e, self._prefill)
+        return self._prefill
 
     async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
         try:

@@ -1,7 +1,7 @@
 """Generator deployment: one ``GenerationEngine`` (transformers | vllm | openai) behind handles.
 
-The ingress asks it once for the model id, the context window and the token counter (pickled to
-the ingress, so budgeting never costs a remote call), then calls chat / chat_stream / passthrough.
+The ingress asks it once for the model id, the context window, the prefill speed and the token
+counter (pickled to the ingress, so budgeting never costs a remote call), then calls chat / chat_stream / passthrough.
 """
 
 from __future__ import annotations
@@ -40,15 +40,21 @@ class Generator:
             tag_keys=("kind",),
         )
         log.info(
-            "generator ready: engine=%s model=%s window=%d in %.1fs",
+            "generator ready: engine=%s model=%s window=%d prefill=%s tokens/s in %.1fs",
             self.settings.llm_engine,
             self.engine.model_id,
             self.window,
+            self.engine.prefill_tokens_per_s(),
             time.perf_counter() - t0,
         )
 
     def info(self) -> dict[str, Any]:
-        return {"model_id": self.engine.model_id, "context_window": self.window, "engine": self.settings.llm_engine}
+        return {
+            "model_id": self.engine.model_id,
+            "context_window": self.window,
+            "engine": self.settings.llm_engine,
+            "prefill_tokens_per_s": self.engine.prefill_tokens_per_s(),
+        }
 
     def token_counter(self) -> TokenCounter:
         return self.engine.token_counter()

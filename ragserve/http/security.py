@@ -17,8 +17,9 @@ from ragserve.service.access import FULL_ACCESS, Principal, Role
 PRINCIPAL = "ragserve.principal"  # where the authenticated key's Principal is kept in the request state
 
 # Open without a key: the probes (Kubernetes and Prometheus do not carry the clients' keys), and the
-# playground's page and assets (ragserve/http/routes/playground.py), which ask for a key that its API calls send.
-OPEN_PATHS = frozenset({"/health", "/metrics", "/ui", "/ui/"})
+# playground's page and assets (ragserve/http/routes/playground.py), which ask for a key that its API calls
+# send, and the site icon (browsers ask for /favicon.ico without one).
+OPEN_PATHS = frozenset({"/health", "/metrics", "/ui", "/ui/", "/favicon.ico"})
 OPEN_PREFIXES = ("/ui/static/",)
 #: Who calls an open path without a valid key where keys are configured: no index at all (so
 #: ``/metrics`` names none).

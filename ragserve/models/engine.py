@@ -74,6 +74,12 @@ class GenerationEngine(abc.ABC):
         """The window the engine itself knows (vLLM max_model_len, the model config), or None."""
         return self._window
 
+    def prefill_tokens_per_s(self) -> float | None:
+        """Prompt tokens per second this engine reads on this machine, where that bounds the context a
+        request can afford (the embedded CPU engine measures it at start); None where it does not (a
+        GPU or a remote server: the window does). See ``ragserve.rag.context_size``."""
+        return None
+
     def set_window(self, configured: int | None, served: Any) -> None:
         """Remember the window: the configured one, capped by what the model serves."""
         self._window = cap_window(configured, served, self.model_id)

@@ -22,8 +22,12 @@ system text to guess, so it knows nothing of how the RAG prompt is laid out, and
 system text is never taken for ours.
 
 A base model does not stop by itself where the answer ends: it goes on writing the next
-``Question:`` or ``User:`` block. ``COMPLETION_STOPS`` are the strings that end the answer in this
-format; the engine stops generating as soon as one appears and never sends it.
+``Question:`` or ``User:`` block, a blank line and more of what its sources read like, a copy of the
+sources block, or the same line again. ``completion_answer_rule`` is where the answer ends in this
+format (``ragserve.models.stops.AnswerLines``): a one-line answer at the end of its line; steps or a
+list (asked for by the question, or opened by the answer's first line) over their following lines,
+up to what a base model writes after an answer. The engine stops generating as soon as the rule says
+the answer has ended, and never sends what follows it.
 
 One renderer serves generation and token counting: the engine builds its ``HFTokenCounter`` with
 the renderer chosen here and generates from ``counter.render(messages, grounded=params.grounded)``;
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ragserve.api.messages import Message, message_text
+from ragserve.models.stops import AnswerLines, asks_for_list
 from ragserve.ports import ChatRenderer
 
 #: ``auto``: the chat template when the model has one, else the completion format.
@@ -51,13 +56,20 @@ ASSISTANT_LABEL = "Assistant:"
 QUESTION_LABEL = "Question:"
 ANSWER_LABEL = "Answer:"
 
-#: Where a completion-format answer ends: the end of its line. A base model writes its answer as
-#: one line; what it writes after a newline is a blank line, a next ``Question:``/``User:`` block it
-#: makes up, or a copy of a source. On the answer-quality set (benchmarks/answer_quality.py)
-#: stopping at a blank line or at the next label gave the same answers as stopping at the newline,
-#: which covers both and stops soonest. Answers are one line in this format (one reason to point
-#: ragserve at a stronger, instruct model for anything longer).
-COMPLETION_STOPS: tuple[str, ...] = ("\n",)
+#: A line of the answer starting with one of these is the model writing the next block of the
+#: prompt (the format's labels, and the heading of a RAG prompt's sources, ragserve.rag.prompt's
+#: ``SOURCES_HEADING``), never the answer.
+COMPLETION_LABELS: tuple[str, ...] = (
+    QUESTION_LABEL,
+    ANSWER_LABEL,
+    USER_LABEL,
+    ASSISTANT_LABEL,
+    "Sources:",
+    "The passage that best answers the question:",  # ragserve.rag.prompt's EVIDENCE_HEADING
+)
+#: A prompt's first line shorter than this is too common a text to call an answer line starting
+#: with it an echo.
+MIN_ECHO_LINE = 16
 
 
 def _label(role: str) -> str:
@@ -86,6 +98,22 @@ def render_completion(messages: Sequence[Message], bos: str = "", *, grounded: b
         lines += [f"{USER_LABEL} {last_user[1]}".rstrip(), ASSISTANT_LABEL]
     head = f"{system}\n\n" if system else ""
     return bos + head + "\n".join(lines)
+
+
+def completion_answer_rule(messages: Sequence[Message]) -> AnswerLines:
+    """Where the answer to ``messages``, rendered by ``render_completion``, ends: at the end of its
+    line, or, where the last user turn asks for steps or a list (or the answer opens one), after
+    its list; and before any line that starts with a label, the sources' heading or head, or the
+    first line of the system text (the instructions the prompt starts with)."""
+    system = next((t for t in (message_text(m).strip() for m in messages if m.get("role") in SYSTEM_ROLES) if t), "")
+    first_line = system.split("\n", 1)[0].strip()
+    last = messages[-1] if messages else None
+    question = message_text(last) if last is not None and last.get("role") not in SYSTEM_ROLES | {"assistant"} else ""
+    return AnswerLines(
+        labels=COMPLETION_LABELS,
+        echoes=(first_line,) if len(first_line) >= MIN_ECHO_LINE else (),
+        multiline=asks_for_list(question),
+    )
 
 
 def completion_renderer(bos: str = "") -> ChatRenderer:

@@ -15,7 +15,8 @@ so a streamed answer is exactly the non-streamed one cut into pieces.
 
 Prompts are rendered by one renderer that the token counter shares (``ragserve.models.prompt_format``):
 the model's chat template, or, for a base model with none (the packaged Gemma), a plain-text
-completion prompt whose stop sequences end the answer; the generation stops as soon as one appears.
+completion prompt whose answer rule (``completion_answer_rule``) ends the answer; the generation stops
+as soon as the rule says it has ended.
 Both are given the request's ``SamplingParams.grounded``, as the budget's count was, so the prompt
 generated from is the one counted.
 
@@ -47,7 +48,7 @@ from ragserve.errors import EngineError
 from ragserve.hardware import usable_cores
 from ragserve.models.engine import GenerationEngine
 from ragserve.models.gemma import render_gemma
-from ragserve.models.prompt_format import COMPLETION_STOPS, PromptFormat, completion_renderer, resolve_format
+from ragserve.models.prompt_format import PromptFormat, completion_answer_rule, completion_renderer, resolve_format
 from ragserve.models.stops import AnswerCutter, merge_stops
 from ragserve.models.tokenizers import HFTokenCounter
 from ragserve.ports import ChatRenderer, TokenCounter
@@ -58,6 +59,20 @@ log = logging.getLogger(__name__)
 ENGINE_ARG_KEYS = frozenset({"dtype", "torch_threads", "attn_implementation"})
 #: End-of-turn markers of common chat formats; generation stops on any that the vocabulary has.
 END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
+#: The start-up measurement of prefill speed: a prompt of this many tokens is read up to this many
+#: times (after a short warm-up) and the fastest read kept: on two cores, another process taking one
+#: of them slows a read three to eight times, so the fastest is the machine's own speed. No read is
+#: started once the probe has taken ``PREFILL_PROBE_MAX_S`` (a busy machine starts sooner).
+PREFILL_PROBE_TOKENS = 512
+PREFILL_PROBE_RUNS = 3
+PREFILL_PROBE_MAX_S = 8.0
+#: The shortest prompt whose reading time raises the measured speed (``_observe_prefill``).
+PREFILL_OBSERVE_MIN_TOKENS = 256
+#: What the probe prompt says does not matter to its cost, only its length.
+_PROBE_TEXT = (
+    "The pump on line three was serviced in May; its seals were replaced and the pressure was checked "
+    "against the manual, which lists the limits for each model and the steps to follow after a repair. "
+)
 
 
 @functools.cache
@@ -87,6 +102,8 @@ def _hf() -> SimpleNamespace:
             if not self.prompt_seen:
                 self.prompt_seen = True
                 return
+            if self.job.first_token_s is None:  # the prompt has been read
+                self.job.first_token_s = time.perf_counter() - self.job.started
             self.job.push([int(t) for t in value.reshape(-1).tolist()])
 
         def end(self) -> None:
@@ -107,6 +124,9 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
+    #: When the worker began it, and how long until its first token (its prompt read), in seconds.
+    started: float = 0.0
+    first_token_s: float | None = None
 
     def push(self, item: Any) -> None:
         """Called from the worker thread."""
@@ -152,7 +172,7 @@ class TransformersEngine(GenerationEngine):
 
     ``prompt_format``: ``auto`` prompts a model that has a chat template with it, and one that has
     none (a base model, like the packaged Gemma) in the plain-text completion format, which also
-    brings that format's stop sequences; ``chat`` or ``completion`` force one (see
+    brings that format's answer rule (where an answer ends); ``chat`` or ``completion`` force one (see
     ``ragserve.models.prompt_format``).
 
     Sampling: ``temperature`` None or 0 decodes greedily (deterministic); above 0 it samples with
@@ -180,7 +200,6 @@ class TransformersEngine(GenerationEngine):
         self._prompt_format_setting: PromptFormat = prompt_format
         #: The format prompts are rendered in once loaded: ``chat`` or ``completion``.
         self.prompt_format: str | None = None
-        self._format_stops: tuple[str, ...] = ()
         self.cache_dir = Path(cache_dir)
         self._args = args
         if model is None:
@@ -195,6 +214,7 @@ class TransformersEngine(GenerationEngine):
         self._tokenizer: Any = None
         self._counter: HFTokenCounter | None = None
         self._window = None
+        self._prefill_rate: float | None = None
         self._eos_ids: frozenset[int] = frozenset()
         self._pad_id: int | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -229,16 +249,72 @@ class TransformersEngine(GenerationEngine):
         else:
             tokenizer, model, source = self._load_packaged()
         self._install(tokenizer, model)
-        self.load_info = {"source": source, "seconds": time.perf_counter() - t0}
+        loaded = time.perf_counter()
+        self._prefill_rate = self._measure_prefill()
+        self.load_info = {
+            "source": source,
+            "seconds": time.perf_counter() - t0,
+            "probe_seconds": time.perf_counter() - loaded,
+            "prefill_tokens_per_s": self._prefill_rate,
+        }
         log.info(
-            "transformers engine: %s loaded from %s in %.1fs (window %s, counter %s, %s prompts)",
+            "transformers engine: %s loaded from %s in %.1fs (window %s, counter %s, %s prompts, "
+            "prefill %.0f tokens/s measured in %.1fs)",
             self.model_id,
             source,
             self.load_info["seconds"],
             self._window,
             self._counter.name if self._counter else None,
             self.prompt_format,
+            self._prefill_rate,
+            self.load_info["probe_seconds"],
         )
+
+    def _measure_prefill(self) -> float:
+        """Prompt tokens per second the loaded model reads on this machine, as requests will be read:
+        ``generate`` of one token after a prompt of ``PREFILL_PROBE_TOKENS`` (fewer if the window is
+        smaller), the fastest of up to ``PREFILL_PROBE_RUNS`` reads after a short warm-up (fewer once
+        ``PREFILL_PROBE_MAX_S`` has passed). About 3 s at start on two idle cores; what
+        ``prefill_tokens_per_s`` reports."""
+        hf = _hf()
+        torch = hf.torch
+        one = self._tokenizer(_PROBE_TEXT, add_special_tokens=False).input_ids
+        length = PREFILL_PROBE_TOKENS if self._window is None else max(1, min(PREFILL_PROBE_TOKENS, self._window - 1))
+        ids = torch.tensor([(list(one) * (length // max(1, len(one)) + 1))[:length]], dtype=torch.long)
+        kwargs = self._generate_kwargs(SamplingParams(max_tokens=1), 1)
+
+        def read(prompt: Any) -> float:
+            t0 = time.perf_counter()
+            self._model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+            return time.perf_counter() - t0
+
+        started = time.perf_counter()
+        with torch.inference_mode():
+            read(ids[:, :16])  # the first call pays one-off costs
+            fastest = read(ids)
+            for _ in range(PREFILL_PROBE_RUNS - 1):
+                if time.perf_counter() - started > PREFILL_PROBE_MAX_S:
+                    break
+                fastest = min(fastest, read(ids))
+        return length / max(fastest, 1e-6)
+
+    def prefill_tokens_per_s(self) -> float | None:
+        """Measured at start (``_measure_prefill``) and raised by any request that reads its prompt
+        faster (``_observe_prefill``); None before, and for a model installed without ``start``
+        (tests' stand-ins), whose context the window bounds."""
+        return self._prefill_rate
+
+    def _observe_prefill(self, prompt_tokens: int, seconds: float | None) -> None:
+        """A request's prompt read faster than the speed known so far raises it: the start-up probe
+        may have run while other work held a core, and would then size every chat's context for a
+        busy machine. Only prompts of at least ``PREFILL_OBSERVE_MIN_TOKENS`` count (a short one
+        says more about fixed costs than speed); the speed never falls, so a busy moment after a
+        good measure does not shrink contexts."""
+        if self._prefill_rate is None or seconds is None or seconds <= 0 or prompt_tokens < PREFILL_OBSERVE_MIN_TOKENS:
+            return
+        rate = prompt_tokens / seconds
+        if rate > self._prefill_rate:
+            self._prefill_rate = rate
 
     def _load_dir(self, path: str | Path) -> tuple[Any, Any]:
         hf = _hf()
@@ -349,7 +425,6 @@ class TransformersEngine(GenerationEngine):
         render: ChatRenderer | None = None
         if fmt == "completion":
             render = completion_renderer(_bos_text(tokenizer))
-            self._format_stops = COMPLETION_STOPS
         elif not has_template:
             if not str(getattr(text_config, "model_type", "")).startswith("gemma"):
                 raise ValueError(
@@ -416,6 +491,7 @@ class TransformersEngine(GenerationEngine):
             with hf.torch.inference_mode():
                 if seed is not None and kwargs.get("do_sample"):
                     hf.torch.manual_seed(seed)  # global RNG: safe, generation is serialised on this thread
+                job.started = time.perf_counter()
                 self._model.generate(
                     input_ids=input_ids,
                     attention_mask=hf.torch.ones_like(input_ids),
@@ -423,6 +499,7 @@ class TransformersEngine(GenerationEngine):
                     stopping_criteria=hf.transformers.StoppingCriteriaList([hf.CancelCriteria(job.cancel)]),
                     **kwargs,
                 )
+            self._observe_prefill(int(input_ids.shape[1]), job.first_token_s)
         except BaseException as exc:
             job.push(exc)
         finally:
@@ -460,7 +537,10 @@ class TransformersEngine(GenerationEngine):
         self.check_prompt_fits(prompt_tokens)
         window = self._window
         max_new = params.max_tokens if window is None else min(params.max_tokens, window - prompt_tokens)
-        cutter = AnswerCutter(merge_stops(self._format_stops, params.stop), strip=self.prompt_format == "completion")
+        completion = self.prompt_format == "completion"  # a base model: the answer rule ends its answer
+        cutter = AnswerCutter(
+            merge_stops(params.stop), strip=completion, lines=completion_answer_rule(messages) if completion else None
+        )
         job = _Job(asyncio.get_running_loop())
         self._executor.submit(
             self._generate_blocking, input_ids, self._generate_kwargs(params, max_new), params.seed, job
@@ -484,12 +564,13 @@ class TransformersEngine(GenerationEngine):
                     yield GenerationDelta(text=piece)
         finally:
             job.cancel.set()  # also when the consumer stops early: the worker ends at the next token
+        rest = cutter.finish()  # may end the answer before the end of the text (then it stopped)
         if cutter.stopped or (generated and generated[-1] in self._eos_ids):
             finish = "stop"
         else:
             finish = "length" if len(generated) >= max_new else "stop"
         yield GenerationDelta(
-            text=cutter.finish(), finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(generated)
+            text=rest, finish_reason=finish, prompt_tokens=prompt_tokens, completion_tokens=len(generated)
         )
 
     async def chat_stream(

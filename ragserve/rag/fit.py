@@ -106,7 +106,12 @@ def fit(
     safety_ratio: float | None = None,
     history_min_messages: int = 0,
     history_max_messages: int = 200,
+    max_context_tokens: int | None = None,
 ) -> FitResult:
+    """``max_context_tokens``: what the sources may take at most, below the window's share (what the
+    model can afford, ``ragserve.rag.context_size``); None: the share alone. When not even the best
+    source fits it, the best one that fits the share is taken alone: a small budget means few
+    sources, never none."""
     candidates = found = relevant(nodes, similarity_threshold)
     min_completion = min(min_completion_tokens, requested_max_tokens or min_completion_tokens)
 
@@ -129,7 +134,8 @@ def fit(
     # 3. the free budget, shared between context and history
     safety = safety_ratio if safety_ratio is not None else (1.0 if counter.exact else 0.8)
     usable = max(0, math.floor((window - required - reserve) * safety))
-    context_budget = math.floor(usable * context_ratio)
+    share = math.floor(usable * context_ratio)
+    context_budget = share if max_context_tokens is None else max(0, min(share, max_context_tokens))
 
     # 4. context: best nodes first, skipping those that do not fit. A node's cost is asked for in
     # the selection and twice in the totals: counted once (tokenizing is most of fit's time)
@@ -144,6 +150,11 @@ def fit(
     selected, skipped = select_context(
         candidates, threshold=similarity_threshold, budget_tokens=context_budget, cost=node_cost
     )
+    if not selected and context_budget < share:  # the cap, not the window, left no source
+        context_budget = share  # the best source that fits the share, alone; or the error's numbers
+        best = next((n for n in skipped if node_cost(n) <= share), None)
+        if best is not None:
+            selected, skipped = [best], [n for n in skipped if n is not best]
     context_used = sum(node_cost(n) for n in selected)
 
     # 5. history: newest first, whole messages; unused context budget flows here

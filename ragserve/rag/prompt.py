@@ -9,14 +9,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ragserve.api.documents import NodeWithScore
+from ragserve.api.documents import Evidence, NodeWithScore
 from ragserve.api.messages import message_text
+from ragserve.rag.evidence import prompt_text
 
 CONTEXT_INSTRUCTIONS = (
     "Answer the user's question using the numbered sources below. Cite the sources you use as [1], [2]. "
     "If the sources do not contain the answer, say so instead of guessing."
 )
 SOURCES_HEADING = "Sources:"
+#: What introduces the evidence repeated after the sources (``with_evidence``).
+EVIDENCE_HEADING = "The passage that best answers the question:"
 _LABEL_KEYS = ("title", "source", "file_name", "filename", "url", "path")
 
 
@@ -29,8 +32,9 @@ def source_label(node: NodeWithScore) -> str:
 
 
 def format_source(number: int, node: NodeWithScore) -> str:
-    """One source entry; its token count is the node's marginal cost in the budget."""
-    return f"[{number}] ({source_label(node)})\n{node.text.strip()}"
+    """One source entry, its text as a model reads it (``prompt_text``: no markup lines); its token
+    count is the node's marginal cost in the budget."""
+    return f"[{number}] ({source_label(node)})\n{prompt_text(node.text).strip()}"
 
 
 def format_context(nodes: Sequence[NodeWithScore]) -> str:
@@ -58,3 +62,21 @@ def build_rag_messages(
     messages.extend(history)
     messages.append({"role": "user", "content": query})
     return messages
+
+
+def with_evidence(messages: Sequence[dict[str, Any]], evidence: Sequence[Evidence]) -> list[dict[str, Any]]:
+    """``messages`` (as ``build_rag_messages`` made them, sources in the first system message) with
+    ``evidence`` repeated at the end of that message, each passage (its lines without their
+    indentation, blank lines left out: a list stays a list) followed by the number of its source:
+    the last thing before the question, where a small model looks for what to answer. Unchanged
+    without evidence or without a system message."""
+    if not evidence or not messages or messages[0].get("role") != "system":
+        return list(messages)
+    passages = "\n".join(_lines(e.text) + f" [{e.source}]" for e in evidence)
+    head = dict(messages[0])
+    head["content"] = f"{message_text(head)}\n\n{EVIDENCE_HEADING}\n{passages}"
+    return [head, *messages[1:]]
+
+
+def _lines(text: str) -> str:
+    return "\n".join(line.strip() for line in prompt_text(text).splitlines() if line.strip())

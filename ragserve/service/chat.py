@@ -11,10 +11,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
+import numpy as np
+
 from ragserve.api.documents import (
+    Evidence,
     NodeWithScore,
     QueryRequest,
     QueryResponse,
@@ -33,20 +36,29 @@ from ragserve.api.openai import (
     DeltaMessage,
     RagInfo,
     ResponseMessage,
+    UsageInfo,
     new_completion_id,
 )
 from ragserve.api.sampling import SamplingParams
 from ragserve.config import Settings
 from ragserve.errors import BadRequestError, NotFoundError, ServiceError
-from ragserve.ports import LanguageModel
+from ragserve.ports import LanguageModel, TextEmbedder
+from ragserve.rag.answerable import AnswerabilityRule, answerable, closest, not_covered_answer
 from ragserve.rag.citations import parse_citations, sources_footer
 from ragserve.rag.context import passes_threshold, relevant
+from ragserve.rag.context_size import ContextSize, chat_context_size
+from ragserve.rag.evidence import Assessment, Shortlist, assess, candidates, embed_text, shortlist
 from ragserve.rag.fit import ContextBudgetError, FitResult, fit, fit_passthrough
 from ragserve.rag.followup import REWRITE_MAX_TOKENS, joined_query, previous_user_turns, rewrite_messages
 from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
+from ragserve.rag.prompt import with_evidence
 from ragserve.service.documents import DocumentService
+from ragserve.service.retrieval import QUERY_EMBED_CHARS
 
 log = logging.getLogger("ragserve.chat")
+
+#: ``X-RAG-Reason`` of a RAG answer that says the documents do not cover the question (no model call).
+NOT_COVERED = "not_covered"
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,10 @@ class ChatOptions:
     budget_safety_ratio: float | None
     history_min_messages: int
     history_max_messages: int
+    # the context of a chat without top_k (``ragserve.rag.context_size``)
+    chat_context_tokens: int | None
+    chat_context_prefill_s: float
+    llm_timeout_s: float
     # retrieval for chat: threshold, mode, how many candidates, follow-up questions
     similarity_threshold: float
     retrieval_mode: RetrievalMode
@@ -70,8 +86,14 @@ class ChatOptions:
     chunk_size: int
     followup_max_tokens: int
     query_rewrite: QueryRewrite
-    # the answer
+    # the answer: its "Sources:" list, its evidence, whether the sources can answer (docs/architecture.md §4)
     sources_in_content: bool
+    evidence_passages: int
+    evidence_in_prompt: int
+    answerability: bool
+    answerable_threshold: float
+    answerable_coverage: float
+    answerable_evidence: float
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ChatOptions:
@@ -103,10 +125,19 @@ def _stamp(body: ChatCompletionResponse | ChatCompletionChunk, cid: str, created
 
 
 class ChatService:
-    def __init__(self, options: ChatOptions, documents: DocumentService, llm: LanguageModel):
+    def __init__(
+        self,
+        options: ChatOptions,
+        documents: DocumentService,
+        llm: LanguageModel,
+        embedder: TextEmbedder | None = None,
+    ):
+        """``embedder`` embeds the sentences that may be an answer's evidence (the one retrieval
+        embeds queries with); without one, answers carry no evidence and none is "not covered"."""
         self.options = options
         self.documents = documents
         self.llm = llm
+        self.embedder = embedder
 
     # --- entry points -------------------------------------------------------------------------
     async def complete(self, request: ChatCompletionRequest) -> ChatOutcome:
@@ -143,10 +174,27 @@ class ChatService:
             ratio=None,
             max_tokens_param="llm_params.max_tokens",
         )
+        used = result.nodes_used
+        assessment = await self._assess(req.query, used)
+        if used and not self._answerable(used, assessment):
+            near = closest(used)
+            return QueryResponse(
+                response=not_covered_answer(near),
+                source_nodes=near,
+                metadata={n.node_id: n.metadata for n in near},
+                evidence=[],
+                answerable=False,
+            )
+        result = await self._with_evidence_hint(result, assessment)
         sampling = req.llm_params.to_sampling_params(result.max_tokens, grounded=result.grounded)
         answer = await self.llm.chat(result.messages, sampling)
-        used = result.nodes_used
-        return QueryResponse(response=answer.text, source_nodes=used, metadata={n.node_id: n.metadata for n in used})
+        return QueryResponse(
+            response=answer.text,
+            source_nodes=used,
+            metadata={n.node_id: n.metadata for n in used},
+            evidence=self._shown(assessment),
+            answerable=True if used else None,
+        )
 
     async def retrieve(self, req: RetrieveRequest) -> tuple[RetrieveResponse, dict[str, float]]:
         """KAITO's ``/retrieve``: the best nodes, without generation; with ``similarity_threshold``
@@ -218,9 +266,11 @@ class ChatService:
         threshold: float,
         ratio: float | None,
         max_tokens_param: str,
+        max_context_tokens: int | None = None,
     ) -> FitResult:
-        """The request fitted into the window; ``ContextBudgetError`` when relevant nodes were
-        retrieved but none fits (``max_tokens_param`` names the field to lower)."""
+        """The request fitted into the window, its sources within ``max_context_tokens`` if given;
+        ``ContextBudgetError`` when relevant nodes were retrieved but none fits
+        (``max_tokens_param`` names the field to lower)."""
         counter = await self.llm.token_counter()
         window = await self.llm.context_window()
         o = self.options
@@ -240,13 +290,18 @@ class ChatService:
             safety_ratio=o.budget_safety_ratio,
             history_min_messages=o.history_min_messages,
             history_max_messages=o.history_max_messages,
+            max_context_tokens=max_context_tokens,
         )
         if result.relevant_sources and not result.nodes_used:
             raise ContextBudgetError(result, param=max_tokens_param, requested_max_tokens=requested)
         return result
 
     async def _rag(self, p: RagPlan, request: ChatCompletionRequest) -> ChatOutcome:
-        k = p.params.top_k or await self._chat_top_k(p, request)
+        # without top_k: the context the model can use (its cost, its window); a request's top_k gets what it asks
+        size, k = None, p.params.top_k
+        if not k:
+            size = await self.context_size(request.requested_max_tokens(), p.params.context_token_ratio)
+            k = size.top_k
         threshold = self._threshold(p.params.similarity_threshold)
         try:
             nodes, timings, rag = await self._retrieve_for_chat(p, k, threshold)
@@ -268,8 +323,17 @@ class ChatService:
             threshold=threshold,
             ratio=p.params.context_token_ratio,
             max_tokens_param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
+            max_context_tokens=size.cap if size is not None else None,
         )
         timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
+        t_evidence = time.perf_counter()
+        assessment = await self._assess(rag.query, result.nodes_used)
+        timings["evidence"] = time.perf_counter() - t_evidence
+        if not self._answerable(result.nodes_used, assessment):
+            return self._not_covered(closest(result.nodes_used), rag, request, timings)
+        shown = self._shown(assessment)
+        rag = rag.model_copy(update={"answerable": True, **({"evidence": shown} if shown is not None else {})})
+        result = await self._with_evidence_hint(result, assessment)
         sampling = request.to_sampling_params(result.max_tokens, grounded=result.grounded)
         footer = self.options.sources_in_content if p.params.sources_in_content is None else p.params.sources_in_content
         outcome = ChatOutcome(
@@ -315,30 +379,158 @@ class ChatService:
         )
         return outcome
 
+    # --- evidence and answerability (ragserve.rag.evidence, ragserve.rag.answerable) ---------------
+    def _answerable(self, nodes: list[NodeWithScore], assessment: Assessment | None) -> bool:
+        o = self.options
+        rule = AnswerabilityRule(
+            enabled=o.answerability,
+            score=o.answerable_threshold,
+            coverage=o.answerable_coverage,
+            evidence=o.answerable_evidence,
+        )
+        return answerable(nodes, assessment, rule)
+
+    async def _with_evidence_hint(self, result: FitResult, assessment: Assessment | None) -> FitResult:
+        """``result`` with its best ``evidence_in_prompt`` evidence passages repeated after the
+        sources (``ragserve.rag.prompt.with_evidence``) when the prompt still leaves ``max_tokens``
+        in the window, counted as sent; else ``result`` as it is."""
+        n = self.options.evidence_in_prompt
+        if not n or assessment is None or not assessment.evidence or not result.nodes_used:
+            return result
+        messages = with_evidence(result.messages, assessment.evidence[:n])
+        counter = await self.llm.token_counter()
+        prompt = await asyncio.to_thread(counter.count_messages, messages, grounded=result.grounded)
+        if prompt + result.max_tokens > result.window:
+            return result
+        return replace(result, messages=messages, prompt_tokens=prompt)
+
+    def _shown(self, assessment: Assessment | None) -> list[Evidence] | None:
+        """The evidence an answer carries; None when none is asked for or it was not computed."""
+        if assessment is None or self.options.evidence_passages == 0:
+            return None
+        return assessment.evidence[: self.options.evidence_passages]
+
+    async def _assess(self, query: str, nodes: list[NodeWithScore]) -> Assessment | None:
+        """The passages of ``nodes`` (numbered as sent in ``source_nodes``) that best support an
+        answer to ``query``, best first, and how much of the question they mention
+        (``ragserve.rag.evidence``): the sentences are cut and shortlisted by the query's terms on a
+        worker thread, the shortlisted ones embedded in one small batch beside the query (whose
+        vector retrieval has just computed: a cache hit where queries are cached), then scored.
+        None when neither evidence nor answerability is asked for, or the embedder failed (the
+        answer then goes on without them)."""
+        o = self.options
+        embedder = self.embedder
+        if embedder is None or not nodes or (o.evidence_passages == 0 and not o.answerability):
+            return None
+        short = await asyncio.to_thread(_shortlist, query, nodes)
+        texts = [embed_text(short.found[i]) for i in short.to_embed]
+        try:
+            query_vector, vectors = await asyncio.gather(
+                embedder.embed_query(query[:QUERY_EMBED_CHARS]),
+                embedder.embed_documents(texts) if texts else _no_vectors(),
+            )
+        except ServiceError as e:
+            log.warning("evidence not computed, the embedder failed: %s", e.message)
+            return None
+        return assess(query_vector, short, vectors, max(o.evidence_passages, 1))  # a few dozen numbers: inline
+
+    def _not_covered(
+        self, sources: list[NodeWithScore], rag: RagInfo, request: ChatCompletionRequest, timings: dict[str, float]
+    ) -> ChatOutcome:
+        """The answer that the indexed documents do not cover the question, with the closest
+        ``sources``; no model call. Mode ``rag``, reason ``not_covered``, ``rag.answerable`` false."""
+        rag = rag.model_copy(update={"evidence": [], "answerable": False})
+        text = not_covered_answer(sources)
+        outcome = ChatOutcome(
+            mode="rag",
+            reason=NOT_COVERED,
+            source_nodes=sources,
+            timings=timings,
+            rag=rag,
+            stats={"prompt_tokens": 0, "context_tokens": 0, "history_tokens": 0, "history_dropped": 0, "nodes_used": 0},
+        )
+        cid, created, model = new_completion_id(), int(time.time()), self.llm.model_id
+        if not request.stream:
+            outcome.response = ChatCompletionResponse(
+                id=cid,
+                object="chat.completion",
+                created=created,
+                model=model,
+                choices=[
+                    ChatCompletionChoice(
+                        index=0, message=ResponseMessage(role="assistant", content=text), finish_reason="stop"
+                    )
+                ],
+                usage=UsageInfo.of(0, 0),
+                source_nodes=sources,
+                citations=[],
+                invalid_citations=[],
+                rag=rag,
+            )
+            return outcome
+        include_usage = bool((request.stream_options or {}).get("include_usage"))
+
+        async def chunks() -> AsyncGenerator[ChatCompletionChunk, None]:
+            def chunk(delta: DeltaMessage, finish: str | None = None) -> ChatCompletionChunk:
+                return ChatCompletionChunk(
+                    id=cid,
+                    object="chat.completion.chunk",
+                    created=created,
+                    model=model,
+                    choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)],
+                )
+
+            head = chunk(DeltaMessage(role="assistant", content=""))
+            head.source_nodes, head.rag = sources, rag
+            yield head
+            yield chunk(DeltaMessage(content=text))
+            last = chunk(DeltaMessage(), "stop")
+            last.citations, last.invalid_citations, last.rag = [], [], rag
+            yield last
+            if include_usage:
+                usage = UsageInfo.of(0, 0)
+                yield ChatCompletionChunk(
+                    id=cid, object="chat.completion.chunk", created=created, model=model, choices=[], usage=usage
+                )
+
+        outcome.stream = chunks()
+        return outcome
+
     @staticmethod
     def _with_rag(outcome: ChatOutcome, rag: RagInfo) -> ChatOutcome:
         outcome.rag = rag  # a no_context fallback still says what it searched with (a header, not the body)
         return outcome
 
     # --- what chat retrieves with (candidates, follow-ups) ------------------------------------
-    async def _chat_top_k(self, p: RagPlan, request: ChatCompletionRequest) -> int:
-        """Candidates for a request without ``top_k``: enough to fill the context budget (about the
-        budget divided by the chunk size), at least 5 and at most ``max_top_k``; ``fit`` then
-        selects from them by score, as many as fit."""
+    async def context_size(self, requested_max_tokens: int | None = None, ratio: float | None = None) -> ContextSize:
+        """The context of a chat request without ``top_k`` (``ragserve.rag.context_size``): what its
+        sources may take and how many candidates it retrieves, from ``chat_context_tokens``, else the
+        model's prefill speed (the embedded CPU engine), else its window. ``requested_max_tokens`` and
+        ``ratio``: the request's ``max_tokens`` and ``context_token_ratio``; with neither, what a
+        request that sets neither gets (what the playground's settings show)."""
         o = self.options
-        window = await self.llm.context_window()
-        reserve = request.requested_max_tokens() or o.default_max_tokens
-        ratio = p.params.context_token_ratio if p.params.context_token_ratio is not None else o.context_token_ratio
-        budget = max(0, window - reserve) * ratio
-        return min(o.max_top_k, max(5, int(budget // o.chunk_size)))
+        return chat_context_size(
+            window=await self.llm.context_window(),
+            reserve=requested_max_tokens or o.default_max_tokens,
+            ratio=ratio if ratio is not None else o.context_token_ratio,
+            chunk_size=o.chunk_size,
+            max_top_k=o.max_top_k,
+            configured_tokens=o.chat_context_tokens,
+            prefill_tokens_per_s=await self.llm.prefill_tokens_per_s(),
+            prefill_s=o.chat_context_prefill_s,
+            timeout_s=o.llm_timeout_s,
+        )
 
     async def _retrieve_for_chat(
         self, p: RagPlan, k: int, threshold: float
     ) -> tuple[list[NodeWithScore], dict[str, float], RagInfo]:
-        """Retrieve for the newest user turn; when it finds nothing relevant and there are earlier user
-        turns, retry with them joined to it (``ragserve.rag.followup``). With ``query_rewrite: llm`` a
-        standalone rewrite by the generator is tried first. Returns the nodes, the summed timings and
-        which query found them (the newest turn alone when none did)."""
+        """Retrieve for the newest user turn; unless it finds a strong match (``answerable_threshold``)
+        and there are earlier user turns, retry with them joined to it (``ragserve.rag.followup``), and
+        keep the query whose best source scores highest ("How do I install it?" alone finds weak
+        sources above ``similarity_threshold``; joined to the turn that says what "it" is, stronger
+        ones). With ``query_rewrite: llm`` a standalone rewrite by the generator is tried first.
+        Returns the nodes, the summed timings and which query found them (the newest turn alone
+        when none found a relevant source)."""
         mode = p.params.retrieval_mode or self.options.retrieval_mode
         rewrite = p.params.query_rewrite or self.options.query_rewrite
         previous = previous_user_turns(p.history)
@@ -359,15 +551,22 @@ class ChatService:
             if joined != p.query:
                 attempts.append((joined, "joined"))
         first: tuple[list[NodeWithScore], RagInfo] | None = None
+        best: tuple[float, list[NodeWithScore], RagInfo] | None = None
         for query, source in attempts:
             nodes, spent = await self.documents.retrieve(p.params.index_name, query, k, p.params.metadata_filter, mode)
             for stage, seconds in spent.items():
                 timings[stage] = timings.get(stage, 0.0) + seconds
             info = RagInfo(query=query, query_source=source, retrieval_mode=mode)
             if relevant(nodes, threshold):
-                return nodes, timings, info
+                top = max(n.score for n in nodes)
+                if top >= self.options.answerable_threshold:  # a strong match: no need to look further
+                    return nodes, timings, info
+                if best is None or top > best[0]:
+                    best = (top, nodes, info)
             if source == "message":
                 first = (nodes, info)
+        if best is not None:
+            return best[1], timings, best[2]
         assert first is not None  # the newest turn itself is always attempted
         return first[0], timings, first[1]
 
@@ -416,6 +615,8 @@ class ChatService:
                 out.append(chunk(DeltaMessage(content=extra)))
             last = chunk(DeltaMessage(), finish)
             last.citations, last.invalid_citations = citations, invalid
+            if outcome.rag is not None:  # the evidence again, beside the whole answer it supports
+                last.rag = outcome.rag
             out.append(last)
             return out
 
@@ -453,6 +654,14 @@ class ChatService:
         finally:
             outcome.timings["generate"] = time.perf_counter() - t0
             await _close(deltas)
+
+
+def _shortlist(query: str, nodes: list[NodeWithScore]) -> Shortlist:
+    return shortlist(query, candidates(nodes))
+
+
+async def _no_vectors() -> np.ndarray:
+    return np.zeros((0, 0), dtype=np.float32)
 
 
 async def _close(iterator: AsyncIterator[Any]) -> None:

@@ -39,6 +39,7 @@ from ragserve.ingest.convert import (
     file_documents,
     is_supported,
 )
+from ragserve.rag.context_size import ContextSize
 from ragserve.service.documents import DocumentService
 from ragserve.service.limits import RequestLimits
 
@@ -58,6 +59,8 @@ PUBLIC_SETTINGS = (
     "faiss_index_params",
     "similarity_threshold",
     "top_k",
+    "chat_context_tokens",
+    "chat_context_prefill_s",
     "chunk_size",
     "chunk_overlap",
     "context_token_ratio",
@@ -69,9 +72,18 @@ PUBLIC_SETTINGS = (
 )
 
 
-def public_settings(settings: Settings) -> dict[str, Any]:
-    """The settings in force that are safe to show: no key, no credential, no server path."""
-    out: dict[str, Any] = {k: getattr(settings, k) for k in PUBLIC_SETTINGS}
+def public_settings(settings: Settings, chat_context: ContextSize | None = None) -> dict[str, Any]:
+    """The settings in force that are safe to show: no key, no credential, no server path. With
+    ``chat_context`` (``ChatService.context_size()``), also what a chat request without ``top_k``
+    gets, after ``chat_context_prefill_s``: ``chat_context_in_force`` (its sources' tokens, about how
+    many sources that is, and why) and ``chat_top_k_in_force`` (the candidates it retrieves); ``top_k``
+    is only the default of ``/retrieve`` and ``/query``."""
+    out: dict[str, Any] = {}
+    for k in PUBLIC_SETTINGS:
+        out[k] = getattr(settings, k)
+        if k == "chat_context_prefill_s" and chat_context is not None:
+            out["chat_context_in_force"] = chat_context.describe(settings.chunk_size)
+            out["chat_top_k_in_force"] = chat_context.top_k
     out["llm_url"] = _safe_url(settings.llm_url)
     out["embedding_url"] = _safe_url(settings.embedding_url)
     return out

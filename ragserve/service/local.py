@@ -42,6 +42,11 @@ class EngineClient:
     async def token_counter(self) -> TokenCounter:
         return self.engine.token_counter()
 
+    async def prefill_tokens_per_s(self) -> float | None:
+        if self._window is None:
+            await self.start()
+        return self.engine.prefill_tokens_per_s()
+
     async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
         return await self.engine.chat(messages, params)
 

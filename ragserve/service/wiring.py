@@ -86,7 +86,7 @@ def build_services(
     return Services(
         settings=settings,
         documents=documents,
-        chat=ChatService(ChatOptions.from_settings(settings), documents, llm),
+        chat=ChatService(ChatOptions.from_settings(settings), documents, llm, embedder),
         embeddings=EmbeddingService(embedder.embed_documents, embedder.count_tokens, embedding_model),
         limits=RequestLimits.from_settings(settings),
         telemetry=telemetry or NullTelemetry(),

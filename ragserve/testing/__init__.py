@@ -4,6 +4,7 @@
   ``ShardPool``); these import pytest.
 - ``fake_openai``: a fake OpenAI-compatible upstream on a real socket, for the LLM we cannot run here.
 - ``inprocess``: the HTTP application built in this process from its real parts, with no Ray.
+- ``live``: an application served on a loopback port by uvicorn in a thread (``serve``).
 - ``embedder``: ``InProcessEmbedder``, the embedding seam over the real local model in this process.
 
 It is the top floor of the package (tests/unit/test_layers.py): it may import any part of ragserve,

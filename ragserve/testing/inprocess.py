@@ -53,25 +53,32 @@ class RecordingTelemetry:
 def inprocess_app(
     storage_dir: Path,
     embedder: Any,
-    llm_url: str,
+    llm_url: str | None,
     *,
     telemetry: Any = None,
     engine: GenerationEngine | None = None,
     metrics_text: Any = None,
     **settings: Any,
 ) -> Iterator[tuple[FastAPI, Settings]]:
-    """Yield ``(app, settings)``; the shards are closed on exit. ``settings`` override Settings fields.
+    """Yield ``(app, settings)``; the shards are closed on exit. ``settings`` override Settings fields
+    (``llm_engine`` too: a caller that serves the embedded engine says so, as a deployment would).
     ``engine``: serve this engine (e.g. the real embedded TransformersEngine) instead of the OpenAI
-    adapter to ``llm_url``."""
+    adapter to ``llm_url`` (None: there is none, as with ``llm_engine="transformers"``)."""
     s = Settings(
         storage_dir=str(storage_dir),
-        llm_engine="openai",
-        llm_url=llm_url,
-        **{"num_shards": 2, "default_max_tokens": 64, "chunk_size": 128, "chunk_overlap": 16, **settings},
+        **{
+            "llm_engine": "openai",
+            "llm_url": llm_url,
+            "num_shards": 2,
+            "default_max_tokens": 64,
+            "chunk_size": 128,
+            "chunk_overlap": 16,
+            **settings,
+        },
     )
     check_layout(s.storage_dir, s.num_shards)
     pool = LocalShardPool([ShardService(s.storage_dir, i, s.num_shards) for i in range(s.num_shards)])
-    llm = EngineClient(engine or OpenAIEngine(llm_url, s.llm_model or "fake-model", None, s.llm_timeout_s))
+    llm = EngineClient(engine or OpenAIEngine(str(s.llm_url), s.llm_model or "fake-model", None, s.llm_timeout_s))
     services = build_services(
         s,
         pool=pool,

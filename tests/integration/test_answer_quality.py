@@ -4,7 +4,8 @@ The real packaged Gemma 3 270M (TransformersEngine, default prompt format) behin
 application (real shards and embedder, no Ray), asked through ``/v1/chat/completions``. The set is
 ``benchmarks/answer_quality.py``'s, which also measures it; greedy decoding makes the answers
 repeatable, and the bound below leaves room for a small model's misses (it answered 8 of 8 when
-written, against 0 of 8 with chat turns).
+written, against 0 of 8 with chat turns). Steps and lists (the benchmark's ``STEPS``) are answered
+over several lines, still with nothing of the prompt after them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from benchmarks.answer_quality import FACTS, ask, ask_facts, echoes_prompt, index_facts
+from benchmarks.answer_quality import (
+    FACTS,
+    STEPS,
+    STEPS_INDEX,
+    ask,
+    ask_facts,
+    ask_steps,
+    echoes_prompt,
+    index_facts,
+    index_steps,
+)
 from ragserve.models.transformers_engine import TransformersEngine
 from ragserve.testing.embedder import InProcessEmbedder
 from ragserve.testing.inprocess import inprocess_app
@@ -26,6 +37,7 @@ pytestmark = pytest.mark.slow
 
 MODEL_CACHE = Path(__file__).resolve().parents[2] / "data" / "test-cache" / "models"
 MIN_CORRECT = 6  # of 8
+MIN_STEPS_COMPLETE = 3  # of 4 (4 of 4 when written: every step of each procedure, the whole list)
 
 #: The README's "Try it" documents.
 README_DOCS = [
@@ -56,6 +68,7 @@ def client(tmp_path_factory: pytest.TempPathFactory, embedding_model) -> Iterato
             TestClient(app) as c,
         ):
             index_facts(c)
+            index_steps(c)
             c.post("/index", json={"index_name": "rag_index", "documents": README_DOCS}).raise_for_status()
             yield c
     finally:
@@ -111,3 +124,32 @@ def test_max_tokens_still_bounds_the_answer(client: TestClient) -> None:
     body, _, _ = ask(client, FACTS[0].question, max_tokens=3)
     assert body["choices"][0]["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 3
+
+
+def test_steps_and_lists_are_answered_whole_over_several_lines_with_no_echo(client: TestClient) -> None:
+    answers = ask_steps(client)
+    report = "\n".join(
+        f"{a.steps.question} -> {a.text!r} ({a.found}/{len(a.steps.keys)}, {a.seconds:.1f}s)" for a in answers
+    )
+    assert not [a.text for a in answers if echoes_prompt(a.text)], report
+    assert all(a.finish_reason == "stop" and a.text.strip() for a in answers), report  # it ends by itself
+    assert sum(a.complete for a in answers) >= MIN_STEPS_COMPLETE, report
+    assert sum(a.text.count("\n") >= 2 for a in answers) >= 2, report  # not one line any more
+
+
+def test_a_streamed_list_answer_is_the_whole_one_in_pieces_with_no_label(client: TestClient) -> None:
+    steps = STEPS[0]
+    whole, _, _ = ask(client, steps.question, index=STEPS_INDEX, max_tokens=160)
+    request = {
+        "index_name": STEPS_INDEX,
+        "max_tokens": 160,
+        "stream": True,
+        "messages": [{"role": "user", "content": steps.question}],
+    }
+    with client.stream("POST", "/v1/chat/completions", json=request) as r:
+        assert r.status_code == 200
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    pieces = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
+    answer = whole["choices"][0]["message"]["content"]
+    assert "".join(pieces) == answer and "\n" in answer
+    assert not any("Question" in p or "[1] (" in p for p in pieces)

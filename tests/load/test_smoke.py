@@ -150,3 +150,48 @@ def test_peer_benchmark_smoke_against_the_in_process_server(server: str, tmp_pat
     result = json.loads((tmp_path / "out.json").read_text())["servers"]["ragserve"]
     assert result["listed_total"] == 40 and result["retrieve"]["n"] == 10
     assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_doc_quality_smoke_asks_through_the_sdk_and_judges(embedding_model, tmp_path: Path) -> None:
+    """benchmarks.doc_quality over two of the set's documents and two questions, against the
+    in-process application with the fake upstream: it uploads the files, asks through the openai
+    SDK and judges the answer, the sources and the not-covered question."""
+    from ragserve.testing.embedder import InProcessEmbedder
+    from ragserve.testing.live import serve
+
+    embedder = InProcessEmbedder(embedding_model)
+    with (
+        FakeOpenAI(answer="waitress-serve listens on port 8080 [1].", model="fake-model", max_model_len=4096) as fake,
+        inprocess_app(tmp_path / "storage", embedder, fake.url, similarity_threshold=0.0) as (app, _),
+        serve(app) as url,
+    ):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.doc_quality",
+                "--smoke",
+                "--url",
+                url,
+                "--json",
+                str(tmp_path / "out.json"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        asked = [str(r["messages"]) for r in fake.requests]
+    table = [line for line in done.stdout.splitlines() if line.startswith("|")]
+    assert len(table) >= 7 and table[1].startswith("|---"), done.stdout[-2000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["index"]["files"] == 2 and out["index"]["documents"] == 2 and out["top_k"] is None
+    results = {r["id"]: r for r in out["results"]}
+    assert set(results) == {"waitress-port", "kubernetes"}
+    assert any("waitress-serve listen" in a for a in asked)  # the question reached the model, with its sources
+    port = results["waitress-port"]
+    assert port["correct"] is True and port["source_top3"] is True and port["error"] is None
+    assert port["evidence_has_fact"] in (True, False, None)  # None (n/a) until the server sends evidence
+    assert results["kubernetes"]["not_covered"] in (True, False, None)
+    assert out["summary"]["correct"] == {"yes": 1, "of": 1} and out["summary"]["p50_s"] > 0

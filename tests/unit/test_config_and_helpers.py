@@ -16,7 +16,7 @@ from ragserve.service.snapshots import PathOutsideStorageError, confine
 def test_defaults_are_the_embedded_setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     s = Settings()
-    assert (s.llm_engine, s.num_shards, s.similarity_threshold, s.context_token_ratio) == ("transformers", 2, 0.5, 0.5)
+    assert (s.llm_engine, s.num_shards, s.similarity_threshold, s.context_token_ratio) == ("transformers", 2, 0.35, 0.5)
     assert s.llm_model is None and s.embedding_model is None and s.api_keys is None
     assert s.storage_dir == str(tmp_path / "data")  # resolved where the config is read
 

@@ -1,7 +1,8 @@
 """Routes for people rather than programs: file upload, the settings in force, and the web
 playground at ``/ui`` (static files shipped in the package, no build step, nothing fetched from
-outside). The page and its assets are open (``ragserve.http.security.OPEN_PATHS``/``OPEN_PREFIXES``) so
-a browser can load the page that asks for the API key; every call the page makes sends the key."""
+outside). The page, its assets and ``/favicon.ico`` are open (``ragserve.http.security.OPEN_PATHS``/
+``OPEN_PREFIXES``) so a browser can load the page that asks for the API key; every call the page
+makes sends the key."""
 
 from __future__ import annotations
 
@@ -36,12 +37,26 @@ UI_SECURITY_HEADERS = {
 }
 
 
+# The playground's file types, whatever the host's mimetypes database says: with ``nosniff`` a
+# browser refuses a script or an icon sent with another type.
+UI_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".ico": "image/vnd.microsoft.icon",
+}
+
+
 class _UiAssets(StaticFiles):
-    """The playground's static files, with :data:`UI_SECURITY_HEADERS`."""
+    """The playground's static files, with their types and :data:`UI_SECURITY_HEADERS`."""
 
     async def get_response(self, path: str, scope: Scope) -> Response:
         response = await super().get_response(path, scope)
         response.headers.update(UI_SECURITY_HEADERS)
+        kind = UI_TYPES.get(Path(path).suffix.lower())
+        if kind and response.status_code == 200:
+            response.headers["content-type"] = kind
         return response
 
 
@@ -51,7 +66,8 @@ def playground_router(services: Services) -> APIRouter:
 
     @router.get("/ui/config", tags=["playground"])
     async def ui_config(request: Request) -> UiConfig:
-        """The settings in force (never keys), the request limits, the served models."""
+        """The settings in force (never keys), the request limits, the served models; also the context
+        a chat without ``top_k`` gets (``chat_context_in_force``, ``chat_top_k_in_force``)."""
         allow(request, Role.READ)
         llm = services.chat.llm
         return UiConfig(
@@ -60,7 +76,7 @@ def playground_router(services: Services) -> APIRouter:
             embedding_model=services.embeddings.model,
             auth_required=bool(services.credentials()),
             limits={f.name: getattr(limits, f.name) for f in fields(limits)},
-            settings=public_settings(services.settings),
+            settings=public_settings(services.settings, await services.chat.context_size()),
         )
 
     @router.post(
@@ -116,6 +132,15 @@ def playground_router(services: Services) -> APIRouter:
     @router.get("/ui/", include_in_schema=False)
     async def ui_page() -> FileResponse:
         return FileResponse(UI_DIR / "index.html", headers={"Cache-Control": "no-cache", **UI_SECURITY_HEADERS})
+
+    @router.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        # the page links static/favicon.svg; this is for what asks the root (a browser on /docs, on JSON)
+        return FileResponse(
+            UI_DIR / "favicon.ico",
+            media_type=UI_TYPES[".ico"],
+            headers={"Cache-Control": "public, max-age=86400", **UI_SECURITY_HEADERS},
+        )
 
     return router
 

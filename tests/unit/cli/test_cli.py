@@ -17,6 +17,7 @@ import pytest
 from ragserve.cli.client import RagClient
 from ragserve.cli.main import main
 from ragserve.cli.sync import Limits, Syncer, sync_id_for
+from ragserve.rag.answerable import NOT_COVERED_ANSWER
 from tests.filemakers import make_pdf
 from tests.live_server import live_app
 
@@ -183,13 +184,26 @@ def test_chat_query_and_indexes(server: str, tmp_path: Path, capsys, monkeypatch
     assert code == 0
     assert out.startswith("Pumps are serviced weekly [1].\n")
     assert "Sources" in out and "[1] pumps.md — Pumps  (score" in out
+    # the passage of the source that supports an answer, under the answer, before the sources
+    assert '\nEvidence\n  [1] "Line 3\'s pump was serviced in week 22 by the night shift."  (score' in out
+    assert out.index("Evidence") < out.index("Sources")
     code, out, _ = run(capsys, "chat", "--index", "plant", "--json", "When was the pump serviced?")
     answer = json.loads(out)
     assert answer["mode"] == "rag" and answer["sources"][0]["doc_id"] == "pumps.md"
+    assert answer["answerable"] is True and "week 22" in answer["evidence"][0]["text"]
     code, out, _ = run(capsys, "chat", "hello")  # no index: passthrough, said so
     assert "answered without the index: the request named no index" in out
     code, out, _ = run(capsys, "--json", "query", "--index", "plant", "pump service week")
     assert json.loads(out)["source_nodes"][0]["metadata"]["path"] == "pumps.md"
+    assert "week 22" in json.loads(out)["evidence"][0]["text"]
+    code, out, _ = run(capsys, "query", "--index", "plant", "When was the pump of line 3 serviced?")
+    assert "\nEvidence\n  [1] \"Line 3's pump was serviced in week 22" in out
+    # a question the documents do not cover: said plainly, with the closest source, and no model answer
+    code, out, _ = run(capsys, "chat", "--index", "plant", "How do I connect the pump to a solar panel?")
+    assert code == 0 and out.startswith(NOT_COVERED_ANSWER) and "Pumps are serviced" not in out
+    assert "[1] pumps.md — Pumps  (score" in out
+    code, out, _ = run(capsys, "chat", "--index", "plant", "--json", "How do I connect the pump to a solar panel?")
+    assert (json.loads(out)["answerable"], json.loads(out)["reason"]) == (False, "not_covered")
     code, out, _ = run(capsys, "indexes", "--json")
     plant = next(r for r in json.loads(out) if r["index_name"] == "plant")
     assert plant["documents"] == 1 and plant["chunks"] >= 1 and plant["bytes"] > 50

@@ -544,7 +544,7 @@ def test_a_lone_surrogate_in_the_upstream_answer_is_served_not_a_500(
 ) -> None:
     fake.answer = "KAITO \ud800 runs models [1]."
     try:
-        body: dict[str, Any] = {"messages": [{"role": "user", "content": "What does KAITO run?"}], "stream": stream}
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": "What is KAITO?"}], "stream": stream}
         if index:
             body["index_name"] = index
         r = client.post("/v1/chat/completions", json=body)

@@ -151,8 +151,15 @@ def test_a_follow_up_retrieves_with_the_previous_turn_and_says_so(client: TestCl
     used = f"{FIRST_TURN}\n\nHow do I install it?"
     assert unquote(r.headers["x-rag-query"]) == used
     body = r.json()
-    assert body["rag"] == {"query": used, "query_source": "joined", "retrieval_mode": "hybrid"}
+    rag = body["rag"]
+    assert (rag["query"], rag["query_source"], rag["retrieval_mode"], rag["answerable"]) == (
+        used,
+        "joined",
+        "hybrid",
+        True,
+    )
     used_ids = [n["doc_id"] for n in body["source_nodes"]]
+    assert used_ids[rag["evidence"][0]["source"] - 1] == "zephyr-install"  # the joined question's evidence
     assert "zephyr-install" in used_ids and "lumen-install" not in used_ids, used_ids
     assert "Installing the Zephyr X200" in fake.requests[-1]["messages"][0]["content"]
     assert fake.requests[-1]["messages"][-1] == {"role": "user", "content": "How do I install it?"}
@@ -163,6 +170,15 @@ def test_a_first_question_retrieves_with_itself(client: TestClient) -> None:
     r = chat(client, [{"role": "user", "content": "How do I install the Zephyr X200?"}])
     assert r.headers["x-rag-query"] == "How%20do%20I%20install%20the%20Zephyr%20X200%3F"
     assert r.json()["rag"]["query_source"] == "message"
+
+
+def test_a_new_subject_in_a_conversation_retrieves_with_itself(client: TestClient) -> None:
+    # the newest turn finds its sources itself; joined to the turn before it, it would find them less well
+    switch = [*FOLLOW_UP[:2], {"role": "user", "content": "How many brightness levels does the Lumen desk lamp have?"}]
+    r = chat(client, switch)
+    assert r.status_code == 200, r.text
+    rag = r.json()["rag"]
+    assert rag["query_source"] == "message" and r.json()["source_nodes"][0]["doc_id"] == "lumen"
 
 
 def test_query_rewrite_llm_asks_the_generator_first(client: TestClient, fake: FakeOpenAI) -> None:

@@ -15,7 +15,8 @@ from ragserve.testing.fake_openai import FakeOpenAI
 from ragserve.testing.inprocess import inprocess_app
 
 KEY = "sk-test-key-0123456789"
-OPEN = {"/health", "/metrics", "/ui", "/ui/"}  # probes, and the playground page (its API calls need the key)
+# probes, the playground page (its API calls need the key) and the site icon
+OPEN = {"/health", "/metrics", "/ui", "/ui/", "/favicon.ico"}
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,7 @@ def test_page_and_assets_load_without_a_key_but_api_calls_need_one(client: TestC
     page = client.get("/ui/")
     assert page.status_code == 200 and "<title>ragserve playground</title>" in page.text
     assert "://" not in page.text  # nothing fetched from outside
-    for asset, kind in (("app.js", "javascript"), ("style.css", "css")):
+    for asset, kind in (("app.js", "javascript"), ("md.js", "javascript"), ("style.css", "css")):
         r = client.get(f"/ui/static/{asset}")
         assert r.status_code == 200 and kind in r.headers["content-type"] and "://" not in r.text
     assert client.get("/ui/static/nope.js").status_code == 404
@@ -274,7 +274,7 @@ def test_the_page_and_its_assets_send_security_headers(client: TestClient) -> No
     """CSP without inline script or style (the page has none), no framing, no type sniffing."""
     import re
 
-    for path in ("/ui", "/ui/", "/ui/static/app.js", "/ui/static/style.css"):
+    for path in ("/ui", "/ui/", "/ui/static/app.js", "/ui/static/md.js", "/ui/static/style.css", "/favicon.ico"):
         r = client.get(path, follow_redirects=False)
         csp = r.headers.get("content-security-policy", "")
         assert "frame-ancestors 'none'" in csp and "script-src 'self'" in csp, (path, r.headers)
@@ -294,3 +294,33 @@ def test_the_key_is_written_to_local_storage_only_when_remembered() -> None:
     assert 'id="key-remember"' in (UI_DIR / "index.html").read_text()
     assert "localStorage.setItem(KEY_STORE" not in js
     assert "(remember ? localStorage : sessionStorage).setItem(KEY_STORE, key)" in js
+
+
+def test_favicon_is_served_with_its_type_and_without_a_key(client: TestClient) -> None:
+    """The page links an SVG icon; /favicon.ico (what a browser asks the root for) is a real ICO,
+    open like the page (the server has keys here), not a 401 or 404."""
+    page = client.get("/ui/").text
+    assert '<link rel="icon" href="static/favicon.svg" type="image/svg+xml">' in page
+    svg = client.get("/ui/static/favicon.svg")
+    assert svg.status_code == 200 and svg.headers["content-type"] == "image/svg+xml"
+    assert svg.text.lstrip().startswith("<svg") and "<script" not in svg.text
+    ico = client.get("/favicon.ico")
+    assert ico.status_code == 200 and ico.headers["content-type"] == "image/vnd.microsoft.icon"
+    assert ico.content[:4] == b"\x00\x00\x01\x00" and int.from_bytes(ico.content[4:6], "little") >= 2  # sizes
+    assert ico.headers["x-content-type-options"] == "nosniff" and "max-age" in ico.headers["cache-control"]
+    static_ico = client.get("/ui/static/favicon.ico")
+    assert static_ico.status_code == 200 and static_ico.headers["content-type"] == "image/vnd.microsoft.icon"
+
+
+def test_the_page_never_writes_html_from_text() -> None:
+    """Answers, titles and sources reach the page as text nodes (md.js builds the Markdown with DOM
+    calls): neither script assigns innerHTML/outerHTML nor calls insertAdjacentHTML,
+    document.write or eval (tests/ui/test_playground.py checks the rendering in Chromium)."""
+    import re
+
+    from ragserve.http.routes.playground import UI_DIR
+
+    for name in ("app.js", "md.js"):
+        js = (UI_DIR / name).read_text()
+        sinks = re.findall(r"\.(?:inner|outer)HTML\b|insertAdjacentHTML|document\.write|\beval\(|new Function", js)
+        assert not sinks, (name, sinks)

@@ -197,8 +197,47 @@ async def test_the_chat_format_has_no_completion_stops() -> None:
     assert result.text == " Line one.\nLine two." and result.finish_reason == "stop"
 
 
+STEPS_QUESTION = build_rag_messages([], [], "How do I install Flask?", [])
+STEPS_THEN_MORE = (
+    " You can install it using the following steps:\n"
+    "1. Create a virtual environment: python3 -m venv .venv\n"
+    "2. Activate it: . .venv/bin/activate\n"
+    "3. Install Flask: pip install Flask\n"
+    "\nFlask is now installed. Check out the quickstart.\nQuestion: How do I run it?" + "x" * 300
+)
+STEPS = STEPS_THEN_MORE.split("\n\n")[0].strip()
+
+
+async def test_steps_asked_for_are_answered_whole_and_generation_stops_after_them() -> None:
+    engine, model = scripted_engine(STEPS_THEN_MORE)
+    result = await engine.chat(STEPS_QUESTION, SamplingParams(max_tokens=400))
+    assert result.text == STEPS and result.finish_reason == "stop"
+    for step in ("venv", "activate", "pip install Flask"):
+        assert step in result.text
+    assert model.produced < len(STEPS) + 40  # stopped once the prose after the blank line began
+
+
+async def test_a_streamed_list_answer_is_the_whole_one_in_pieces() -> None:
+    engine, _ = scripted_engine(STEPS_THEN_MORE)
+    deltas = [d async for d in engine.chat_stream(STEPS_QUESTION, SamplingParams(max_tokens=400))]
+    assert "".join(d.text for d in deltas) == STEPS
+    assert not any("Flask is now" in d.text or "Question" in d.text for d in deltas)
+    assert deltas[-1].finish_reason == "stop" and len(deltas) > 10
+
+
+async def test_a_list_cut_by_max_tokens_after_its_end_finishes_as_stop() -> None:
+    engine, _ = scripted_engine(STEPS_THEN_MORE)
+    limit = len(STEPS_THEN_MORE.split("\n\n")[0]) + 4  # " ...Flask\n\nFla": the prose has begun
+    result = await engine.chat(STEPS_QUESTION, SamplingParams(max_tokens=limit))
+    assert (result.text, result.finish_reason) == (STEPS, "stop")
+
+
 class OneSource:
-    """The chat service's documents: the index exists and every search finds one source."""
+    """The chat service's documents: the index exists and every search finds one source; the
+    embedder is the real one (the evidence for the answer is computed with it)."""
+
+    def __init__(self, embedder: Any) -> None:
+        self.embedder = embedder
 
     async def index_exists(self, index_name: str) -> bool:
         return True
@@ -208,12 +247,14 @@ class OneSource:
         return [NodeWithScore(doc_id="d", node_id="n", text=text, score=0.9, metadata={"title": "p.md"})], {}
 
 
-async def test_the_chat_service_tells_the_engine_a_rag_prompt_is_a_question_over_sources(tmp_path: Path) -> None:
+async def test_the_chat_service_tells_the_engine_a_rag_prompt_is_a_question_over_sources(
+    tmp_path: Path, embedder: Any
+) -> None:
     """The engine does not read the RAG prompt: ``SamplingParams.grounded`` makes it a question, and
     the budget counted that very prompt."""
     engine, model = scripted_engine(ANSWER_THEN_MORE)
     chat = ChatService(
-        ChatOptions.from_settings(Settings(storage_dir=str(tmp_path))), OneSource(), EngineClient(engine)
+        ChatOptions.from_settings(Settings(storage_dir=str(tmp_path))), OneSource(embedder), EngineClient(engine)
     )
     question = {"role": "user", "content": "What is the capital of Pellumia?"}
     rag = await chat.complete(ChatCompletionRequest(messages=[question], index_name="kb"))

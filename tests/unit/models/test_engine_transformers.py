@@ -47,6 +47,8 @@ def test_start_converts_once_and_caches_the_converted_model(engine: Transformers
     assert leftovers == []  # the cache was written to a temporary directory and renamed into place
     assert engine.context_window() == 32768
     assert engine.token_counter().exact
+    rate = engine.prefill_tokens_per_s()  # measured at start: sizes a chat's context (docs/architecture.md §5)
+    assert rate is not None and rate > 0 and engine.load_info["prefill_tokens_per_s"] == rate
 
 
 def test_a_second_instance_starts_from_the_cache_fast(engine: TransformersEngine) -> None:

@@ -242,3 +242,20 @@ def test_no_max_tokens_helps_when_the_prompt_leaves_no_room_for_a_source() -> No
     assert r.relevant_sources == 1 and r.max_tokens_for_sources is None
     error = ContextBudgetError(r, param="max_tokens", requested_max_tokens=100)
     assert "lower max_tokens" not in error.message and "shorten the messages" in error.message
+
+
+def test_evidence_is_repeated_at_the_end_of_the_sources_message() -> None:
+    from ragserve.api.documents import Evidence
+    from ragserve.rag.prompt import EVIDENCE_HEADING, with_evidence
+
+    nodes = [NodeWithScore(doc_id="d", node_id="n", text="The pump moves 3,200 litres\nper hour.", score=0.9)]
+    messages = build_rag_messages([{"role": "system", "content": "Be brief."}], [], "How fast?", nodes)
+    best = Evidence(text="The pump moves 3,200 litres\nper hour.", source=1, node_id="n", start=0, end=37, score=0.8)
+    hinted = with_evidence(messages, [best])
+    assert hinted[1:] == messages[1:] and messages[0]["content"] != hinted[0]["content"]  # the input is not changed
+    assert (
+        hinted[0]["content"]
+        == f"{messages[0]['content']}\n\n{EVIDENCE_HEADING}\nThe pump moves 3,200 litres\nper hour. [1]"
+    )
+    assert with_evidence(messages, []) == messages
+    assert with_evidence([{"role": "user", "content": "q"}], [best]) == [{"role": "user", "content": "q"}]

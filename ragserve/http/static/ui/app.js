@@ -108,7 +108,7 @@ async function loadIndexes(select) {
   const names = await json("indexes");
   const sel = $("#index-select");
   const want = select || sel.value || localStorage.getItem(INDEX_STORE);
-  sel.innerHTML = "";
+  sel.replaceChildren();
   if (!names.length) sel.append(new Option("(no index yet: upload files)", ""));
   for (const name of names) sel.append(new Option(name, name));
   if (names.includes(want)) sel.value = want;
@@ -130,6 +130,7 @@ async function indexChanged() {
     $("#index-stats").textContent = e.message;
   }
   if (!$("#tab-documents").hidden) loadDocuments();
+  showExamples();
 }
 
 // --- chat ---------------------------------------------------------------------------------------
@@ -147,29 +148,54 @@ function parseFilter(text) {
   return out;
 }
 
+function el(tag, className, text) {
+  const e = document.createElement(tag);
+  if (className) e.className = className;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
 function addMessage(role, text) {
-  const div = document.createElement("div");
-  div.className = `msg ${role}`;
-  const body = document.createElement("div");
-  body.className = "body";
-  body.textContent = text;
-  div.append(body);
+  const div = el("div", `msg ${role}`);
+  div.append(el("div", "body", text));
   $("#messages").append(div);
   div.scrollIntoView({ block: "end" });
   return div;
 }
 
-function renderMeta(div, mode, reason) {
-  let meta = div.querySelector(".meta");
-  if (!meta) { meta = document.createElement("div"); meta.className = "meta"; div.append(meta); }
-  meta.innerHTML = "";
-  if (mode) {
-    const badge = document.createElement("span");
-    badge.className = `badge ${mode}`;
-    badge.textContent = mode;
-    meta.append(badge);
-  }
-  if (reason) meta.append(document.createTextNode(`reason: ${reason}`));
+// An answer on the screen: what the stream has said so far, and the parts that show it.
+function newAnswer(question) {
+  const div = el("div", "msg assistant");
+  const a = {
+    div, question, text: "", nodes: [], evidence: [], answerable: null, error: null, inHistory: false,
+    note: el("div", "note"), body: el("div", "body md"), evidenceBox: el("div", "evidence"), meta: el("div", "meta"),
+    sources: el("ol", "sources"), actions: el("div", "actions"), painting: false,
+  };
+  a.note.hidden = a.evidenceBox.hidden = true;
+  div.append(a.note, a.body, a.evidenceBox, a.meta, a.sources, a.actions);
+  div.answer = a;
+  $("#messages").append(div);
+  div.scrollIntoView({ block: "end" });
+  return a;
+}
+
+// Re-renders the answer's text (Markdown) at most once a frame while it streams.
+function repaint(a) {
+  if (a.painting) return;
+  a.painting = true;
+  requestAnimationFrame(() => { a.painting = false; paintBody(a); });
+}
+
+function paintBody(a) {
+  Markdown.render(a.text, a.body, { sources: a.nodes.length });
+  if (a.error) a.body.append(el("p", "error-line", `Error: ${a.error}`));
+  a.div.scrollIntoView({ block: "end" });
+}
+
+function renderMeta(a, mode, reason) {
+  a.meta.replaceChildren();
+  if (mode) a.meta.append(el("span", `badge ${mode}`, mode));
+  if (reason) a.meta.append(document.createTextNode(`reason: ${reason}`));
 }
 
 function sourceLabel(node) {
@@ -179,37 +205,252 @@ function sourceLabel(node) {
   return m.title && !String(where).endsWith(m.title) ? `${m.title} — ${where}${page}` : `${where}${page}`;
 }
 
-function renderSources(div, nodes) {
-  const list = document.createElement("ol");
-  list.className = "sources";
-  for (const node of nodes) {
-    const li = document.createElement("li");
-    const details = document.createElement("details");
-    const summary = document.createElement("summary");
-    const score = document.createElement("span");
-    score.className = "score";
-    score.textContent = ` (score ${Number(node.score).toFixed(3)})`;
-    summary.append(document.createTextNode(sourceLabel(node)), score);
-    const snippet = document.createElement("div");
-    snippet.className = "snippet";
-    snippet.textContent = node.text;
-    details.append(summary, snippet);
+function renderSources(a, nodes) {
+  a.nodes = nodes;
+  a.sources.replaceChildren();
+  nodes.forEach((node) => {
+    const li = el("li");
+    const details = el("details");
+    const summary = el("summary");
+    summary.append(document.createTextNode(sourceLabel(node)),
+      el("span", "score", ` (score ${Number(node.score).toFixed(3)})`));
+    details.append(summary, el("div", "snippet", node.text));
     li.append(details);
-    list.append(li);
-  }
-  div.append(list);
+    a.sources.append(li);
+  });
+  paintEvidence(a);
 }
 
-async function send(event) {
+// --- evidence: rag.evidence = [{text, source (1-based), node_id, start, end, score}] --------------
+// start and end count characters as the server does (Unicode code points); a JS string counts
+// UTF-16 units, so they are converted. [startUnit, endUnit] or null when they do not fit the text.
+function unitRange(text, start, end) {
+  if (!Number.isInteger(start) || !Number.isInteger(end) || start < 0 || end <= start) return null;
+  let cp = 0, from = null;
+  for (let u = 0; u <= text.length;) {
+    if (cp === start) from = u;
+    if (cp === end) return [from, u];
+    if (u === text.length) break;
+    const c = text.charCodeAt(u);
+    u += c >= 0xd800 && c <= 0xdbff && (text.charCodeAt(u + 1) & 0xfc00) === 0xdc00 ? 2 : 1;
+    cp++;
+  }
+  return null;
+}
+
+// Where evidence sits in its source's text: its offsets when they hold its text, else its text found.
+function evidenceRange(nodeText, ev) {
+  const r = unitRange(nodeText, ev.start, ev.end);
+  if (r && nodeText.slice(r[0], r[1]) === ev.text) return r;
+  const at = ev.text ? nodeText.indexOf(ev.text) : -1;
+  return at >= 0 ? [at, at + ev.text.length] : null;
+}
+
+function setRag(a, rag) {
+  if (!rag || typeof rag !== "object") return;
+  if (Array.isArray(rag.evidence)) {
+    a.evidence = rag.evidence.filter((ev) => ev && typeof ev.text === "string" && ev.text &&
+      Number.isInteger(ev.source) && ev.source >= 1);
+  }
+  if (typeof rag.answerable === "boolean") a.answerable = rag.answerable;
+  paintEvidence(a);
+}
+
+function paintEvidence(a) {
+  const notCovered = a.answerable === false;
+  a.div.classList.toggle("not-covered", notCovered);
+  a.note.hidden = !notCovered;
+  a.note.textContent = notCovered
+    ? "Not covered: the indexed documents do not answer this question. The closest sources are listed below."
+    : "";
+  // under the answer: each passage, its source and score
+  const usable = a.evidence.filter((ev) => ev.source <= a.nodes.length || !a.nodes.length);
+  a.evidenceBox.replaceChildren();
+  a.evidenceBox.hidden = !usable.length;
+  if (usable.length) {
+    a.evidenceBox.append(el("div", "evidence-title", "Evidence in the sources"));
+    const list = el("ul");
+    a.evidence.forEach((ev, k) => {
+      if (!usable.includes(ev)) return;
+      const li = el("li");
+      const cite = el("a", "cite", `[${ev.source}]`);
+      cite.href = "#";
+      cite.dataset.source = String(ev.source);
+      cite.dataset.evidence = String(k);
+      cite.title = `show it in source ${ev.source}`;
+      li.append(cite, " ", el("q", "", ev.text));
+      if (Number.isFinite(ev.score)) li.append(el("span", "score", ` (score ${ev.score.toFixed(2)})`));
+      list.append(li);
+    });
+    a.evidenceBox.append(list);
+  }
+  // in the sources: the passages highlighted in their text
+  [...a.sources.children].forEach((li, i) => {
+    const node = a.nodes[i];
+    const snippet = li.querySelector(".snippet");
+    const ranges = [];
+    a.evidence.forEach((ev, k) => {
+      if (ev.source !== i + 1) return;
+      const r = evidenceRange(node.text, ev);
+      if (r) ranges.push({ from: r[0], to: r[1], k, ev });
+    });
+    ranges.sort((x, y) => x.from - y.from);
+    snippet.replaceChildren();
+    let at = 0;
+    for (const r of ranges) {
+      if (r.to <= at) continue;  // inside one already marked
+      const from = Math.max(r.from, at);
+      snippet.append(node.text.slice(at, from));
+      const mark = el("mark", "", node.text.slice(from, r.to));
+      mark.dataset.evidence = String(r.k);
+      if (Number.isFinite(r.ev.score)) mark.title = `evidence, score ${r.ev.score.toFixed(2)}`;
+      snippet.append(mark);
+      at = r.to;
+    }
+    snippet.append(node.text.slice(at));
+    const summary = li.querySelector("summary");
+    let tag = summary.querySelector(".has-evidence");
+    if (ranges.length && !tag) summary.append(tag = el("span", "has-evidence", "evidence"));
+    if (!ranges.length && tag) tag.remove();
+  });
+}
+
+// A citation [n] (in an answer or its evidence) opens source n and shows it (its passage, from evidence).
+function showSource(link) {
+  const msg = link.closest(".msg");
+  const a = msg && msg.answer;
+  const li = a && a.sources.children[Number(link.dataset.source) - 1];
+  if (!li) return;
+  li.querySelector("details").open = true;
+  const mark = link.dataset.evidence !== undefined
+    ? li.querySelector(`mark[data-evidence="${CSS.escape(link.dataset.evidence)}"]`) : null;
+  const target = mark || li;
+  target.scrollIntoView({ block: "nearest" });
+  target.classList.remove("flash");
+  void target.offsetWidth;  // restart the animation
+  target.classList.add("flash");
+}
+
+// --- copy and regenerate ------------------------------------------------------------------------
+async function copyText(text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    return true;
+  } catch (_) {  // no clipboard API (a page not served over https or localhost): the old way
+    const area = el("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.className = "visually-hidden";
+    document.body.append(area);
+    area.select();
+    const ok = document.execCommand("copy");
+    area.remove();
+    return ok;
+  }
+}
+
+function addActions(a) {
+  a.actions.replaceChildren();
+  const copy = el("button", "copy", "Copy");
+  copy.type = "button";
+  copy.title = "Copy the answer's text";
+  copy.disabled = !a.text;
+  copy.addEventListener("click", async () => {
+    const ok = await copyText(a.text);
+    copy.textContent = ok ? "Copied ✓" : "Copy failed";
+    setTimeout(() => { copy.textContent = "Copy"; }, 2000);
+  });
+  const again = el("button", "regenerate", "Regenerate");
+  again.type = "button";
+  again.title = "Ask the last question again";
+  again.addEventListener("click", () => ask(a.question, a));
+  a.actions.append(copy, again);
+}
+
+// --- example questions --------------------------------------------------------------------------
+// Their words around the title are only stopwords and words of how a question is asked ("tell"),
+// which the server's answerability rule does not weigh (ragserve.rag.answerable): an example is
+// answered whenever the document holds its title's words. A word of their own ("Summarize", "key
+// points") would be a term no document holds, and a click would get "not covered".
+const EXAMPLES = [(t) => `What is “${t}” about?`, (t) => `Tell me about “${t}”.`, (t) => `What is in “${t}”?`];
+
+function docTitle(d) {
+  const m = d.metadata || {};
+  let t = typeof m.title === "string" ? m.title : "";
+  if (!t.trim()) {  // the file's name: "uploads/pump-guide.md" -> "pump-guide"
+    const path = String(m.path || d.doc_id || "").split("#")[0];
+    t = path.slice(path.lastIndexOf("/") + 1).replace(/\.[A-Za-z0-9]{1,8}$/, "");
+  }
+  t = t.replace(/\s+/g, " ").trim();
+  return t.length > 80 ? t.slice(0, 79) + "…" : t;
+}
+
+// On an empty chat: a few questions built from the selected index's document titles, to click.
+async function showExamples() {
+  const box = $("#messages");
+  if (box.querySelector(".msg")) return;
+  const token = showExamples.token = (showExamples.token || 0) + 1;
+  box.replaceChildren();
+  const name = currentIndex();
+  if (!name) return;
+  const limit = Math.min(50, (state.config && state.config.limits && state.config.limits.max_list_limit) || 50);
+  let page;
+  try {
+    page = await json(`indexes/${encodeURIComponent(name)}/documents?limit=${limit}&max_text_length=1`);
+  } catch (_) {
+    return;  // the chat works without examples
+  }
+  if (token !== showExamples.token || box.querySelector(".msg")) return;
+  const titles = [], seen = new Set();
+  for (const d of page.documents) {
+    const t = docTitle(d);
+    if (t && !seen.has(t.toLowerCase()) && titles.length < 4) { seen.add(t.toLowerCase()); titles.push(t); }
+  }
+  const wrap = el("div", "examples");
+  wrap.id = "examples";
+  if (!titles.length) {
+    wrap.append(el("p", "muted", `“${name}” has no documents yet: add files in the Upload tab.`));
+  } else {
+    wrap.append(el("p", "muted", `Ask about “${name}”, for example:`));
+    titles.forEach((t, i) => {
+      const b = el("button", "example", EXAMPLES[i % EXAMPLES.length](t));
+      b.type = "button";
+      b.addEventListener("click", () => ask(b.textContent));
+      wrap.append(b);
+    });
+  }
+  box.append(wrap);
+}
+
+// --- asking -------------------------------------------------------------------------------------
+function send(event) {
   event.preventDefault();
   const text = $("#chat-input").value.trim();
-  if (!text || state.busy) return;
+  if (ask(text)) $("#chat-input").value = "";
+}
+
+// Asks `text`; with `replacing` (the newest answer), asks its question again in its place.
+// Returns whether it started (not while another answer streams, nor with a filter that does not parse).
+function ask(text, replacing = null) {
+  if (!text || state.busy) return false;
   let filter;
-  try { filter = parseFilter($("#opt-filter").value); } catch (e) { toast(e.message, true); return; }
+  try { filter = parseFilter($("#opt-filter").value); } catch (e) { toast(e.message, true); return false; }
   state.busy = true;
+  stream(text, replacing, filter);
+  return true;
+}
+
+async function stream(text, replacing, filter) {
   $("#chat-send").disabled = true;
-  $("#chat-input").value = "";
-  addMessage("user", text);
+  const examples = $("#examples");
+  if (examples) examples.remove();
+  for (const b of document.querySelectorAll("#messages .regenerate")) b.remove();  // only the newest answer's
+  if (replacing) {
+    if (replacing.inHistory) state.history = state.history.slice(0, -2);
+    replacing.div.remove();
+  } else {
+    addMessage("user", text);
+  }
   const messages = [...state.history, { role: "user", content: text }];
   const body = { messages, stream: true, max_tokens: Number($("#opt-max-tokens").value) || undefined };
   if ($("#opt-rag").checked && currentIndex()) {
@@ -217,32 +458,33 @@ async function send(event) {
     body.top_k = Number($("#opt-top-k").value) || undefined;
     if (filter) body.metadata_filter = filter;
   }
-  const div = addMessage("assistant", "");
-  div.classList.add("streaming");
-  const out = div.querySelector(".body");
-  let answer = "";
+  const a = newAnswer(text);
+  a.div.classList.add("streaming");
   try {
     const res = await call("v1/chat/completions", {
       method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body),
     });
-    renderMeta(div, res.headers.get("X-RAG-Mode"), res.headers.get("X-RAG-Reason"));
+    renderMeta(a, res.headers.get("X-RAG-Mode"), res.headers.get("X-RAG-Reason"));
     for await (const chunk of sseEvents(res)) {
       if (chunk.error) throw new ApiError(chunk.error.code || 502, chunk.error.message);
-      if (chunk.source_nodes && chunk.source_nodes.length) renderSources(div, chunk.source_nodes);
+      if (chunk.source_nodes && chunk.source_nodes.length) renderSources(a, chunk.source_nodes);
+      if (chunk.rag) setRag(a, chunk.rag);
       const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
       if (delta && delta.content) {
-        answer += delta.content;
-        out.textContent = answer;
-        div.scrollIntoView({ block: "end" });
+        a.text += delta.content;
+        repaint(a);
       }
     }
-    state.history = [...messages, { role: "assistant", content: answer }];
+    state.history = [...messages, { role: "assistant", content: a.text }];
+    a.inHistory = true;
   } catch (e) {
-    div.classList.add("error");
-    out.textContent = answer + (answer ? "\n" : "") + `Error: ${e.message}`;
+    a.div.classList.add("error");
+    a.error = e.message;
   } finally {
-    div.classList.remove("streaming");
-    div.classList.add("done");
+    paintBody(a);
+    a.div.classList.remove("streaming");
+    a.div.classList.add("done");
+    addActions(a);
     state.busy = false;
     $("#chat-send").disabled = false;
     $("#chat-input").focus();
@@ -276,7 +518,7 @@ async function loadDocuments(event) {
   if (event) { event.preventDefault(); state.docsOffset = 0; }
   const name = currentIndex();
   const tbody = $("#docs-table tbody");
-  tbody.innerHTML = "";
+  tbody.replaceChildren();
   if (!name) { $("#docs-page").textContent = "no index"; return; }
   const limit = Number($("#docs-limit").value);
   const params = new URLSearchParams({ limit, offset: state.docsOffset, max_text_length: 300 });
@@ -357,7 +599,7 @@ async function loadConfig() {
   for (const [k, v] of Object.entries(c.settings)) rows.push([k, v]);
   for (const [k, v] of Object.entries(c.limits)) rows.push([`limit: ${k}`, v]);
   const tbody = $("#settings-table tbody");
-  tbody.innerHTML = "";
+  tbody.replaceChildren();
   for (const [k, v] of rows) {
     const tr = document.createElement("tr");
     const th = document.createElement("th");
@@ -385,7 +627,16 @@ function init() {
   $("#chat-input").addEventListener("keydown", (e) => {
     if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("#chat-form").requestSubmit(); }
   });
-  $("#chat-clear").addEventListener("click", () => { state.history = []; $("#messages").innerHTML = ""; });
+  $("#chat-clear").addEventListener("click", () => {
+    if (state.busy) return;
+    state.history = [];
+    $("#messages").replaceChildren();
+    showExamples();
+  });
+  $("#messages").addEventListener("click", (e) => {
+    const link = e.target.closest("a.cite");
+    if (link) { e.preventDefault(); showSource(link); }
+  });
   $("#docs-form").addEventListener("submit", loadDocuments);
   $("#docs-prev").addEventListener("click", () => pageDocs(-1));
   $("#docs-next").addEventListener("click", () => pageDocs(1));

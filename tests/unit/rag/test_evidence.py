@@ -1,0 +1,382 @@
+"""Evidence selection (ragserve.rag.evidence) and the answerability rule (ragserve.rag.answerable):
+the passage that holds the fact is chosen among distractors with the real MiniLM embedder, its
+offsets are the source's own text, the rule answers on each side of each threshold, and every
+step is linear on 1 MB of its worst shapes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from ragserve.api.documents import Evidence, NodeWithScore
+from ragserve.rag.answerable import (
+    NOT_COVERED_ANSWER,
+    AnswerabilityRule,
+    answerable,
+    closest,
+    not_covered_answer,
+)
+from ragserve.rag.evidence import (
+    MAX_CANDIDATES,
+    MAX_READ_CHARS,
+    SHORTLIST,
+    Assessment,
+    answer_kinds,
+    assess,
+    candidates,
+    coverage,
+    embed_text,
+    holds_kind,
+    missing_names,
+    model_text,
+    names,
+    passages,
+    prompt_text,
+    reading_text,
+    section_titles,
+    shortlist,
+)
+
+PUMP = (
+    "The Zephyr X200 is a submersible pump for garden ponds. It moves water through filters and fountains.\n"
+    "The housing is made of corrosion-resistant plastic and weighs 2.4 kilograms. The impeller should be\n"
+    "cleaned every three months, or sooner when the flow drops. The maximum flow rate of the Zephyr X200 is\n"
+    "3,200 litres per hour at a height of one metre.\n\n"
+    "The power cable is ten metres long and must not be shortened. The warranty covers manufacturing defects\n"
+    "for five years from the date of purchase; wear of the impeller is not covered."
+)
+LIGHT = (
+    "The Lumen L5 is an underwater light for ponds and fountains. Its nozzle kit supports a flow of up to\n"
+    "1,000 litres per hour. The light draws 6 watts and is rated IP68. The lamp lasts about 20,000 hours."
+)
+CASES = [
+    ("What is the maximum flow rate of the Zephyr X200?", "3,200 litres"),
+    ("How often should the impeller be cleaned?", "three months"),
+    ("How heavy is the pump?", "2.4 kilograms"),  # a paraphrase: "heavy" is nowhere, "weighs" is
+    ("How long is the warranty?", "five years"),
+    ("How much power does the pond light draw?", "6 watts"),
+]
+
+
+def node(text: str, node_id: str, score: float = 0.6, **kw: object) -> NodeWithScore:
+    return NodeWithScore(doc_id=node_id, node_id=node_id, text=text, score=score, **kw)  # type: ignore[arg-type]
+
+
+def evidence_for(embedder, query: str, nodes: list[NodeWithScore], limit: int = 3) -> Assessment:
+    """What the chat service does, with the real embedder."""
+    short = shortlist(query, candidates(nodes))
+    vectors = asyncio.run(embedder.embed_documents([embed_text(short.found[i]) for i in short.to_embed]))
+    query_vector = asyncio.run(embedder.embed_query(query))
+    return assess(query_vector, short, vectors, limit)
+
+
+@pytest.mark.parametrize(("question", "fact"), CASES)
+def test_the_best_passage_holds_the_fact_and_is_the_sources_own_text(embedder, question: str, fact: str) -> None:
+    nodes = [node(LIGHT, "light"), node(PUMP, "pump")]
+    result = evidence_for(embedder, question, nodes)
+    best = result.evidence[0]
+    assert fact in best.text, [e.text for e in result.evidence]
+    for e in result.evidence:
+        source = nodes[e.source - 1]
+        assert e.node_id == source.node_id
+        assert source.text[e.start : e.end] == e.text
+        assert 0.0 <= e.score <= 1.0
+    assert [e.score for e in result.evidence] == sorted((e.score for e in result.evidence), reverse=True)
+
+
+def test_passages_do_not_overlap_and_a_repeated_sentence_counts_once(embedder) -> None:
+    # consecutive chunks share sentences (chunk_overlap): the first source keeps them
+    first, second = node(PUMP[:300], "a"), node(PUMP[150:], "b")
+    result = evidence_for(embedder, "What does the warranty of the Zephyr X200 cover?", [first, second], limit=5)
+    spans = [(e.node_id, e.start, e.end) for e in result.evidence]
+    for i, (n1, s1, e1) in enumerate(spans):
+        for n2, s2, e2 in spans[i + 1 :]:
+            assert n1 != n2 or e1 <= s2 or e2 <= s1, spans
+    texts = [" ".join(c.text.split()) for c in candidates([first, second])]
+    assert len(texts) == len(set(texts))
+
+
+def test_wrapped_lines_are_one_sentence_and_structure_stays_lines() -> None:
+    text = (
+        "Installation\n============\n\nFlask supports Python 3.9\nand newer.\n\n"
+        "* Werkzeug implements WSGI, the interface between\n  applications and servers.\n"
+        "* Jinja is a template language that renders pages.\n\n"
+        ".. _Werkzeug: https://palletsprojects.com/p/werkzeug/\n\n"
+        "```\nx = 1 and the next\ny = 2 and the other\n```\n"
+        "Warn if cookie headers are larger than this many bytes. Defaults to 4093."
+    )
+    read = reading_text(text)
+    assert len(read) == len(text)
+    found = [text[s:e] for s, e in passages(text)]
+    assert "Flask supports Python 3.9\nand newer." in found  # wrapped prose, one sentence
+    assert "Werkzeug implements WSGI, the interface between\n  applications and servers." in found[1]
+    assert any(p.startswith("* Jinja") or p.startswith("Jinja") for p in found)  # the next item is its own
+    assert not any("Installation" in p or "=====" in p or "palletsprojects" in p for p in found)  # markup
+    assert "x = 1 and the next" in found and "y = 2 and the other" in found  # fenced lines stay lines
+    # the short sentence that holds the fact joins the one that says what of
+    assert "Warn if cookie headers are larger than this many bytes. Defaults to 4093." in found
+
+
+def test_coverage_is_low_when_the_question_names_what_the_sources_never_mention() -> None:
+    texts = [model_text(c.text) for c in candidates([node(PUMP, "pump"), node(LIGHT, "light")])]
+    assert coverage("What is the maximum flow rate of the Zephyr X200?", texts) == 1.0
+    assert coverage("How do I connect the Zephyr X200 to a solar panel?", texts) < 0.5
+    assert coverage("What is it?", texts) == 1.0  # nothing asked about: nothing missing
+    # words of how a question is asked are not what it asks about
+    assert coverage("Explain when the warranty of the Zephyr X200 expires.", texts) < 1.0  # "expires" is absent
+    assert coverage("Explain how long the warranty of the Zephyr X200 is.", texts) == 1.0
+
+
+def test_the_shortlist_bounds_what_is_embedded() -> None:
+    many = node(" ".join(f"Sentence {i} says the pump runs well in ponds." for i in range(500)), "n")
+    found = candidates([many])
+    assert len(found) == MAX_CANDIDATES
+    short = shortlist("Does the pump run well?", found)
+    assert len(short.windows) == SHORTLIST and len(short.to_embed) <= 2 * SHORTLIST
+    with pytest.raises(ValueError):
+        assess(np.ones(3, dtype=np.float32), short, np.zeros((1, 3), dtype=np.float32), 3)
+
+
+def test_only_the_first_max_read_chars_of_the_sources_are_read() -> None:
+    filler = "\n" * (MAX_READ_CHARS - 10)  # no passage in it, as long as the whole budget
+    late = "The pump holds 40 litres of water in its tank."
+    found = candidates([node(filler + late, "first"), node(PUMP, "second")])
+    assert found == []  # the budget ends inside the first source's sentence; the second is never read
+    found = candidates([node(late, "first"), node(PUMP, "second")])
+    assert [c.source for c in found][:1] == [1] and {c.source for c in found} == {1, 2}
+
+
+def test_a_directive_title_is_not_prose_but_an_admonition_text_is() -> None:
+    text = (
+        ".. admonition:: How to generate good secret keys\n\n"
+        "    A secret key should be as random as possible.\n\n"
+        ".. note:: Keep the secret key out of version control.\n\n"
+        ".. code-block:: python\n\n    print('hello world and more')\n"
+    )
+    found = [text[s:e] for s, e in passages(text)]
+    assert not any("How to generate" in p for p in found)  # a title restates questions, says nothing
+    assert any(p.startswith("Keep the secret key out of version control.") for p in found)
+    assert not any(p.startswith("python") for p in found)
+
+
+@pytest.mark.parametrize(
+    ("text", "joined"),
+    [
+        # reStructuredText: "::" and a code directive; Markdown: a fence
+        ("Use the following command to make a key::\n\n    $ python -c 'x'\n", "$ python -c 'x'"),
+        ("Install it with this command:\n\n.. code-block:: sh\n\n    $ pip install flask\n", "$ pip install flask"),
+        ("Install it with this command:\n\n```sh\npip install flask\n```\n", "pip install flask"),
+        # no colon: a code directive right below still belongs to the passage; its prompt lines follow
+        (
+            "To reset the drone:\n\n1. Hold the power button.\n2. Wait for amber.\n\n3. Press the key.\n",
+            "3. Press the key.",
+        ),
+        ("Brew it like this:\n\n- Boil 300 ml of water.\n- Steep for four minutes.\n", "- Steep for four minutes."),
+        (
+            "Create a virtualenv, then install waitress.\n\n.. code-block:: text\n\n"
+            "    $ python -m venv .venv\n    $ pip install waitress\n",
+            "$ pip install waitress",
+        ),
+    ],
+)
+def test_what_a_passage_announces_joins_it(text: str, joined: str) -> None:
+    found = [text[s:e] for s, e in passages(text)]
+    assert len(found) == 1 and found[0].endswith(joined), found
+
+
+def test_an_announcing_passage_never_joins_the_next_section_or_past_a_link_target() -> None:
+    text = (
+        "The options are these:\n\nNext section\n============\n\nThe next section says other things.\n\n"
+        "Another passage that ends here:\n\n.. _target: https://example.com\n\n$ run a command here\n"
+    )
+    found = [text[s:e] for s, e in passages(text)]
+    assert "The options are these:" in found and "The next section says other things." in found
+    assert "Another passage that ends here:" in found
+
+
+@pytest.mark.parametrize(
+    ("question", "kinds"),
+    [
+        ("How many workers does gunicorn start?", (True, False)),
+        ("On which port does the server listen?", (True, False)),
+        ("How long does the warranty last?", (True, False)),
+        ("How do I install Flask?", (False, True)),
+        ("What are the steps to run my app with Waitress?", (False, True)),
+        ("Why is the sky blue?", (False, False)),
+        ("Does Flask support async views?", (False, False)),
+    ],
+)
+def test_what_a_question_asks_for(question: str, kinds: tuple[bool, bool]) -> None:
+    assert answer_kinds(question) == kinds
+
+
+def test_a_passage_holds_a_number_or_a_way_to_do_something() -> None:
+    number, how_to = (True, False), (False, True)
+    assert holds_kind("It listens on port 8080.", number) and holds_kind("It covers two years.", number)
+    assert not holds_kind("It listens on a port.", number)
+    assert holds_kind("Run it:\n\n    $ flask run\n", how_to) and holds_kind("Call app.register_blueprint(bp).", how_to)
+    # an inline literal alone is not a way to do something: reStructuredText marks every name so
+    assert not holds_kind("The ``flask`` command is the way.", how_to)
+    assert not holds_kind("8080", (False, False))
+
+
+def test_a_passage_is_read_with_its_section_title() -> None:
+    text = (
+        "Configuration\n=============\n\n.. py:data:: PERMANENT_SESSION_LIFETIME\n\n"
+        "    If the session is permanent, the cookie expires this many seconds in the future.\n\n"
+        "    Default: ``timedelta(days=31)`` (``2678400`` seconds)\n\n"
+        "# Deployment\n\nRun the application behind a proxy server.\n"
+    )
+    assert [t for _, t in section_titles(text)] == ["Configuration", "PERMANENT_SESSION_LIFETIME", "Deployment"]
+    found = {c.text: c for c in candidates([node(text, "config")])}
+    default = found["Default: ``timedelta(days=31)`` (``2678400`` seconds)"]
+    assert default.title == "PERMANENT_SESSION_LIFETIME"
+    assert embed_text(default).startswith("PERMANENT SESSION LIFETIME: Default:")
+    assert found["Run the application behind a proxy server."].title == "Deployment"
+
+
+def test_the_passage_with_the_value_is_chosen_for_a_question_about_a_setting(embedder) -> None:
+    text = (
+        ".. py:data:: PERMANENT_SESSION_LIFETIME\n\n"
+        "    If ``session.permanent`` is true, the cookie's expiration will be set this\n"
+        "    number of seconds in the future.\n\n"
+        "    Default: ``timedelta(days=31)`` (``2678400`` seconds)\n\n"
+        ".. py:data:: SESSION_REFRESH_EACH_REQUEST\n\n"
+        "    Control whether the cookie is sent with every response when ``session.permanent`` is true.\n\n"
+        "    Default: ``True``\n"
+    )
+    result = evidence_for(embedder, "How long does a permanent session last by default?", [node(text, "config")])
+    assert "days=31" in result.evidence[0].text, [e.text for e in result.evidence]
+    assert result.support <= max(e.score for e in result.evidence)  # the number's share is not support
+
+
+@pytest.mark.parametrize(
+    ("question", "named"),
+    [
+        ("How do I connect Flask to a PostgreSQL database?", ["Flask", "PostgreSQL"]),
+        ("How do I enable CORS for my API?", ["CORS", "API"]),
+        ("How do I expose a gRPC service?", ["gRPC"]),
+        ("Can I run Gunicorn on Windows?", ["Gunicorn", "Windows"]),
+        ("Kubernetes: how do I deploy?", []),  # a sentence's first word is capitalised anyway
+        ("What is ItsDangerous used for?", ["ItsDangerous"]),  # ... unless it has a capital inside
+        ("how do i use postgres with flask", []),  # written in lower case: the coverage rule decides
+        ("Which port does the development server listen on? I use Windows.", ["Windows"]),
+    ],
+)
+def test_the_names_a_question_gives(question: str, named: list[str]) -> None:
+    assert names(question) == named
+
+
+def test_a_name_counts_as_missing_only_when_no_source_holds_it() -> None:
+    texts = [model_text(c.text) for c in candidates([node(PUMP, "pump"), node(LIGHT, "light")])]
+    assert missing_names("Can the Zephyr X200 run on a Tesla Powerwall?", texts) == ["Tesla", "Powerwall"]
+    assert missing_names("Does the Lumen L5 fit the Zephyr X200?", texts) == []
+    assert missing_names("What does the ZEPHYR x200 weigh?", texts) == []  # case aside
+
+
+def test_a_question_naming_what_the_sources_do_not_mention_is_not_answered() -> None:
+    nodes = [node("x", "a", score=0.6)]
+    strong = Assessment([evidence(0.9)], 1.0, 0.9)
+    assert answerable(nodes, strong, RULE)
+    assert not answerable(nodes, Assessment([evidence(0.9)], 1.0, 0.9, ["PostgreSQL"]), RULE)
+    # a source that holds every query term, or a strong match, is answered all the same
+    assert answerable([node("x", "a", score=0.6, keyword_match=True)], Assessment([], 0.0, 0.0, ["X"]), RULE)
+    assert answerable([node("x", "a", score=0.7)], Assessment([], 0.0, 0.0, ["X"]), RULE)
+
+
+def test_a_prompt_reads_content_not_markup_lines() -> None:
+    text = (
+        "Use this::\n\n.. code-block:: python\n    :caption: ``config.py``\n\n    SECRET_KEY = 'x'\n\n"
+        ".. note:: Keep it secret.\n```sh\npip install flask\n```\n.. _x: https://example.com\n"
+        ":param x: a field list in prose stays\n"
+    )
+    assert prompt_text(text) == (
+        "Use this::\n\n\n    SECRET_KEY = 'x'\n\nKeep it secret.\npip install flask\n"
+        ":param x: a field list in prose stays"
+    )
+    assert prompt_text("plain\ntext") == "plain\ntext"
+
+
+def evidence(score: float) -> Evidence:
+    return Evidence(text="t", source=1, node_id="n", start=0, end=1, score=score)
+
+
+RULE = AnswerabilityRule(enabled=True, score=0.7, coverage=0.7, evidence=0.65)
+
+
+@pytest.mark.parametrize(
+    ("best", "keyword", "cover", "support", "expected"),
+    [
+        (0.69, False, 0.69, 0.64, False),  # every signal just under its threshold
+        (0.70, False, 0.69, 0.64, True),  # a strong source
+        (0.69, True, 0.0, 0.0, True),  # a source holds every query term
+        (0.69, False, 0.70, 0.64, True),  # the sources mention what the question asks about
+        (0.69, False, 0.69, 0.65, True),  # a passage says what the question is about
+        (0.9, False, 0.0, 0.0, True),
+    ],
+)
+def test_the_answerability_rule_on_each_side_of_each_threshold(
+    best: float, keyword: bool, cover: float, support: float, expected: bool
+) -> None:
+    nodes = [node("x", "a", score=best - 0.1), node("y", "b", score=best, keyword_match=keyword or None)]
+    # the shown score may hold a share for what the question asks for (a number): the rule reads support only
+    shown = [evidence(support + 0.2), evidence(support - 0.1)]
+    assert answerable(nodes, Assessment(shown, cover, support), RULE) is expected
+
+
+def test_the_rule_off_or_without_an_assessment_answers() -> None:
+    weak = [node("x", "a", score=0.1)]
+    nothing = Assessment([], 0.0)
+    assert not answerable(weak, nothing, RULE)
+    assert answerable(weak, nothing, AnswerabilityRule(enabled=False, score=0.7, coverage=0.7, evidence=0.65))
+    assert answerable(weak, None, RULE)  # the embedder failed: nothing says the sources fall short
+
+
+def test_the_not_covered_answer_lists_the_closest_sources() -> None:
+    nodes = [node("x", f"n{i}", score=s, metadata={"title": f"T{i}"}) for i, s in enumerate([0.5, 0.6, 0.55, 0.52])]
+    near = closest(nodes)
+    assert [n.node_id for n in near] == ["n1", "n2", "n3"]
+    text = not_covered_answer(near)
+    assert text.splitlines() == [NOT_COVERED_ANSWER, "[1] T1 (n1)", "[2] T2 (n2)", "[3] T3 (n3)"]
+
+
+# --- linear on 1 MB of the worst shapes ------------------------------------------------------------
+MB = 1_000_000
+SHAPES = [
+    "\n",
+    " \n",
+    "a\n",  # wrapped lines of one paragraph: one endless sentence, cut in pieces
+    "a b\n a\n",  # indentation going back and forth
+    "- a\n",
+    "====\n",
+    "T\n==\n",
+    ".. x:: y\n",
+    "```\n",
+    "a",  # no whitespace at all: cut every MAX_SENTENCE_CHARS
+    "a ",
+    "a. ",
+    "one two three four. ",
+    ":a:`",
+    ":",
+    "`",
+    "e.g. ",
+    "\x00",
+    "\ud800",
+]
+
+
+@pytest.mark.parametrize("unit", SHAPES, ids=ascii)
+def test_every_step_is_linear_on_a_megabyte_of_each_shape(unit: str) -> None:
+    text = unit * (MB // len(unit))
+    big = node(text, "big")
+    query = ("pump " + unit) * 2000  # a long question of the same shape (its terms are read up to a bound)
+    t0 = time.process_time()
+    prompt_text(text)
+    passages(text)
+    short = shortlist(query, candidates([big]))
+    vectors = np.zeros((len(short.to_embed), 4), dtype=np.float32)
+    assess(np.ones(4, dtype=np.float32) / 2, short, vectors, 3)
+    assert time.process_time() - t0 < 4.0
