@@ -219,7 +219,7 @@ class Settings(BaseSettings):
         description="Answer 'the indexed documents do not cover this question' (with the closest "
         "sources, X-RAG-Reason: not_covered, rag.answerable false) instead of calling the model when the relevant "
         "sources are too weak to answer: none holds every query term or reaches answerable_threshold, and the "
-        "question names something no source mentions (an acronym, a product: 'PostgreSQL', 'CORS') or the sources "
+        "question names something the index never mentions ('PostgreSQL', 'CORS') or the sources "
         "mention too little of it (answerable_coverage) and no passage supports an answer (answerable_evidence). "
         "Off: every request with a relevant source is answered by the model (docs/quality.md).",
     )
@@ -231,14 +231,14 @@ class Settings(BaseSettings):
         "threshold, above similarity_threshold, below which chat passes through as no_context).",
     )
     answerable_coverage: float = Field(
-        default=0.65,
+        default=0.62,
         ge=0.0,
         le=1.0,
         description="Answered when the sources' sentences hold this share of the question's terms, "
         "each weighted by its rarity among them (a name the sources never mention weighs most).",
     )
     answerable_evidence: float = Field(
-        default=0.68,
+        default=0.65,
         ge=0.0,
         le=1.0,
         description="Answered when a passage of the sources has at least this evidence score (0..1: "

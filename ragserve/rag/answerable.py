@@ -10,8 +10,9 @@ deploy a Flask application on Kubernetes?") retrieves sources as close by cosine
 - the best source's cosine score reaches ``answerable_threshold`` (a strong match);
 
 else not when the question names something (an acronym, a product, a proper name:
-``ragserve.rag.evidence.names``) that no source mentions ("How do I connect Flask to
-PostgreSQL?" over documentation that never says PostgreSQL); else when
+``ragserve.rag.evidence.names``) that no source mentions, nor any other chunk of the index (the
+service looks the names up: ``Assessment.missing``); "How do I connect Flask to PostgreSQL?" over
+documentation that never says PostgreSQL; else when
 
 - the sources mention what the question asks about: the ``coverage`` of its terms (weighted by
   their rarity, ``ragserve.rag.evidence``) reaches ``answerable_coverage``, or

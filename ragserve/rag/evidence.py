@@ -111,8 +111,14 @@ _QUESTION_WORDS_TEXT = """
 long large big small many much often far old kind way ways explain describe tell mean means meaning
 define definition difference example examples give need please work works happen happens last lasts
 take takes good best better right proper properly correct correctly possible tool tools thing things
-documentation docs document documents documented manual guide
+documentation docs document documents documented manual guide get gets getting use uses using used
+make makes want wants show know see find let like try
 """
+# Stems of words that qualify what a question asks rather than name it ("by default"): left out of
+# its coverage (they still help find the passage that says "Default: 31 days").
+_QUALIFIERS = frozenset({"defaul"})
+# What a word with an apostrophe leaves before or after it ("doesn" of "doesn't", "ll" of "we'll").
+_CONTRACTED = _words("don doesn didn isn aren wasn weren won wouldn shouldn couldn hasn haven hadn ll ve re")
 QUESTION_WORDS = frozenset(_QUESTION_WORDS_TEXT.split())
 # An RST role before its target (":attr:`x`"): a try starts only at a ":" and reads one run of
 # letters, so finding them all is linear.
@@ -173,7 +179,8 @@ class Assessment:
     #: question the documents do not cover still finds a passage with a command or a number).
     support: float = 0.0
     #: The names the question gives (``names``: "PostgreSQL", "CORS", "gRPC") that no passage of
-    #: the sources mentions: the question is about something they do not cover.
+    #: the sources mentions (the chat service then keeps only those no other chunk of the index
+    #: holds either): the question is about something the documents do not cover.
     missing: list[str] = field(default_factory=list)
 
 
@@ -305,8 +312,13 @@ def _pieces(text: str, start: int, end: int) -> list[tuple[int, int]]:
 def terms(text: str) -> list[str]:
     """The words of ``text`` that say what it is about: lower-cased, stopwords and
     ``QUESTION_WORDS`` dropped, each cut to a crude stem (``_stem``). ``MAX_CONTENT_LENGTH`` is
-    three words, as a reader would say it."""
-    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in STOPWORDS and w not in QUESTION_WORDS]
+    three words, as a reader would say it. Single letters and what is left of a contraction ("I'm",
+    "doesn't": "m", "doesn", "t") are not words of the subject."""
+    return [
+        _stem(w)
+        for w in _WORD.findall(text.lower())
+        if len(w) > 1 and w not in STOPWORDS and w not in QUESTION_WORDS and w not in _CONTRACTED
+    ]
 
 
 def _stem(word: str) -> str:
@@ -489,33 +501,73 @@ def term_overlap(query: str, texts: Sequence[str]) -> list[float]:
     return [sum(weight[t] for t in h) / total if total else 0.0 for h in held]
 
 
+# What may open a sentence or a quotation: the capital after it is the sentence's, not a name's.
+_SENTENCE_OPENERS = ".?!:;\n\"'(\u201c\u2018\u00ab[-*"
+#: Acronyms of formats and protocols every technical text may or may not spell out ("What URL does
+#: the server listen on?" when its sources show http://127.0.0.1:5000): not names of a subject.
+GENERIC_ACRONYMS = _words(
+    "api apis url urls uri http https json xml html css sql cli gui ui id ids ip os pdf csv yaml toml ok faq "
+    "tcp udp dns ssl tls ssh ftp io cpu gpu ram"
+)
+
+
+# A quoted title ("What is “Employee Handbook” about?"): the words of a document's name, which its
+# metadata holds and its text may not. Bounded, so a try at each quote reads at most 200 characters.
+_QUOTED = re.compile('\u201c[^\u201d\n]{0,200}\u201d|"[^"\n]{0,200}"')
+
+
+def _questions_only(text: str) -> str:
+    """The sentences of ``text`` that ask (end with "?"), when some do: "I use Ubuntu. Which Python
+    versions are supported?" asks about Python versions, and says what the asker uses besides.
+    Every sentence when none asks ("deploy flask on kubernetes"). Linear: one split at "?"."""
+    if "?" not in text:
+        return text
+    parts = text.split("?")
+    asked = []
+    for part in parts[:-1]:  # each ends with "?"; its question is what follows the last other stop
+        cut = max(part.rfind(". "), part.rfind("! "), part.rfind("\n"))
+        asked.append(part[cut + 1 :] + "?")
+    return " ".join(asked)
+
+
 def names(query: str) -> list[str]:
     """The words of ``query`` that name something, as its writer spelled them: an acronym
     ("CORS"), a word with a capital inside ("PostgreSQL", "gRPC", "OAuth"), or a capitalised word
-    that does not start a sentence ("Kubernetes", "Stripe"); not "I", not stopwords. Read from its
-    first ``MAX_QUERY_CHARS``."""
+    that does not start a sentence or a quotation ("Kubernetes", "Stripe"), in the sentences that
+    ask (``_questions_only``: "I use Ubuntu." is context, not the subject), outside quotation marks
+    (a document's title); not single letters,
+    stopwords, ``QUESTION_WORDS`` or ``GENERIC_ACRONYMS``; in a question written in capitals or in
+    Title Case only a word with a capital inside. Read from its first ``MAX_QUERY_CHARS``."""
     out: list[str] = []
-    text = query[:MAX_QUERY_CHARS]
-    for m in _WORD.finditer(text):
+    text = _QUOTED.sub(" ", _questions_only(query[:MAX_QUERY_CHARS]))
+    words = [m for m in _WORD.finditer(text) if len(m.group()) > 1 and not m.group().isdigit()]
+    content = [m.group() for m in words if m.group().lower() not in STOPWORDS]
+    # a question in capitals ("HOW DO I …") or in Title Case ("How Do I Make …") capitalises every
+    # word: only a capital inside a word (PostgreSQL, gRPC) still says it is a name
+    shouting = len(content) >= 2 and all(w.isupper() for w in content)
+    titled = len(content) >= 2 and all(w[0].isupper() for w in content)
+    for m in words:
         w = m.group()
-        if len(w) < 2 or w.lower() in STOPWORDS or w.isdigit():
+        lower = w.lower()
+        if lower in STOPWORDS or lower in QUESTION_WORDS or lower in GENERIC_ACRONYMS:
             continue
         before = text[max(0, m.start() - 32) : m.start()].rstrip()  # what ends the text before it
-        starts = not before or before[-1] in ".?!:\n\"'("
-        inner = any(ch.isupper() for ch in w[1:])
-        if inner or (w[0].isupper() and not starts):
+        starts = not before or before[-1] in _SENTENCE_OPENERS
+        inner = any(ch.isupper() for ch in w[1:]) and any(ch.islower() for ch in w)
+        acronym = w.isupper()
+        if inner or (not (shouting or titled) and (acronym or (w[0].isupper() and not starts))):
             out.append(w)
     return out
 
 
 def missing_names(query: str, texts: Sequence[str]) -> list[str]:
-    """The ``names`` of ``query`` that none of ``texts`` holds (as ``terms`` reads both)."""
+    """The ``names`` of ``query`` that none of ``texts`` holds as a word (stemmed as ``terms`` does)."""
     wanted = {_stem(n.lower()): n for n in names(query)}
     if not wanted:
         return []
     held: set[str] = set()
     for t in texts:
-        held.update(terms(t))
+        held.update(_stem(w) for w in _WORD.findall(t.lower()))  # every word: a name may be any word
         if held.issuperset(wanted):
             return []
     return [n for stem, n in wanted.items() if stem not in held]
@@ -523,14 +575,22 @@ def missing_names(query: str, texts: Sequence[str]) -> list[str]:
 
 def coverage(query: str, texts: Sequence[str]) -> float:
     """The weighted share (as in ``term_overlap``) of the query's terms that some text holds: low
-    when the question names something the sources never mention ("Kubernetes" in Flask's docs).
-    1.0 for a query without terms."""
+    when the question is about something the sources never mention. A term no text holds weighs
+    as much as the rarest one some text holds, no more: an everyday word the sources say otherwise
+    ("switch on" for "enable", "interfaces" for "IPs") must not outweigh the question's subject
+    that they do hold. "By default" qualifies what is asked (``_QUALIFIERS``): the sentence with the
+    value rarely says "default". 1.0 for a query without terms."""
     weight, held = _weights(query, texts)
-    total = sum(weight.values())
-    if not total:
+    weight = {t: w for t, w in weight.items() if t not in _QUALIFIERS}
+    if not weight:
         return 1.0
     found = set().union(*held) if held else set()
-    return sum(w for t, w in weight.items() if t in found) / total
+    present = [w for t, w in weight.items() if t in found]
+    if not present:
+        return 0.0
+    cap = max(present)
+    absent = sum(min(w, cap) for t, w in weight.items() if t not in found)
+    return sum(present) / (sum(present) + absent)
 
 
 def answer_kinds(query: str) -> tuple[bool, bool]:
@@ -589,12 +649,14 @@ def _windows(found: Sequence[Candidate]) -> list[Window]:
     return out
 
 
-def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST) -> Shortlist:
+def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST, asked: str | None = None) -> Shortlist:
     """The ``size`` windows of ``found`` that hold most of the query's weighted terms (ties: the
     earlier source and sentence, so a question sharing no word with its sources still gets the
     best source's first sentences), and the candidates to embed for them. Embedding every sentence
     of five sources costs as much as embedding the sources again (~0.5 s of a CPU core for 5 × 256
-    tokens, docs/quality.md): the terms choose, the embedder orders the few chosen."""
+    tokens, docs/quality.md): the terms choose, the embedder orders the few chosen. ``asked``: the
+    question whose coverage and names the answerability rule reads, when it is not ``query`` (a
+    follow-up retrieved with earlier turns joined to it is judged on its newest turn alone)."""
     windows = _windows(found)
     texts = [model_text(f"{c.title} {c.text}") for c in found]
     overlap = term_overlap(query, [model_text(f"{found[w.first].title} {w.text}") for w in windows])
@@ -608,10 +670,10 @@ def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST) -> 
         kept,
         [overlap[i] for i in best],
         needed,
-        coverage(query, texts),
+        coverage(asked if asked is not None else query, texts),
         [typed[i] for i in best],
         any(kinds),
-        missing_names(query, texts),
+        missing_names(asked if asked is not None else query, texts),
     )
 
 

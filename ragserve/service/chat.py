@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, fields, replace
@@ -175,7 +176,7 @@ class ChatService:
             max_tokens_param="llm_params.max_tokens",
         )
         used = result.nodes_used
-        assessment = await self._assess(req.query, used)
+        assessment = await self._assess(req.index_name, req.query, used)
         if used and not self._answerable(used, assessment):
             near = closest(used)
             return QueryResponse(
@@ -327,7 +328,7 @@ class ChatService:
         )
         timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
         t_evidence = time.perf_counter()
-        assessment = await self._assess(rag.query, result.nodes_used)
+        assessment = await self._assess(p.params.index_name, rag.query, result.nodes_used, asked=p.query)
         timings["evidence"] = time.perf_counter() - t_evidence
         if not self._answerable(result.nodes_used, assessment):
             return self._not_covered(closest(result.nodes_used), rag, request, timings)
@@ -392,15 +393,21 @@ class ChatService:
 
     async def _with_evidence_hint(self, result: FitResult, assessment: Assessment | None) -> FitResult:
         """``result`` with its best ``evidence_in_prompt`` evidence passages repeated after the
-        sources (``ragserve.rag.prompt.with_evidence``) when the prompt still leaves ``max_tokens``
-        in the window, counted as sent; else ``result`` as it is."""
-        n = self.options.evidence_in_prompt
+        sources (``ragserve.rag.prompt.with_evidence``) when the prompt, counted as sent, still fits
+        what ``fit`` allows sources and history (its safety margin for estimated counts kept) and
+        leaves ``max_tokens``; else ``result`` as it is."""
+        o = self.options
+        n = o.evidence_in_prompt
         if not n or assessment is None or not assessment.evidence or not result.nodes_used:
             return result
         messages = with_evidence(result.messages, assessment.evidence[:n])
         counter = await self.llm.token_counter()
         prompt = await asyncio.to_thread(counter.count_messages, messages, grounded=result.grounded)
-        if prompt + result.max_tokens > result.window:
+        # what fit leaves for sources and history, with its margin for estimated counts kept
+        safety = o.budget_safety_ratio if o.budget_safety_ratio is not None else (1.0 if result.exact else 0.8)
+        fixed = result.prompt_tokens - result.context_tokens - result.history_tokens
+        usable = math.floor((result.window - fixed - result.max_tokens) * safety)
+        if prompt - fixed > usable or prompt + result.max_tokens > result.window:
             return result
         return replace(result, messages=messages, prompt_tokens=prompt)
 
@@ -410,19 +417,22 @@ class ChatService:
             return None
         return assessment.evidence[: self.options.evidence_passages]
 
-    async def _assess(self, query: str, nodes: list[NodeWithScore]) -> Assessment | None:
+    async def _assess(
+        self, index: str, query: str, nodes: list[NodeWithScore], asked: str | None = None
+    ) -> Assessment | None:
         """The passages of ``nodes`` (numbered as sent in ``source_nodes``) that best support an
         answer to ``query``, best first, and how much of the question they mention
         (``ragserve.rag.evidence``): the sentences are cut and shortlisted by the query's terms on a
         worker thread, the shortlisted ones embedded in one small batch beside the query (whose
         vector retrieval has just computed: a cache hit where queries are cached), then scored.
         None when neither evidence nor answerability is asked for, or the embedder failed (the
-        answer then goes on without them)."""
+        answer then goes on without them). ``asked``: the newest turn, whose coverage and names the
+        rule reads when ``query`` joins earlier turns to it."""
         o = self.options
         embedder = self.embedder
         if embedder is None or not nodes or (o.evidence_passages == 0 and not o.answerability):
             return None
-        short = await asyncio.to_thread(_shortlist, query, nodes)
+        short = await asyncio.to_thread(_shortlist, query, nodes, asked)
         texts = [embed_text(short.found[i]) for i in short.to_embed]
         try:
             query_vector, vectors = await asyncio.gather(
@@ -432,7 +442,15 @@ class ChatService:
         except ServiceError as e:
             log.warning("evidence not computed, the embedder failed: %s", e.message)
             return None
-        return assess(query_vector, short, vectors, max(o.evidence_passages, 1))  # a few dozen numbers: inline
+        assessment = assess(query_vector, short, vectors, max(o.evidence_passages, 1))  # a few dozen numbers: inline
+        if assessment.missing:  # names the sources lack: the question is not covered only if the index lacks them too
+            try:
+                held = await self.documents.mentioned(index, assessment.missing)
+            except ServiceError as e:
+                log.warning("could not look the question's names up in the index: %s", e.message)
+                held = set()
+            assessment = replace(assessment, missing=[n for n in assessment.missing if n not in held])
+        return assessment
 
     def _not_covered(
         self, sources: list[NodeWithScore], rag: RagInfo, request: ChatCompletionRequest, timings: dict[str, float]
@@ -656,8 +674,8 @@ class ChatService:
             await _close(deltas)
 
 
-def _shortlist(query: str, nodes: list[NodeWithScore]) -> Shortlist:
-    return shortlist(query, candidates(nodes))
+def _shortlist(query: str, nodes: list[NodeWithScore], asked: str | None = None) -> Shortlist:
+    return shortlist(query, candidates(nodes), asked=asked)
 
 
 async def _no_vectors() -> np.ndarray:

@@ -116,6 +116,15 @@ class DocumentService:
         if not await self.index_exists(index):
             raise NotFoundError(f"No such index: '{index}' exists.")
 
+    async def mentioned(self, index: str, words: list[str]) -> set[str]:
+        """Those of ``words`` that some chunk of ``index`` holds, on any shard (lexical lookups)."""
+        if not words:
+            return set()
+        found: set[str] = set()
+        for part in await self.pool.call_all(ShardService.mentioned, index, words):
+            found.update(part)
+        return found
+
     async def count_documents(self, index: str) -> int:
         return sum(await self.pool.call_all(ShardService.count_documents, index))
 

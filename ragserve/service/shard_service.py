@@ -12,6 +12,7 @@ it, which generation a write, a drop or a load is about.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sqlite3
@@ -247,6 +248,14 @@ class ShardService:
         except IndexNotFoundError:
             return None
 
+    def mentioned(self, index: str, words: list[str]) -> list[str]:
+        """Those of ``words`` some chunk of ``index`` on this shard holds; none where it has no such
+        index."""
+        try:
+            return self._shard.mentioned(index, words)
+        except IndexNotFoundError:
+            return []
+
     def search_candidates(
         self,
         index: str,
@@ -331,8 +340,13 @@ class ShardService:
         return None if stats is None else {"shard": self.shard_index, **stats}
 
 
-#: What a shard actor answers as ``open_options()["code"]``: the class that serves it.
-SHARD_CODE = f"{ShardService.__module__}.{ShardService.__qualname__}"
+#: What a shard actor answers as ``open_options()["code"]``: the class that serves it and the
+#: methods it answers (a shard actor started before a method was added cannot answer it, so it is
+#: replaced like one of another class).
+SHARD_CODE = (
+    f"{ShardService.__module__}.{ShardService.__qualname__}:"
+    + hashlib.sha1(",".join(sorted(n for n in vars(ShardService) if not n.startswith("_"))).encode()).hexdigest()[:12]
+)
 
 
 def shard_method_name(method: Callable[..., Any]) -> str:

@@ -265,3 +265,25 @@ def candidates(
         dense=[hit(i, s) for i, s in dense_pairs if i in rows],
         lexical=[hit(i, cosines[i]) for i in lexical_scores if i in rows],
     )
+
+
+#: The most words ``mentioned`` looks up in one call.
+MAX_MENTION_WORDS = 16
+
+
+def mentioned(readers: Readers, index: str, words: list[str]) -> list[str]:
+    """Those of ``words`` (at most ``MAX_MENTION_WORDS``) that some chunk of ``index`` holds, as
+    lexical search reads them (``"Node.js"`` is the phrase ``"node js"``): one FTS5 lookup of at most
+    one row each, in this index's postings only. A word that is only punctuation is never held."""
+    db = readers.get()
+    out: list[str] = []
+    for word in words[:MAX_MENTION_WORDS]:
+        query = lexical_query(word)
+        if (
+            query
+            and db.execute(
+                f"SELECT 1 FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? LIMIT 1", (query.match_in(index),)
+            ).fetchone()
+        ):
+            out.append(word)
+    return out

@@ -48,7 +48,7 @@ from ragserve.store.lexical import lexical_problems
 from ragserve.store.mirror import FaissMirror
 from ragserve.store.readers import Readers
 from ragserve.store.schema import chunked, connect, create_schema
-from ragserve.store.search import candidates, dense_search
+from ragserve.store.search import candidates, dense_search, mentioned
 from ragserve.store.types import (
     DimensionMismatchError,
     DocumentWrite,
@@ -566,6 +566,12 @@ class Shard:
     ) -> list[SearchHit]:
         """Top ``k`` chunks by cosine score (dense only)."""
         return dense_search(self._readers, self._mirror, index, vector, k, metadata_filter)
+
+    def mentioned(self, index: str, words: list[str]) -> list[str]:
+        """Those of ``words`` some chunk of ``index`` holds (``ragserve.store.search.mentioned``)."""
+        if not self.has_index(index):
+            raise IndexNotFoundError(index)
+        return mentioned(self._readers, index, words)
 
     def search_candidates(
         self,

@@ -38,6 +38,7 @@ from ragserve.rag.evidence import (
     reading_text,
     section_titles,
     shortlist,
+    terms,
 )
 
 PUMP = (
@@ -257,17 +258,34 @@ def test_the_passage_with_the_value_is_chosen_for_a_question_about_a_setting(emb
     ("question", "named"),
     [
         ("How do I connect Flask to a PostgreSQL database?", ["Flask", "PostgreSQL"]),
-        ("How do I enable CORS for my API?", ["CORS", "API"]),
+        ("How do I enable CORS for my API?", ["CORS"]),  # API, URL, JSON: any technical text's words
+        ("HOW DO I ENABLE CORS?", []),  # a question in capitals capitalises every word
+        ("How Do I Connect To PostgreSQL?", ["PostgreSQL"]),  # Title Case: a capital inside still names
+        ("Is there an Example in the Documentation?", []),  # words of how a question is asked
+        ("Which Python versions are supported? I use Ubuntu.", ["Python"]),  # context is not the subject
+        ("What is “Employee Handbook” about?", []),  # a quotation's first word
         ("How do I expose a gRPC service?", ["gRPC"]),
         ("Can I run Gunicorn on Windows?", ["Gunicorn", "Windows"]),
         ("Kubernetes: how do I deploy?", []),  # a sentence's first word is capitalised anyway
         ("What is ItsDangerous used for?", ["ItsDangerous"]),  # ... unless it has a capital inside
         ("how do i use postgres with flask", []),  # written in lower case: the coverage rule decides
-        ("Which port does the development server listen on? I use Windows.", ["Windows"]),
+        ("Which port does the development server listen on? On Windows?", ["Windows"]),
     ],
 )
 def test_the_names_a_question_gives(question: str, named: list[str]) -> None:
     assert names(question) == named
+
+
+def test_coverage_weighs_an_absent_everyday_word_no_more_than_the_subject() -> None:
+    texts = [model_text(c.text) for c in candidates([node(PUMP, "pump"), node(LIGHT, "light")])]
+    # "switch" is in no text: it weighs as much as the rarest held term, not more
+    assert coverage("How do I switch on the impeller cleaning of the Zephyr X200?", texts) > 0.7
+    # "by default" qualifies, it does not name
+    assert coverage("How long is the warranty of the Zephyr X200 by default?", texts) == 1.0
+    assert coverage("Does the Zephyr X200 run on Kubernetes?", texts) < 1.0
+    assert coverage("Kubernetes?", texts) == 0.0  # nothing the question names is held
+    # contractions leave no words: "I'm" is not about "m"
+    assert "m" not in terms("I'm sure it doesn't") and "doesn" not in terms("it doesn't")
 
 
 def test_a_name_counts_as_missing_only_when_no_source_holds_it() -> None:

@@ -257,3 +257,60 @@ def test_no_evidence_in_the_prompt_when_off_or_when_the_window_has_no_room(build
     assert outcome.mode == "rag" and model.calls == ["chat"], outcome
     assert EVIDENCE_HEADING not in str(model.prompts[-1][0]["content"])
     assert outcome.stats["prompt_tokens"] == without and without + 16 <= window
+
+
+def test_a_name_the_index_holds_elsewhere_is_not_what_refuses(build) -> None:
+    # coverage 0 answers every question the names leave alone: only the name rule can refuse here
+    svc, model = build(answerable_coverage=0.0)
+    # one source (the pump's): "Lumen" is in the index (the light's sheet), only not retrieved
+    outcome = asyncio.run(
+        svc.chat.complete(request("How often is the impeller of the Zephyr X200 cleaned near a Lumen?", top_k=1))
+    )
+    assert outcome.response is not None and [n.doc_id for n in outcome.response.source_nodes] == ["pump"]
+    assert (outcome.reason, model.calls) == (None, ["chat"])
+    # a name in no document of the index
+    outcome = asyncio.run(
+        svc.chat.complete(request("How often is the impeller of the Zephyr X200 cleaned with a Kärcher?", top_k=1))
+    )
+    assert (outcome.reason, model.calls) == (NOT_COVERED, ["chat"])
+
+
+def test_a_follow_up_is_judged_on_its_own_question_not_on_the_turn_before(build) -> None:
+    svc, model = build()
+    refused = "How do I connect the Zephyr X200 to a Tesla Powerwall?"
+    first = asyncio.run(svc.chat.complete(request(refused)))
+    assert first.reason == NOT_COVERED
+    follow_up = ChatCompletionRequest.model_validate(
+        {
+            "index_name": "kb",
+            "max_tokens": 32,
+            "messages": [
+                {"role": "user", "content": refused},
+                {"role": "assistant", "content": NOT_COVERED_ANSWER},
+                {"role": "user", "content": "And how often is its impeller cleaned?"},
+            ],
+        }
+    )
+    outcome = asyncio.run(svc.chat.complete(follow_up))
+    assert outcome.rag is not None and outcome.rag.query_source == "joined"  # retrieved with the turn before
+    assert (outcome.reason, model.calls) == (None, ["chat"])  # "Tesla Powerwall" was the turn before's
+
+
+def test_the_repeated_passage_keeps_the_margin_of_estimated_counts(build) -> None:
+    """The model's counter here estimates (chars/4): fit keeps a fifth of what sources and history
+    may take as a margin, and the passage repeated before the question must fit inside the rest."""
+    svc, model = build(evidence_in_prompt=0)
+    base = asyncio.run(svc.chat.complete(request(ANSWERED, max_tokens=16, top_k=1)))
+    without, context, history = (base.stats[k] for k in ("prompt_tokens", "context_tokens", "history_tokens"))
+    fixed = without - context - history
+    hinted = 0
+    for window in range(without + 16, without + 16 + 600, 30):
+        svc, model = build(window=window, evidence_in_prompt=3)
+        try:
+            outcome = asyncio.run(svc.chat.complete(request(ANSWERED, max_tokens=16, top_k=1, context_token_ratio=0.8)))
+        except ContextBudgetError:
+            continue
+        if EVIDENCE_HEADING in str(model.prompts[-1][0]["content"]):
+            hinted += 1
+            assert outcome.stats["prompt_tokens"] - fixed <= int((window - fixed - 16) * 0.8), window
+    assert hinted  # a window large enough takes it

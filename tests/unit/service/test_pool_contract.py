@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,7 +79,10 @@ def test_a_shard_says_which_code_serves_it(tmp_path: Path) -> None:
     check_layout(tmp_path, 1)
     shard = ShardService(tmp_path, 0, 1, **shard_open_options(Settings(storage_dir=str(tmp_path))))
     opened = shard.open_options()
-    assert opened["code"] == SHARD_CODE == "ragserve.service.shard_service.ShardService"
+    assert opened["code"] == SHARD_CODE and SHARD_CODE.startswith("ragserve.service.shard_service.ShardService:")
+    # the methods it answers are part of it: an actor started before one was added is replaced too
+    methods = sorted(n for n in vars(ShardService) if not n.startswith("_"))
+    assert "mentioned" in methods and SHARD_CODE.endswith(hashlib.sha1(",".join(methods).encode()).hexdigest()[:12])
     wanted = {**shard_open_options(Settings(storage_dir=str(tmp_path))), "code": SHARD_CODE}
     assert opened == wanted
     old_package = {k: v for k, v in opened.items() if k != "code"}

@@ -12,6 +12,7 @@ import pytest
 from ragserve.store import ChunkWrite, DocumentWrite, Shard, read_export
 from ragserve.store.lexical import FTS_TABLE, MAX_PHRASE_TOKENS, MAX_QUERY_CHARS, MAX_QUERY_TOKENS, lexical_query
 from ragserve.store.search import terms_matched
+from ragserve.store.types import IndexNotFoundError
 
 TEXTS = {
     "bracket": "The XR-7720 bracket mounts the pump on the frame.",
@@ -426,3 +427,17 @@ def test_a_decomposed_query_finds_what_the_composed_one_finds(tmp_path) -> None:
             assert [h.doc_id for h in hits] == ["naive"], query
     finally:
         s.close()
+
+
+def test_which_words_an_index_mentions(shard: Shard, tmp_path) -> None:
+    first = next(iter(TEXTS.values()))
+    word = next(w for w in first.split() if w.isalpha() and len(w) > 4)
+    assert shard.mentioned("kb", [word, word.upper(), "Kubernetes", "!!!", ""]) == [word, word.upper()]
+    # another index's words are not this one's
+    shard.upsert_documents("other", [doc("o", "Kubernetes clusters and Helm charts.", 7)])
+    assert shard.mentioned("kb", ["Kubernetes"]) == [] and shard.mentioned("other", ["kubernetes"]) == ["kubernetes"]
+    with pytest.raises(IndexNotFoundError):
+        shard.mentioned("missing", [word])
+    # hostile words are phrases of their tokens, never FTS5 syntax
+    for hostile in ['"', "NEAR(a b)", "*", "a OR b", "\ud800", "x" * 100_000]:
+        assert shard.mentioned("kb", [hostile]) == []
