@@ -489,20 +489,11 @@ class ChatService:
         include_usage = bool((request.stream_options or {}).get("include_usage"))
 
         async def chunks() -> AsyncGenerator[ChatCompletionChunk, None]:
-            def chunk(delta: DeltaMessage, finish: str | None = None) -> ChatCompletionChunk:
-                return ChatCompletionChunk(
-                    id=cid,
-                    object="chat.completion.chunk",
-                    created=created,
-                    model=model,
-                    choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)],
-                )
-
-            head = chunk(DeltaMessage(role="assistant", content=""))
+            head = _stream_chunk(cid, created, model, DeltaMessage(role="assistant", content=""))
             head.source_nodes, head.rag = sources, rag
             yield head
-            yield chunk(DeltaMessage(content=text))
-            last = chunk(DeltaMessage(), "stop")
+            yield _stream_chunk(cid, created, model, DeltaMessage(content=text))
+            last = _stream_chunk(cid, created, model, DeltaMessage(), "stop")
             last.citations, last.invalid_citations, last.rag = [], [], rag
             yield last
             if include_usage:
@@ -617,21 +608,12 @@ class ChatService:
         cid, created = new_completion_id(), int(time.time())
         model = self.llm.model_id
 
-        def chunk(delta: DeltaMessage, finish: str | None = None) -> ChatCompletionChunk:
-            return ChatCompletionChunk(
-                id=cid,
-                object="chat.completion.chunk",
-                created=created,
-                model=model,
-                choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)],
-            )
-
         def closing(finish: str | None) -> list[ChatCompletionChunk]:
             citations, invalid = parse_citations("".join(text), sources)
             out = []
             if footer and (extra := sources_footer(sources, citations)):
-                out.append(chunk(DeltaMessage(content=extra)))
-            last = chunk(DeltaMessage(), finish)
+                out.append(_stream_chunk(cid, created, model, DeltaMessage(content=extra)))
+            last = _stream_chunk(cid, created, model, DeltaMessage(), finish)
             last.citations, last.invalid_citations = citations, invalid
             if outcome.rag is not None:  # the evidence again, beside the whole answer it supports
                 last.rag = outcome.rag
@@ -646,7 +628,7 @@ class ChatService:
             # becomes an HTTP error status (as in passthrough), not a 200 with an error event.
             first = await anext(deltas, None)
             model = (first.model if first is not None else None) or model
-            head = chunk(DeltaMessage(role="assistant", content=""))
+            head = _stream_chunk(cid, created, model, DeltaMessage(role="assistant", content=""))
             head.source_nodes = sources
             if outcome.rag is not None:
                 head.rag = outcome.rag
@@ -657,7 +639,7 @@ class ChatService:
                 usage = d.usage() or usage
                 if d.text:
                     text.append(d.text)
-                    yield chunk(DeltaMessage(content=d.text))
+                    yield _stream_chunk(cid, created, model, DeltaMessage(content=d.text))
                 if d.finish_reason and not closed:
                     closed = True
                     for c in closing(d.finish_reason):
@@ -672,6 +654,19 @@ class ChatService:
         finally:
             outcome.timings["generate"] = time.perf_counter() - t0
             await _close(deltas)
+
+
+def _stream_chunk(
+    cid: str, created: int, model: str, delta: DeltaMessage, finish: str | None = None
+) -> ChatCompletionChunk:
+    """One chunk of a streamed answer (``chat.completion.chunk``) with one choice."""
+    return ChatCompletionChunk(
+        id=cid,
+        object="chat.completion.chunk",
+        created=created,
+        model=model,
+        choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)],
+    )
 
 
 def _shortlist(query: str, nodes: list[NodeWithScore], asked: str | None = None) -> Shortlist:
