@@ -71,12 +71,20 @@ class FitResult:
     history_tokens: int = 0
     window: int = 0
     exact: bool = True
+    #: What sources and history may take together, the margin for estimated counts kept.
+    usable: int = 0
     #: Nodes that reached the threshold, the tokens left for them, and when none fitted: what the
     #: cheapest one needs and about the largest max_tokens that would leave room for it (None: none).
     relevant_sources: int = 0
     context_budget: int = 0
     smallest_source_tokens: int = 0
     max_tokens_for_sources: int | None = None
+
+    def room_for(self, prompt_tokens: int) -> bool:
+        """Whether these messages with more added to their sources (``prompt_tokens`` in all, as
+        counted) still fit: sources and history within ``usable``, and ``max_tokens`` left."""
+        fixed = self.prompt_tokens - self.context_tokens - self.history_tokens
+        return prompt_tokens - fixed <= self.usable and prompt_tokens + self.max_tokens <= self.window
 
     @property
     def grounded(self) -> bool:
@@ -210,6 +218,7 @@ def fit(
         history_tokens=sum(_message_cost(counter, m, empty) for m in kept),
         window=window,
         exact=counter.exact,
+        usable=usable,
         relevant_sources=len(found),
         context_budget=context_budget,
         smallest_source_tokens=smallest,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, fields, replace
@@ -394,20 +393,15 @@ class ChatService:
     async def _with_evidence_hint(self, result: FitResult, assessment: Assessment | None) -> FitResult:
         """``result`` with its best ``evidence_in_prompt`` evidence passages repeated after the
         sources (``ragserve.rag.prompt.with_evidence``) when the prompt, counted as sent, still fits
-        what ``fit`` allows sources and history (its safety margin for estimated counts kept) and
-        leaves ``max_tokens``; else ``result`` as it is."""
-        o = self.options
-        n = o.evidence_in_prompt
+        what ``fit`` allows (``FitResult.room_for``: its margin for estimated counts kept); else
+        ``result`` as it is."""
+        n = self.options.evidence_in_prompt
         if not n or assessment is None or not assessment.evidence or not result.nodes_used:
             return result
         messages = with_evidence(result.messages, assessment.evidence[:n])
         counter = await self.llm.token_counter()
         prompt = await asyncio.to_thread(counter.count_messages, messages, grounded=result.grounded)
-        # what fit leaves for sources and history, with its margin for estimated counts kept
-        safety = o.budget_safety_ratio if o.budget_safety_ratio is not None else (1.0 if result.exact else 0.8)
-        fixed = result.prompt_tokens - result.context_tokens - result.history_tokens
-        usable = math.floor((result.window - fixed - result.max_tokens) * safety)
-        if prompt - fixed > usable or prompt + result.max_tokens > result.window:
+        if not result.room_for(prompt):
             return result
         return replace(result, messages=messages, prompt_tokens=prompt)
 
