@@ -139,7 +139,7 @@ deprecated
 )
 
 # A line that opens a code block: the block belongs to the passage just above it.
-_CODE_OPENERS = (".. code-block::", ".. code::", ".. sourcecode::")  # a fence may close one: ":" only
+_CODE_DIRECTIVES = frozenset({"code-block", "code", "sourcecode"})  # a fence may close one: ":" only
 # Directives that document a name (Sphinx's domain directives, "py:data", have a ":" in theirs).
 _API_DIRECTIVES = _words(
     """
@@ -184,6 +184,16 @@ class Assessment:
     missing: list[str] = field(default_factory=list)
 
 
+def _directive(s: str) -> tuple[str, str] | None:
+    """(name, argument) of a directive line ``s`` (without its indentation): ``.. note:: Read
+    this.`` is ("note", "Read this."); None for any other line, a comment or a link target
+    (``.. _x: url``) among them."""
+    if not s.startswith(".. "):
+        return None
+    name, marker, argument = s[3:].partition("::")
+    return (name.strip(), argument.strip()) if marker else None
+
+
 def _is_underline(line: str) -> bool:
     """An RST heading's over- or underline (``=====``): one punctuation character repeated."""
     s = line.strip()
@@ -208,9 +218,10 @@ def _markup_blanked(line: str, s: str, heading: bool) -> str:
     if heading or s.startswith(("#", "```", "~~~")):
         return " " * len(line)
     if s.startswith(".. ") or s == "..":
-        marker = line.find("::")
-        if marker < 0 or line[line.find("..") + 2 : marker].strip().lower() not in _PROSE_DIRECTIVES:
+        directive = _directive(s)
+        if directive is None or directive[0].lower() not in _PROSE_DIRECTIVES:
             return " " * len(line)
+        marker = line.find("::")
         return " " * (marker + 2) + line[marker + 2 :]
     return line
 
@@ -220,23 +231,17 @@ def reading_text(text: str) -> str:
     stay the text's). A break stays where a paragraph ends (a blank line), a block starts (a list
     item, a heading, a table row, a fence), the indentation goes back (a list item's wrapped lines
     are indented more than its first), in a fenced code block, or where a line is a heading or its
-    underline: wrapped prose becomes whole sentences, structure stays lines. Each line is read
-    once (its facts are kept for when it is the next line)."""
+    underline: wrapped prose becomes whole sentences, structure stays lines. Each line's facts are
+    found once (it is also the next line of the one before)."""
     lines = text.split("\n")
+    bodies = [line.lstrip() for line in lines]
+    unders = [bool(body) and _is_underline(body) for body in bodies]
     out: list[str] = []
     fenced = False  # inside a Markdown code fence: every line is a line
     last = len(lines) - 1
-    nxt = lines[0]
-    n_body = nxt.lstrip()
-    n_under = _is_underline(nxt)
-    for i in range(last + 1):
-        line, body, under = nxt, n_body, n_under
-        if i < last:
-            nxt = lines[i + 1]
-            n_body = nxt.lstrip()
-            n_under = bool(n_body) and _is_underline(n_body)
-        else:
-            nxt, n_body, n_under = "", "", False
+    for i, line in enumerate(lines):
+        body, under = bodies[i], unders[i]
+        nxt, n_body, n_under = (lines[i + 1], bodies[i + 1], unders[i + 1]) if i < last else ("", "", False)
         if not body:  # a blank line: kept as it is, and a paragraph's end
             out.append(line)
             if i < last:
@@ -277,10 +282,10 @@ def prompt_text(text: str) -> str:
         if s.startswith(("```", "~~~")):
             continue
         if s.startswith(".. ") or s == "..":
-            name, marker, rest = s[3:].partition("::")
-            options = bool(marker)
-            if marker and name.strip().lower() in _PROSE_DIRECTIVES and rest.strip():
-                out.append(line[: len(line) - len(line.lstrip())] + rest.strip())
+            directive = _directive(s)
+            options = directive is not None
+            if directive is not None and directive[0].lower() in _PROSE_DIRECTIVES and directive[1]:
+                out.append(line[: len(line) - len(line.lstrip())] + directive[1])
             continue
         out.append(line)
     return "\n".join(out).strip("\n")
@@ -373,8 +378,8 @@ _BLOCK_NEXT = 2  # a passage that ends in what it announced: its next prompt lin
 def _opens_block(line: str) -> bool:
     """A directive's line (``.. code-block:: sh``, ``.. note::``) or a fence: what a passage that
     ends with ":" announces may lie past it (never past a heading, prose, a link target)."""
-    s = line.lstrip()
-    return s.startswith(("```", "~~~")) or (s.startswith(".. ") and "::" in s)
+    s = line.strip()
+    return s.startswith(("```", "~~~")) or _directive(s) is not None
 
 
 def _is_item(text: str, start: int) -> bool:
@@ -402,7 +407,7 @@ def _joins(text: str, last: list[int], start: int) -> bool:
         return False
     if text[last[1] - 1] == ":":
         return True
-    return any(line.lstrip().startswith(_CODE_OPENERS) for line in gap)
+    return any((d := _directive(line.strip())) is not None and d[0] in _CODE_DIRECTIVES for line in gap)
 
 
 def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDATES) -> list[Candidate]:
@@ -453,10 +458,9 @@ def section_titles(text: str) -> list[tuple[int, str]]:
         title = ""
         if s.startswith("#"):
             title = s.lstrip("#").strip()
-        elif s.startswith(".. ") and "::" in s:
-            name, _, arg = s[3:].partition("::")
-            if ":" in name or name.strip() in _API_DIRECTIVES:
-                title = arg.strip()
+        elif (directive := _directive(s)) is not None:
+            if ":" in directive[0] or directive[0] in _API_DIRECTIVES:
+                title = directive[1]
         elif (
             s
             and i + 1 < len(lines)
@@ -657,6 +661,7 @@ def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST, ask
     tokens, docs/quality.md): the terms choose, the embedder orders the few chosen. ``asked``: the
     question whose coverage and names the answerability rule reads, when it is not ``query`` (a
     follow-up retrieved with earlier turns joined to it is judged on its newest turn alone)."""
+    asked = query if asked is None else asked
     windows = _windows(found)
     texts = [model_text(f"{c.title} {c.text}") for c in found]
     overlap = term_overlap(query, [model_text(f"{found[w.first].title} {w.text}") for w in windows])
@@ -670,10 +675,10 @@ def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST, ask
         kept,
         [overlap[i] for i in best],
         needed,
-        coverage(asked if asked is not None else query, texts),
+        coverage(asked, texts),
         [typed[i] for i in best],
         any(kinds),
-        missing_names(asked if asked is not None else query, texts),
+        missing_names(asked, texts),
     )
 
 
