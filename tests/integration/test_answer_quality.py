@@ -101,18 +101,23 @@ def test_a_plain_question_without_an_index_is_answered_not_echoed(client: TestCl
     assert body["choices"][0]["finish_reason"] == "stop"
 
 
-def test_a_streamed_rag_answer_carries_its_sources_and_no_label(client: TestClient) -> None:
-    fact = FACTS[1]
-    whole, _, _ = ask(client, fact.question)
+def ask_streamed(client: TestClient, question: str, index: str, max_tokens: int) -> list[dict]:
+    """The chunks of a streamed chat completion (``ask``'s streamed twin), after a 200."""
     request = {
-        "index_name": "quality_check",
-        "max_tokens": 64,
+        "index_name": index,
+        "max_tokens": max_tokens,
         "stream": True,
-        "messages": [{"role": "user", "content": fact.question}],
+        "messages": [{"role": "user", "content": question}],
     }
     with client.stream("POST", "/v1/chat/completions", json=request) as r:
         assert r.status_code == 200
-        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def test_a_streamed_rag_answer_carries_its_sources_and_no_label(client: TestClient) -> None:
+    fact = FACTS[1]
+    whole, _, _ = ask(client, fact.question)
+    chunks = ask_streamed(client, fact.question, "quality_check", 64)
     assert any(n["text"] == fact.document for n in chunks[0]["source_nodes"])
     pieces = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
     assert "".join(pieces) == whole["choices"][0]["message"]["content"]
@@ -140,15 +145,7 @@ def test_steps_and_lists_are_answered_whole_over_several_lines_with_no_echo(clie
 def test_a_streamed_list_answer_is_the_whole_one_in_pieces_with_no_label(client: TestClient) -> None:
     steps = STEPS[0]
     whole, _, _ = ask(client, steps.question, index=STEPS_INDEX, max_tokens=160)
-    request = {
-        "index_name": STEPS_INDEX,
-        "max_tokens": 160,
-        "stream": True,
-        "messages": [{"role": "user", "content": steps.question}],
-    }
-    with client.stream("POST", "/v1/chat/completions", json=request) as r:
-        assert r.status_code == 200
-        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    chunks = ask_streamed(client, steps.question, STEPS_INDEX, 160)
     pieces = [c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]]
     answer = whole["choices"][0]["message"]["content"]
     assert "".join(pieces) == answer and "\n" in answer
