@@ -98,8 +98,13 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
 def _is_abbreviation(text: str, start: int, dot: int) -> bool:
     """Whether the word of ``text[start:dot]`` that ends at ``dot`` is an abbreviation or an initial
     (its "." does not end a sentence). Only the last ``_LONGEST_ABBREVIATION + 1`` characters are
-    read: a longer word is neither, and its cut end is still longer than any abbreviation."""
-    words = text[max(start, dot - _LONGEST_ABBREVIATION - 1) : dot].split()
+    read, counted from the word's end (spaces may stand between it and the dot: "approx ."): a
+    longer word is neither, and its cut end is still longer than any abbreviation. The spaces are
+    walked once, by the one dot that follows them."""
+    end = dot
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    words = text[max(start, end - _LONGEST_ABBREVIATION - 1) : end].split()
     stem = words[-1].lower().rstrip(".") if words else ""
     return stem in _ABBREVIATIONS or (len(stem) == 1 and stem.isalpha())
 
