@@ -144,9 +144,14 @@ class Settings(BaseSettings):
         description="hybrid: dense and lexical (BM25) candidates fused by reciprocal rank "
         "fusion; dense: cosine only; lexical: BM25 only. Requests may choose their own.",
     )
-    rrf_k: int = Field(default=60, ge=0, description="Reciprocal rank fusion's k: score = sum(w / (k + rank)).")
-    rrf_dense_weight: float = Field(default=1.0, ge=0, description="Weight of the dense ranking in the fusion.")
-    rrf_lexical_weight: float = Field(default=1.0, ge=0, description="Weight of the lexical ranking in the fusion.")
+    hybrid_dense_weight: float = Field(
+        default=0.6,
+        ge=0,
+        le=1,
+        description="Hybrid fusion: a candidate scores this x its cosine (scaled over the candidates) + "
+        "the rest x the share of the query's information (terms weighed by IDF) its text holds when the lexical "
+        "search found it (docs/quality.md).",
+    )
     retrieval_candidates: int = Field(
         default=20,
         ge=1,
@@ -155,19 +160,19 @@ class Settings(BaseSettings):
         "the fusion; at least the request's top_k.",
     )
     lexical_min_match: float = Field(
-        default=0.3,
+        default=0.0,
         ge=0,
         le=1,
-        description="Share of a query's terms (rounded up, at least one) a lexical hit "
-        "must contain to be a candidate: a chunk sharing one common word with a long question is no evidence, "
-        "yet rank fusion would credit it like a real match.",
+        description="Share of a query's information (its terms weighed by IDF) a lexical hit must hold "
+        "to be a candidate. 0: any; the fusion already credits a hit by that share.",
     )
     lexical_max_postings: int | None = Field(
         default=2000,
         ge=1,
         description="Bounds the cost of a lexical search per shard: BM25 is computed for every "
         "row a term matches, so terms are searched rarest first while the rows they match add up to at most this "
-        "(frequent terms weigh little in BM25). None: every term, whatever it costs.",
+        "(frequent terms weigh little, and still count in the query's information). None: every term, whatever "
+        "it costs.",
     )
     lexical_match_min_terms: int | None = Field(
         default=2,
@@ -182,16 +187,18 @@ class Settings(BaseSettings):
         "candidates (retrieval_candidates of them) before selection. None: no reranking (the CPU default: it "
         "runs a transformer over every candidate on every request).",
     )
-    followup_max_tokens: int = Field(
-        default=128,
-        ge=1,
-        description="A follow-up question that retrieves nothing alone is retried joined to "
-        "the previous user turns, newest first, up to this many tokens.",
+    followup_terms: int = Field(
+        default=4,
+        ge=0,
+        le=32,
+        description="A follow-up that refers back to earlier turns ('How do I set it up?', 'And on Windows?') "
+        "retrieves with this many salient terms of the earlier user turns (names, code identifiers, content words; "
+        "newest turn first) added to it; a question with a subject of its own is retrieved alone. 0: never.",
     )
     query_rewrite: QueryRewrite = Field(
         default="off",
-        description="llm: a follow-up question is first rewritten into a standalone one by the "
-        "generator (one short extra generation); off: only the deterministic join.",
+        description="llm: a follow-up question that refers back is first rewritten into a standalone one by "
+        "the generator (one short extra generation); off: only the deterministic follow-up query (followup_terms).",
     )
     sources_in_content: bool = Field(
         default=False,

@@ -128,7 +128,13 @@ class NodeWithScore(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     fused_score: float | None = Field(
         default=None,
-        description="Reciprocal rank fusion score over the rankings that found it: results are in this order.",
+        description="Its fused score (hybrid: hybrid_dense_weight x the cosine scaled over the candidates + "
+        "the rest x lexical_coverage when the lexical search found it; docs/quality.md): results are in this order.",
+    )
+    lexical_coverage: float | None = Field(
+        default=None,
+        description="The share of the query's information (its terms weighed by IDF) this text holds; "
+        "None in dense mode.",
     )
     sources: list[Literal["dense", "lexical"]] | None = Field(
         default=None, description="Which rankings found it: dense (cosine), lexical (BM25)."

@@ -3,8 +3,8 @@
 The query is embedded (``TextEmbedder.embed_query``: in the ingress for a small encoder, else the
 Embedder deployment) while its lexical form is parsed; then one call per shard
 (``ShardService.search_candidates``) returns that shard's dense (FAISS) and lexical (FTS5 BM25)
-candidates, which are fused here, across shards, by reciprocal rank fusion
-(``ragserve.rag.fusion``, docs/quality.md). A reranker, when configured, reorders the fused
+candidates, which are fused here, across shards, by their scores (``ragserve.rag.fusion``,
+docs/quality.md). A reranker, when configured, reorders the fused
 candidates. Nothing asks first whether the index exists: the search itself tells (every shard
 answers None), so a RAG request costs one call per shard (issue 13).
 
@@ -40,12 +40,12 @@ async def _no_tokens() -> int:
 @dataclass(frozen=True)
 class RetrievalOptions:
     """How ``retrieve`` searches by default and fuses (the settings ``retrieval_mode``,
-    ``retrieval_candidates``, ``lexical_min_match``, ``lexical_max_postings``, ``rrf_*``,
+    ``retrieval_candidates``, ``lexical_min_match``, ``lexical_max_postings``, ``hybrid_dense_weight``,
     ``lexical_match_min_terms``)."""
 
     mode: str = "hybrid"
     candidates: int = 20
-    min_match: float = 0.3
+    min_match: float = 0.0
     max_postings: int | None = 2000
     fusion: FusionOptions = field(default_factory=FusionOptions)
 
@@ -56,12 +56,7 @@ class RetrievalOptions:
             candidates=s.retrieval_candidates,
             min_match=s.lexical_min_match,
             max_postings=s.lexical_max_postings,
-            fusion=FusionOptions(
-                k=s.rrf_k,
-                dense_weight=s.rrf_dense_weight,
-                lexical_weight=s.rrf_lexical_weight,
-                match_min_terms=s.lexical_match_min_terms,
-            ),
+            fusion=FusionOptions(dense_weight=s.hybrid_dense_weight, match_min_terms=s.lexical_match_min_terms),
         )
 
 

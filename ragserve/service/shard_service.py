@@ -12,6 +12,7 @@ it, which generation a write, a drop or a load is about.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -340,12 +341,19 @@ class ShardService:
         return None if stats is None else {"shard": self.shard_index, **stats}
 
 
-#: What a shard actor answers as ``open_options()["code"]``: the class that serves it and the
-#: methods it answers (a shard actor started before a method was added cannot answer it, so it is
-#: replaced like one of another class).
+#: What a shard actor answers as ``open_options()["code"]``: the class that serves it, the methods
+#: it answers and the fields of the search hits it returns (a shard actor started before a method
+#: or a field was added cannot answer it, so it is replaced like one of another class).
 SHARD_CODE = (
     f"{ShardService.__module__}.{ShardService.__qualname__}:"
-    + hashlib.sha1(",".join(sorted(n for n in vars(ShardService) if not n.startswith("_"))).encode()).hexdigest()[:12]
+    + hashlib.sha1(
+        ",".join(
+            [
+                *sorted(n for n in vars(ShardService) if not n.startswith("_")),
+                *(f.name for f in dataclasses.fields(SearchHit)),
+            ]
+        ).encode()
+    ).hexdigest()[:12]
 )
 
 

@@ -16,19 +16,21 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ragserve.api.documents import RETRIEVAL_MODES
 from ragserve.store.filters import filter_sql
-from ragserve.store.lexical import FTS_TABLE, LexicalQuery, in_index, lexical_query
+from ragserve.store.lexical import FTS_TABLE, MAX_QUERY_TOKENS, LexicalQuery, in_index, lexical_query
 from ragserve.store.mirror import FaissMirror
 from ragserve.store.readers import Readers
 from ragserve.store.schema import chunked
 from ragserve.store.types import DimensionMismatchError, SearchCandidates, SearchHit
 
-MAX_COUNTED_TERMS = 16  # a lexical search considers a query's first 16 content words
+#: The most query terms a lexical search weighs and searches (every term the parser keeps).
+MAX_WEIGHED_TERMS = MAX_QUERY_TOKENS
 
 
 def query_vector(mirror: FaissMirror, index: str, vector: np.ndarray, k: int) -> np.ndarray:
@@ -146,51 +148,93 @@ def lexical(
     ]
 
 
-def terms_matched(db: sqlite3.Connection, index: str, query: LexicalQuery, ids: list[int]) -> dict[int, int]:
-    """How many of ``query``'s terms each of ``ids`` (rows of ``index``) contains: one query per
-    term over the rowid range the ids span, kept to the ids here. FTS5 seeks a rowid range in its
-    doclists but runs ``rowid IN (...)`` as one full-text lookup per listed id: with 60
-    candidates and 3 terms that was 2.5 ms a shard, the range 0.08 ms (docs/benchmarks.md). The
-    range walks at most each term's postings in this index, which the BM25 query over the same
-    terms has just walked."""
-    counts = dict.fromkeys(ids, 0)
+def terms_held(db: sqlite3.Connection, index: str, query: LexicalQuery, ids: list[int]) -> dict[int, list[int]]:
+    """Which of ``query``'s terms (their positions in ``query.terms``) each of ``ids`` (rows of
+    ``index``) contains: one query per term over the rowid range the ids span, kept to the ids
+    here. FTS5 seeks a rowid range in its doclists but runs ``rowid IN (...)`` as one full-text
+    lookup per listed id: with 60 candidates and 3 terms that was 2.5 ms a shard, the range
+    0.08 ms (docs/benchmarks.md). The range walks at most each term's postings in this index,
+    which the BM25 query over the same terms has just walked."""
+    held: dict[int, list[int]] = {i: [] for i in ids}
     if not ids:
-        return counts
+        return held
     lo, hi = min(ids), max(ids)
-    for term in query.terms:
+    for pos, term in enumerate(query.terms):
         for (i,) in db.execute(
             f"SELECT rowid FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid BETWEEN ? AND ?",
             (in_index(index, term), lo, hi),
         ):
-            if i in counts:
-                counts[i] += 1
-    return counts
+            if i in held:
+                held[i].append(pos)
+    return held
 
 
-def selective(db: sqlite3.Connection, index: str, query: LexicalQuery, max_postings: int) -> tuple[LexicalQuery, int]:
-    """The terms of ``query`` to search ``index`` with, rarest first while the rows of ``index``
-    they match add up to at most ``max_postings`` (each count stops at that bound and walks only
-    this index's postings, so counting is cheap too and another index's rows never count); and
-    how many terms match no row of ``index`` at all."""
-    counts: list[tuple[int, int]] = []
-    absent = 0
-    for pos, term in enumerate(query.terms[:MAX_COUNTED_TERMS]):
-        n = db.execute(
+def idf(rows_with_term: int, rows: int) -> float:
+    """A term's inverse document frequency: Lucene's BM25 form, ln(1 + (N - n + 0.5) / (n + 0.5)),
+    positive for every n (a term in every row still weighs a little) and largest for a term in
+    no row."""
+    return math.log(1.0 + (rows - rows_with_term + 0.5) / (rows_with_term + 0.5))
+
+
+@dataclass(frozen=True)
+class TermWeights:
+    """What a lexical search of one shard searches with and how much each term tells.
+
+    ``searched``: the terms searched, in query order; ``weights``: each one's IDF in this index;
+    ``total``: the IDF of every term of the query, the searched ones, those left out for cost and
+    those no row holds, so that a hit's ``coverage`` (the share of ``total`` its text holds) means
+    the same whatever was left out; ``absent``: how many terms no row of the index holds."""
+
+    searched: LexicalQuery
+    weights: tuple[float, ...]
+    total: float
+    absent: int
+
+    def coverage(self, held: list[int]) -> float:
+        """The share of the query's information in a text that holds the searched terms at
+        positions ``held``."""
+        return sum(self.weights[p] for p in held) / self.total if self.total else 0.0
+
+
+def term_weights(
+    db: sqlite3.Connection, index: str, query: LexicalQuery, rows: int, max_postings: int | None
+) -> TermWeights:
+    """Weigh ``query``'s terms (at most ``MAX_WEIGHED_TERMS``) by their IDF among ``index``'s
+    ``rows`` rows and choose the ones to search: rarest first while the rows they match add up to
+    at most ``max_postings`` (None: all). Each count walks only this index's postings and stops
+    past the bound (``max_postings + 1``, where a term could not be searched anyway), so weighing
+    is bounded too and another index's rows never count. A term counted at the bound is weighed as
+    if it matched that many rows, which overweighs a frequent one in an index much larger than the
+    bound (at 50,000 rows: 3.2 for a term in a quarter of them, whose IDF is 1.4; a term in one row
+    weighs 10.4), so there every coverage of a query holding such a term is lower than its share.
+    The bound counts matches, not postings walked: a phrase term (``"xr 7720"``) that few rows
+    hold is counted by walking its words' postings to their end (32 phrases of two common words
+    at 50,000 rows: 35 ms, where 64 common words take 16 ms)."""
+    terms = query.terms[:MAX_WEIGHED_TERMS]
+    bound = max_postings + 1 if max_postings is not None else rows + 1
+    counts = [
+        db.execute(
             f"SELECT count(*) FROM (SELECT 1 FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? LIMIT ?)",
-            (in_index(index, term), max_postings + 1),
+            (in_index(index, term), bound),
         ).fetchone()[0]
-        if n:
-            counts.append((n, pos))
-        else:
-            absent += 1
-    kept: set[int] = set()
+        for term in terms
+    ]
+    rows = max(rows, *counts, 1)  # the vector count may lag a concurrent write by a few rows
+    weights = [idf(n, rows) for n in counts]
+    kept: list[int] = []
     spent = 0
-    for n, pos in sorted(counts):
-        if spent + n > max_postings:
+    for n, pos in sorted((n, pos) for pos, n in enumerate(counts) if n):
+        if max_postings is not None and spent + n > max_postings:
             break
-        kept.add(pos)
+        kept.append(pos)
         spent += n
-    return LexicalQuery(tuple(t for pos, t in enumerate(query.terms) if pos in kept)), absent
+    kept.sort()
+    return TermWeights(
+        LexicalQuery(tuple(terms[p] for p in kept)),
+        tuple(weights[p] for p in kept),
+        sum(weights),
+        sum(1 for n in counts if n == 0),
+    )
 
 
 def candidates(
@@ -209,21 +253,19 @@ def candidates(
     """A retrieval's candidates from this shard, in one call: the top ``k`` by cosine (unless
     ``mode`` is ``lexical``) and the top ``k`` by BM25 over ``text`` (unless it is ``dense``).
     Every hit carries its cosine score (lexical-only ones from their stored vector), so a
-    similarity threshold means the same in every mode; lexical hits also carry their BM25 score,
-    and every hit whether it contains all the query's terms. The metadata filter applies to both.
+    similarity threshold means the same in every mode; lexical hits also carry their BM25 score;
+    and every hit, found by either list, its ``lexical_coverage`` (the share of the query's
+    information, its terms weighed by IDF, that its text holds: what the fusion credits a lexical
+    hit with, ``ragserve.rag.fusion``) and whether it contains all the query's terms. The metadata
+    filter applies to both.
 
-    ``min_match``: the share of the query's terms a lexical hit must contain (rounded up, at
-    least one), BM25's "minimum should match". A hit sharing one common word with a long
-    question is no evidence, but rank fusion would credit it as much as a real match; so the
-    top ``3k`` matches are counted and the weak ones left out. Terms that no row contains count
-    in the share (a chunk with one of six words of a question is weak evidence, even when four
-    of the six occur nowhere); terms left out for cost (below) do not.
-
-    ``max_postings`` bounds the lexical search's cost (``selective``): BM25 is computed for
-    every row a term matches, so the terms are taken rarest first while the rows they match
-    add up to at most this; the frequent ones left out weigh little in BM25 anyway (low IDF).
-    ``all_terms`` then means every term searched, and is never true when a term matches
-    nothing here. The arguments are checked before this thread's read connection is opened."""
+    ``min_match``: the ``lexical_coverage`` a lexical hit needs to be a candidate (0: any).
+    ``max_postings`` bounds the lexical search's cost (``term_weights``): BM25 is computed for
+    every row a term matches, so the terms are searched rarest first while the rows they match
+    add up to at most this; the frequent ones left out weigh little (low IDF) and still count in
+    the query's information. ``all_terms`` then means every term searched, and is never true when
+    a term matches nothing here. The arguments are checked before this thread's read connection
+    is opened."""
     if mode not in RETRIEVAL_MODES:
         raise ValueError(f"mode must be one of {', '.join(RETRIEVAL_MODES)}")
     query = query_vector(mirror, index, vector, k)
@@ -232,17 +274,17 @@ def candidates(
     if dense_pairs is None:  # the filter matches nothing in this index
         return SearchCandidates()
     lex = lexical_query(text) if mode != "dense" else LexicalQuery(())
-    absent = 0  # terms no row here contains: they still count in the share a hit must match
-    if lex and max_postings is not None:
-        lex, absent = selective(db, index, lex, max_postings)
-    need = max(1, math.ceil(min_match * (len(lex.terms) + absent) - 1e-9))
-    lexical_pairs = lexical(db, index, lex, 3 * k if need > 1 else k, metadata_filter) if lex else []
+    terms = term_weights(db, index, lex, mirror.ntotal(index), max_postings) if lex else None
+    searched = terms.searched if terms is not None else LexicalQuery(())
+    lexical_pairs = lexical(db, index, searched, 3 * k if min_match > 0 else k, metadata_filter) if searched else []
     dense_ids = {i for i, _ in dense_pairs}
-    matched = terms_matched(db, index, lex, list(dense_ids | {i for i, _ in lexical_pairs})) if lex else {}
-    lexical_scores = dict([(i, s) for i, s in lexical_pairs if matched[i] >= need][:k])
+    held = terms_held(db, index, searched, list(dense_ids | {i for i, _ in lexical_pairs})) if searched else {}
+    coverage = {i: terms.coverage(h) for i, h in held.items()} if terms is not None else {}
+    lexical_scores = dict([(i, s) for i, s in lexical_pairs if coverage[i] >= min_match - 1e-9][:k])
     rows = chunk_rows(db, list(dense_ids))
     lexical_only = [i for i in lexical_scores if i not in dense_ids]
     rows.update(chunk_rows(db, lexical_only, vectors=True))
+    complete = terms is not None and bool(searched) and not terms.absent
 
     def hit(i: int, score: float) -> SearchHit:
         r = rows[i]
@@ -254,7 +296,8 @@ def candidates(
             score,
             json.loads(r[5]),
             lexical_scores.get(i),
-            bool(lex) and not absent and matched.get(i, 0) == len(lex.terms),
+            complete and len(held.get(i, ())) == len(searched.terms),
+            coverage.get(i, None if terms is None else 0.0),  # nothing searched: holds none of it
         )
 
     cosines = dict(dense_pairs)

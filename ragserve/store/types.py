@@ -47,7 +47,9 @@ class SearchHit:
     """One chunk found by a search. ``score`` is always the cosine similarity to the query (for a
     lexical hit too, from its stored vector), so thresholds mean the same in every mode.
     ``lexical_score`` is its BM25 score (higher is better) when the lexical search found it, and
-    ``all_terms`` says that its text contains every term of the lexical query."""
+    ``all_terms`` says that its text contains every term of the lexical query, and
+    ``lexical_coverage`` what share of the query's information (its terms weighed by IDF) it holds
+    (None in dense mode)."""
 
     doc_id: str
     node_id: str
@@ -57,6 +59,7 @@ class SearchHit:
     metadata: dict[str, Any]
     lexical_score: float | None = None
     all_terms: bool = False
+    lexical_coverage: float | None = None
 
 
 @dataclass(frozen=True)

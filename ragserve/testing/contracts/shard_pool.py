@@ -82,13 +82,14 @@ class ShardPoolContract:
             k=5,
             mode="hybrid",
             metadata_filter=None,
-            min_match=0.3,
+            min_match=0.5,
             max_postings=2000,
         )
         assert isinstance(found, SearchCandidates)
         assert [h.doc_id for h in found.dense] == ["d1"] and [h.doc_id for h in found.lexical] == ["d1"]
         lexical_score = found.lexical[0].lexical_score
         assert found.lexical[0].all_terms and lexical_score is not None and lexical_score > 0
+        assert found.lexical[0].lexical_coverage == pytest.approx(1.0)
         assert found.lexical[0].score == pytest.approx(1.0, abs=1e-5)
         missing = await pool.call(
             1, ShardService.search_candidates, index="kb", vector=doc.chunks[0].vector, text="XR-7720", k=5

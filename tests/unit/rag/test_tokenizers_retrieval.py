@@ -17,8 +17,9 @@ from ragserve.models.tokenizers import (
     load_tiktoken_encoding,
 )
 from ragserve.rag.context import relevant, select_context
-from ragserve.rag.fusion import reciprocal_rank_fusion
+from ragserve.rag.fusion import FusionOptions, fuse_candidates, fused_scores
 from ragserve.rag.prompt import build_rag_messages, context_system_message, format_context
+from ragserve.store.types import SearchHit
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is RAG?"}]
 
@@ -107,14 +108,48 @@ def test_select_context() -> None:
     assert [x.doc_id for x in selected] == ["doc3", "doc4"] and [x.doc_id for x in skipped] == ["doc2"]
 
 
-def test_reciprocal_rank_fusion() -> None:
-    fused = reciprocal_rank_fusion([["a", "b", "c"], ["b", "c", "d"]], k=1)
-    # a: 1/2; b: 1/3 + 1/2; c: 1/4 + 1/3; d: 1/4
-    assert [x for x, _ in fused] == ["b", "c", "a", "d"]
-    assert fused[0][1] == pytest.approx(1 / 3 + 1 / 2)
-    weighted = reciprocal_rank_fusion([["a"], ["b"]], weights=[1.0, 2.0])
-    assert weighted[0][0] == "b"
+def hit(node: str, cosine: float, bm25: float | None = None, coverage: float | None = None) -> SearchHit:
+    return SearchHit(node[0], node, 0, node, cosine, {}, bm25, coverage == 1.0, coverage)
+
+
+def test_fusion_weighs_scaled_cosine_against_the_share_of_the_query_a_lexical_hit_holds() -> None:
+    dense = [hit("a", 0.8), hit("b", 0.6), hit("c", 0.4)]
+    lexical = [hit("c", 0.4, 9.0, 0.9), hit("d", 0.2, 5.0, 0.2)]
+    scores = fused_scores(dense, lexical, 0.6)
+    # cosines scaled over all four candidates: a 1, b 2/3, c 1/3, d 0
+    assert scores == pytest.approx({"a": 0.6, "b": 0.4, "c": 0.6 / 3 + 0.4 * 0.9, "d": 0.4 * 0.2})
+    assert fused_scores(dense, lexical, 1.0)["d"] == 0.0  # all weight on the dense side
+    # one list alone keeps its own order: cosine, or BM25 rank
+    assert sorted(fused_scores(dense, [], 0.6), key=fused_scores(dense, [], 0.6).get, reverse=True) == ["a", "b", "c"]
+    assert fused_scores([], lexical, 0.6) == {"c": 1.0, "d": 0.5}
+    assert fused_scores([hit("a", 0.5)], [], 0.6) == {"a": 1.0}  # equal cosines: all 1
     with pytest.raises(ValueError):
-        reciprocal_rank_fusion([["a"]], weights=[1, 2])
-    with pytest.raises(ValueError):
-        reciprocal_rank_fusion([["a"]], k=-1)
+        FusionOptions(dense_weight=1.5)
+
+
+def test_fused_candidates_merge_shards_mark_sources_and_keyword_matches() -> None:
+    shard0 = [hit("a", 0.8)], [hit("c", 0.4, 9.0, 1.0)]
+    shard1 = [hit("b", 0.7), hit("c", 0.4, None, 1.0)], [hit("d", 0.1, 8.0, 0.5)]
+    nodes = fuse_candidates([shard0[0], shard1[0]], [shard0[1], shard1[1]], 3, FusionOptions(0.6, 2), 2)
+    # cosines scaled over a, b, c, d: 1, 6/7, 3/7, 0; c holds the whole query: 0.6 * 3/7 + 0.4 * 1
+    assert [n.node_id for n in nodes] == ["c", "a", "b"]
+    assert [n.fused_score for n in nodes] == pytest.approx([0.6 * 3 / 7 + 0.4, 0.6, 0.6 * 6 / 7])
+    c = nodes[0]
+    assert c.sources == ["dense", "lexical"] and c.keyword_match and c.lexical_coverage == 1.0
+    assert nodes[1].sources == ["dense"] and not nodes[1].keyword_match
+    one_token = fuse_candidates([shard0[0]], [shard0[1]], 5, FusionOptions(0.6, 2), 1)
+    assert [n.node_id for n in one_token] == ["a", "c"] and not one_token[1].keyword_match  # a 1-token query
+
+
+def test_a_cosine_that_is_not_finite_ranks_last_and_leaves_the_others_in_order() -> None:
+    """A vector with NaN or inf (a remote embedder's, an imported snapshot's) gives a NaN cosine: it
+    must neither make every candidate equal (NaN as the minimum) nor scramble the sort."""
+    nan, inf = float("nan"), float("inf")
+    dense = [hit("a", 0.9), hit("b", 0.8), hit("c", 0.7)]
+    for bad in (nan, inf, -inf):
+        for at in (0, 1, 3):
+            with_bad = [*dense[:at], hit("x", bad), *dense[at:]]
+            scores = fused_scores(with_bad, [], 0.6)
+            assert scores == {"a": 1.0, "b": pytest.approx(0.5), "c": 0.0, "x": 0.0}
+            nodes = fuse_candidates([with_bad], [[hit("c", 0.7, 3.0, 0.5)]], 4, FusionOptions(0.6, 2), 1)
+            assert [n.node_id for n in nodes][:3] == ["a", "b", "c"] and nodes[-1].node_id == "x"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from ragserve.service.pool import LocalShardPool
 from ragserve.service.shard_service import ShardService, check_layout
+from ragserve.store.types import SearchHit
 from ragserve.testing.contracts.shard_pool import ShardPoolContract
 
 
@@ -80,9 +82,12 @@ def test_a_shard_says_which_code_serves_it(tmp_path: Path) -> None:
     shard = ShardService(tmp_path, 0, 1, **shard_open_options(Settings(storage_dir=str(tmp_path))))
     opened = shard.open_options()
     assert opened["code"] == SHARD_CODE and SHARD_CODE.startswith("ragserve.service.shard_service.ShardService:")
-    # the methods it answers are part of it: an actor started before one was added is replaced too
+    # the methods it answers and the fields of its hits are part of it: an actor started before one
+    # was added is replaced too
     methods = sorted(n for n in vars(ShardService) if not n.startswith("_"))
-    assert "mentioned" in methods and SHARD_CODE.endswith(hashlib.sha1(",".join(methods).encode()).hexdigest()[:12])
+    fields = [f.name for f in dataclasses.fields(SearchHit)]
+    assert "mentioned" in methods and "lexical_coverage" in fields
+    assert SHARD_CODE.endswith(hashlib.sha1(",".join([*methods, *fields]).encode()).hexdigest()[:12])
     wanted = {**shard_open_options(Settings(storage_dir=str(tmp_path))), "code": SHARD_CODE}
     assert opened == wanted
     old_package = {k: v for k, v in opened.items() if k != "code"}

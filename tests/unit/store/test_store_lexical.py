@@ -11,7 +11,7 @@ import pytest
 
 from ragserve.store import ChunkWrite, DocumentWrite, Shard, read_export
 from ragserve.store.lexical import FTS_TABLE, MAX_PHRASE_TOKENS, MAX_QUERY_CHARS, MAX_QUERY_TOKENS, lexical_query
-from ragserve.store.search import terms_matched
+from ragserve.store.search import idf, terms_held
 from ragserve.store.types import IndexNotFoundError
 
 TEXTS = {
@@ -180,13 +180,41 @@ def test_a_shard_from_before_the_lexical_index_gains_it_on_open(tmp_path) -> Non
     s.close()
 
 
-def test_min_match_leaves_out_hits_sharing_too_few_terms(shard: Shard) -> None:
+def test_coverage_is_the_share_of_the_querys_idf_a_hit_holds(shard: Shard) -> None:
+    hits = {
+        h.doc_id: h for h in shard.search_candidates("kb", vec(99), "pump wrench minutes", 5, mode="lexical").lexical
+    }
+    # five rows of "kb": "pump" is in two, "wrench" and "minutes" in one (the install chunk)
+    pump, rare = idf(2, 5), idf(1, 5)
+    assert hits["install"].lexical_coverage == pytest.approx(1.0)
+    assert hits["bracket"].lexical_coverage == pytest.approx(pump / (pump + 2 * rare))
+    # a word no row holds weighs the most (n = 0): the query's information is mostly not here
+    lone = shard.search_candidates("kb", vec(99), "pump xylophone", 5, mode="lexical").lexical
+    assert [h.lexical_coverage for h in lone] == pytest.approx([pump / (pump + idf(0, 5))] * 2)
+    assert not any(h.all_terms for h in lone)
+    # dense candidates carry their coverage too; dense mode weighs no term
+    hybrid = shard.search_candidates("kb", vec(3), "gardening pump", 5)
+    assert {h.doc_id: h.lexical_coverage for h in hybrid.dense}["install"] == pytest.approx(
+        idf(2, 5) / (idf(2, 5) + idf(1, 5))
+    )
+    assert all(h.lexical_coverage is None for h in shard.search_candidates("kb", vec(3), "pump", 5, mode="dense").dense)
+    # hybrid with no term any row holds: nothing searched, and every candidate holds none of the query
+    nothing = shard.search_candidates("kb", vec(3), "xylophone quasar", 5).dense
+    assert nothing and all(h.lexical_coverage == 0.0 for h in nothing)
+
+
+def test_min_match_leaves_out_hits_holding_too_little_of_the_query(shard: Shard) -> None:
     assert set(lexical_ids(shard, "pump wrench minutes")) == {"bracket", "install"}
-    # 0.6 of three terms: at least two; the bracket shares only "pump"
-    assert lexical_ids(shard, "pump wrench minutes", min_match=0.6) == ["install"]
-    assert lexical_ids(shard, "pump", min_match=1.0) != []  # one term: one is enough
-    # words found nowhere still count: one of three words is weak evidence
-    assert lexical_ids(shard, "pump xylophone quasar", min_match=0.6, max_postings=100) == []
+    # the bracket holds only "pump", the most common of the three words
+    assert lexical_ids(shard, "pump wrench minutes", min_match=0.5) == ["install"]
+    assert lexical_ids(shard, "pump", min_match=1.0) != []  # one term: holding it is all of it
+    # words found nowhere still count: "pump" is little of "pump xylophone quasar"
+    assert lexical_ids(shard, "pump xylophone quasar", min_match=0.3, max_postings=100) == []
+
+
+def test_idf_is_positive_and_falls_with_the_rows_holding_a_term() -> None:
+    weights = [idf(n, 1000) for n in (0, 1, 10, 500, 1000)]
+    assert weights == sorted(weights, reverse=True) and weights[-1] > 0
 
 
 def test_max_postings_searches_the_rarest_terms_within_the_bound(tmp_path) -> None:
@@ -207,7 +235,7 @@ def test_max_postings_searches_the_rarest_terms_within_the_bound(tmp_path) -> No
 
 
 def test_terms_are_counted_for_exactly_the_asked_rows(tmp_path):
-    """Each candidate's matched-term count (``min_match``, ``all_terms``) is read over the rowid
+    """Which terms each candidate holds (``lexical_coverage``, ``all_terms``) is read over the rowid
     range the candidates span; rows in that range that are not candidates, rows of another index
     in it, and candidates at either end of it must all come out as a lookup row by row says."""
     rng = np.random.default_rng(7)
@@ -221,17 +249,18 @@ def test_terms_are_counted_for_exactly_the_asked_rows(tmp_path):
         all_ids = [r[0] for r in s._readers.get().execute("SELECT id FROM chunks WHERE index_name = 'kb' ORDER BY id")]
         for ids in (all_ids, all_ids[5:40:3], [all_ids[0], all_ids[-1]], [all_ids[17]], []):
             expected = {
-                i: sum(
-                    s._readers.get()
+                i: [
+                    pos
+                    for pos, t in enumerate(query.terms)
+                    if s._readers.get()
                     .execute(f"SELECT count(*) FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH ? AND rowid = ?", (t, i))
                     .fetchone()[0]
-                    for t in query.terms
-                )
+                ]
                 for i in ids
             }
-            assert terms_matched(s._readers.get(), "kb", query, ids) == expected
+            assert terms_held(s._readers.get(), "kb", query, ids) == expected
             if ids is all_ids:  # the data has rows matching none, some and all of the terms
-                assert {0, 1, 2}.issubset(expected.values())
+                assert {0, 1, 2}.issubset({len(held) for held in expected.values()})
     finally:
         s.close()
 
