@@ -202,12 +202,22 @@ class InvalidCitation(BaseModel):
     end: int
 
 
-class RagInfo(BaseModel):
-    """How a RAG answer retrieved: the query it searched with (for a follow-up, the question joined
-    to earlier turns, or rewritten), where that query came from, and the retrieval mode."""
+#: Where a RAG answer's retrieval query came from: the newest user turn as sent (``message``), that
+#: turn with the salient terms of earlier user turns, for one that refers back (``followup``,
+#: ``ragserve.rag.followup``), or the generator's standalone rewrite (``rewritten``, ``query_rewrite: llm``).
+QuerySource = Literal["message", "followup", "rewritten"]
 
-    query: str
-    query_source: Literal["message", "joined", "rewritten"]
+
+class RagInfo(BaseModel):
+    """How a RAG answer retrieved: the query it searched with (for a follow-up that refers back, the
+    question with the salient terms of earlier turns, or rewritten), where that query came from,
+    and the retrieval mode. ``X-RAG-Query`` carries the same query (``ragserve.http.headers``)."""
+
+    query: str = Field(description="The query retrieval searched with; X-RAG-Query carries it too.")
+    query_source: QuerySource = Field(
+        description="message: the newest user turn; followup: it with the salient terms of earlier user turns "
+        "(it referred back: 'How do I set it up?'); rewritten: the generator's standalone rewrite (query_rewrite: llm)."
+    )
     retrieval_mode: str
     evidence: list[Evidence] | None = Field(
         default=None, description="The passages of the sources that best support an answer, best first."

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from ragserve.api.openai import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     DeltaMessage,
+    QuerySource,
     RagInfo,
     ResponseMessage,
     UsageInfo,
@@ -49,7 +50,13 @@ from ragserve.rag.context import passes_threshold, relevant
 from ragserve.rag.context_size import ContextSize, chat_context_size
 from ragserve.rag.evidence import Assessment, Shortlist, assess, candidates, embed_text, shortlist
 from ragserve.rag.fit import ContextBudgetError, FitResult, fit, fit_passthrough
-from ragserve.rag.followup import REWRITE_MAX_TOKENS, joined_query, previous_user_turns, rewrite_messages
+from ragserve.rag.followup import (
+    REWRITE_MAX_TOKENS,
+    followup_query,
+    previous_user_turns,
+    refers_back,
+    rewrite_messages,
+)
 from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
 from ragserve.rag.prompt import with_evidence
 from ragserve.service.documents import DocumentService
@@ -84,7 +91,7 @@ class ChatOptions:
     retrieval_mode: RetrievalMode
     max_top_k: int
     chunk_size: int
-    followup_max_tokens: int
+    followup_terms: int
     query_rewrite: QueryRewrite
     # the answer: its "Sources:" list, its evidence, whether the sources can answer (docs/architecture.md §4)
     sources_in_content: bool
@@ -527,50 +534,44 @@ class ChatService:
     async def _retrieve_for_chat(
         self, p: RagPlan, k: int, threshold: float
     ) -> tuple[list[NodeWithScore], dict[str, float], RagInfo]:
-        """Retrieve for the newest user turn; unless it finds a strong match (``answerable_threshold``)
-        and there are earlier user turns, retry with them joined to it (``ragserve.rag.followup``), and
-        keep the query whose best source scores highest ("How do I install it?" alone finds weak
-        sources above ``similarity_threshold``; joined to the turn that says what "it" is, stronger
-        ones). With ``query_rewrite: llm`` a standalone rewrite by the generator is tried first.
-        Returns the nodes, the summed timings and which query found them (the newest turn alone
-        when none found a relevant source)."""
+        """Retrieve for the newest user turn, or, when it refers to earlier turns ("How do I set it
+        up?"), for it with the salient terms of the earlier user turns (``ragserve.rag.followup``:
+        deterministic, no model call); with ``query_rewrite: llm``, for such a turn, a standalone
+        rewrite by the generator first. The first of these (rewrite, follow-up, newest turn) that
+        finds a relevant source is used: a turn that refers back keeps its follow-up query even
+        where the turn alone scores higher, since alone it finds the same kind of answer about
+        anything. Returns the nodes, the summed timings and which query found them (the newest
+        turn alone when none found a relevant source)."""
         mode = p.params.retrieval_mode or self.options.retrieval_mode
         rewrite = p.params.query_rewrite or self.options.query_rewrite
         previous = previous_user_turns(p.history)
         timings: dict[str, float] = {}
-        attempts: list[tuple[str, Literal["message", "joined", "rewritten"]]] = []
-        if rewrite == "llm" and previous:
+        attempts: list[tuple[str, QuerySource]] = []
+        # a turn with a subject of its own needs neither: the embedded 270M model's rewrite of a
+        # new topic often repeats the old one (docs/quality.md, "Follow-ups")
+        refers = bool(previous) and await asyncio.to_thread(refers_back, p.query)
+        if rewrite == "llm" and refers:
             t0 = time.perf_counter()
             rewritten = await self._rewrite(p)
             timings["rewrite"] = time.perf_counter() - t0
             if rewritten:
                 attempts.append((rewritten, "rewritten"))
+        if refers:  # text work on a worker thread: earlier turns may be long
+            followup = await asyncio.to_thread(followup_query, p.query, p.history, self.options.followup_terms)
+            if followup is not None:
+                attempts.append((followup, "followup"))
         attempts.append((p.query, "message"))
-        if previous:
-            counter = await self.llm.token_counter()
-            joined = await asyncio.to_thread(
-                joined_query, p.query, previous, counter.count_text, self.options.followup_max_tokens
-            )
-            if joined != p.query:
-                attempts.append((joined, "joined"))
         first: tuple[list[NodeWithScore], RagInfo] | None = None
-        best: tuple[float, list[NodeWithScore], RagInfo] | None = None
         for query, source in attempts:
             nodes, spent = await self.documents.retrieve(p.params.index_name, query, k, p.params.metadata_filter, mode)
             for stage, seconds in spent.items():
                 timings[stage] = timings.get(stage, 0.0) + seconds
             info = RagInfo(query=query, query_source=source, retrieval_mode=mode)
             if relevant(nodes, threshold):
-                top = max(n.score for n in nodes)
-                if top >= self.options.answerable_threshold:  # a strong match: no need to look further
-                    return nodes, timings, info
-                if best is None or top > best[0]:
-                    best = (top, nodes, info)
+                return nodes, timings, info
             if source == "message":
                 first = (nodes, info)
-        if best is not None:
-            return best[1], timings, best[2]
-        assert first is not None  # the newest turn itself is always attempted
+        assert first is not None  # the newest turn itself is always attempted, last
         return first[0], timings, first[1]
 
     async def _rewrite(self, p: RagPlan) -> str | None:

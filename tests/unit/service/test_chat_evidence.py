@@ -292,7 +292,7 @@ def test_a_follow_up_is_judged_on_its_own_question_not_on_the_turn_before(build)
         }
     )
     outcome = asyncio.run(svc.chat.complete(follow_up))
-    assert outcome.rag is not None and outcome.rag.query_source == "joined"  # retrieved with the turn before
+    assert outcome.rag is not None and outcome.rag.query_source == "followup"  # with the turn before's names
     assert (outcome.reason, model.calls) == (None, ["chat"])  # "Tesla Powerwall" was the turn before's
 
 
