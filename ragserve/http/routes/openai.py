@@ -58,8 +58,11 @@ def openai_router(services: Services) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI chat completions; with `index_name`, answered from the index (RAG). The response
         says which with `X-RAG-Mode` (and `X-RAG-Reason` for a passthrough), and the query retrieval
-        used with `X-RAG-Query` (URL-encoded, at most 1024 bytes: a longer one is cut and
-        `X-RAG-Query-Truncated: true` says so; the body's `rag` has it whole)."""
+        used with `X-RAG-Query`: the body's `rag.query` in its JSON-safe form (what
+        `json.dumps(query, ensure_ascii=True)` writes between the quotes: ASCII as it is, other
+        characters as `\\uXXXX`, control characters as `\\n`, `\\r`, `\\t` or `\\uXXXX`; read
+        it back with a JSON parser), at most 256 bytes: a longer one is cut between characters and
+        `X-RAG-Query-Truncated: true` says so; the body's `rag` has it whole."""
         allow(request, Role.READ, body.index_name)
         t0 = time.perf_counter()
         limits.messages(len(body.messages))

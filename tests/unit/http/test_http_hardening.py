@@ -10,7 +10,6 @@ import re
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import quote, unquote
 
 import pytest
 from fastapi.testclient import TestClient
@@ -296,6 +295,11 @@ def _models_in(annotation: Any) -> list[type]:
 LONG_CJK_QUESTION = "KAITO 是什么？它如何在 Kubernetes 上运行模型推理" * 80  # ~2,300 characters
 
 
+def decoded(value: str) -> str:
+    """What a client reads from ``X-RAG-Query``: its JSON-safe form parsed as a JSON string."""
+    return json.loads(f'"{value}"', strict=True)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_long_query_gives_a_bounded_x_rag_query_that_says_it_was_cut(client: TestClient, stream: bool) -> None:
     r = client.post(
@@ -305,7 +309,10 @@ def test_a_long_query_gives_a_bounded_x_rag_query_that_says_it_was_cut(client: T
     assert r.status_code == 200 and r.headers["x-rag-mode"] == "rag", r.text
     header = r.headers["x-rag-query"]
     assert len(header) <= MAX_QUERY_HEADER_BYTES and r.headers["x-rag-query-truncated"] == "true"
-    assert LONG_CJK_QUESTION.startswith(unquote(header, errors="strict"))  # cut between characters
+    assert header.isascii() and "%" not in header
+    assert LONG_CJK_QUESTION.startswith(decoded(header)) and decoded(header).startswith(
+        "KAITO 是"
+    )  # cut between characters
     assert sum(len(k) + len(v) for k, v in r.headers.items()) < 4096  # fits any proxy's header buffer
     if stream:
         first = json.loads(r.text.split("\n\n")[0].removeprefix("data: "))
@@ -314,22 +321,54 @@ def test_a_long_query_gives_a_bounded_x_rag_query_that_says_it_was_cut(client: T
         assert r.json()["rag"]["query"] == LONG_CJK_QUESTION
 
 
-def test_a_short_query_is_sent_whole_and_not_marked(client: TestClient) -> None:
+def test_a_short_query_is_sent_readable_and_whole_and_not_marked(client: TestClient) -> None:
     r = client.post(
         "/v1/chat/completions",
         json={"index_name": "kb", "messages": [{"role": "user", "content": "What is KAITO?\r\n"}]},
     )
-    assert r.headers["x-rag-query"] == "What%20is%20KAITO%3F%0D%0A" and "x-rag-query-truncated" not in r.headers
+    assert r.headers["x-rag-query"] == "What is KAITO?\\r\\n" and "x-rag-query-truncated" not in r.headers
+    assert decoded(r.headers["x-rag-query"]) == r.json()["rag"]["query"]  # the body's query, exactly
 
 
-@pytest.mark.parametrize("length", [0, 1, 2, 8, 9, 10, 1000])
-def test_query_headers_cut_at_character_boundaries(length: int) -> None:
-    for text in ("a" * 2000, "é" * 2000, "😀" * 2000, "a😀" * 1000):
+@pytest.mark.parametrize(
+    "query",
+    [
+        "What is KAITO?",
+        'Is "KAITO" a C:\\path\\to\\it?',
+        "KAITO: café, naïve, 東京, 😀?",
+        "What is KAITO?\r\nline two\ttab\x00nul\x7fdel\x1b[31m",
+        "  KAITO operator  ",
+        "%41%0D%0A: KAITO is not percent-decoded",
+    ],
+)
+def test_x_rag_query_decodes_to_the_body_query(client: TestClient, query: str) -> None:
+    """(A lone surrogate is refused with a 400 before retrieval; ``query_headers`` escapes one.)"""
+    body = {"index_name": "kb", "messages": [{"role": "user", "content": query}]}
+    r = client.post("/v1/chat/completions", content=json.dumps(body), headers={"Content-Type": "application/json"})
+    assert r.status_code == 200, r.text
+    header = r.headers["x-rag-query"]
+    assert header.isascii() and header.isprintable() and "\r" not in header and "\n" not in header
+    assert decoded(header) == r.json()["rag"]["query"]
+    assert "x-rag-query-truncated" not in r.headers
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 5, 6, 11, 12, 13, 256, 1000])
+def test_query_headers_cut_at_character_and_escape_boundaries(length: int) -> None:
+    for text in ("a" * 2000, "é" * 2000, "😀" * 2000, "a😀" * 1000, "\n" * 2000, " x" * 1000, "\ud800" * 2000):
         headers = query_headers(text, limit=length)
         value = headers["X-RAG-Query"]
-        assert len(value) <= length and text.startswith(unquote(value, errors="strict"))
+        assert len(value) <= length and value.isascii() and value == value.strip(" ")
+        assert text.startswith(decoded(value))  # never inside an escape or between a surrogate pair's halves
         assert headers.get("X-RAG-Query-Truncated") == "true"
-        assert len(value) > length - len(quote("😀", safe=""))  # as much as fits
+        assert len(value) > length - len("\\ud83d\\ude00") - len("\\u0020")  # as much as fits
+
+
+def test_query_headers_of_a_megabyte_read_only_what_they_send() -> None:
+    text = "\r\n" * 1_000_000
+    t0 = time.thread_time()
+    headers = query_headers(text)
+    assert time.thread_time() - t0 < 1.0
+    assert headers == {"X-RAG-Query": "\\r\\n" * 64, "X-RAG-Query-Truncated": "true"}
 
 
 def test_headers_from_a_huge_request_stay_small(client: TestClient) -> None:
