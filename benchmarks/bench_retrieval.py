@@ -4,7 +4,7 @@ at 10k and 100k chunks, against bare FAISS search over the same vectors in this 
 query encoding in this process (the baselines, measured in the same run).
 
     python -m benchmarks.bench_retrieval [--sizes 10000,100000] [--kinds flat,hnsw]
-        [--modes default,high-throughput,default] [--retrieval-modes dense,hybrid] [--smoke]
+        [--modes default,high-throughput,default] [--retrieval-modes dense,hybrid] [--query-sentences N] [--smoke]
         [--out docs/img/retrieval.png]
 
 Each Serve mode (``benchmarks.common.MODES``) starts its own Ray and measures its own floor (a
@@ -129,6 +129,13 @@ def main(argv: list[str] | None = None) -> dict:
         default="dense,hybrid",
         help="retrieval modes measured against each deployment (hybrid, dense, lexical)",
     )
+    ap.add_argument(
+        "--query-sentences",
+        type=int,
+        default=0,
+        help="0: short questions (a few words, the default); N: questions of N sentences in the corpus's own "
+        "words (about 8 content words each), the shape of a long natural-language question",
+    )
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--out", default=None)
     ap.add_argument("--json", default=None)
@@ -141,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = LocalEmbeddingModel(None, device="cpu")
     texts_all = make_texts(max(sizes), sentences=3, seed=7)
     vectors_all = cached_embeddings(texts_all, "retrieval-s7x3")
-    cold = make_queries(nq)
+    cold = make_queries(nq) if not args.query_sentences else make_texts(nq, args.query_sentences, seed=99)
     warm = cold[: max(5, nq // 10)] * 10
     query_vecs = model.encode(cold, batch_size=32)
     kinds = args.kinds.split(",")
@@ -225,7 +232,8 @@ def main(argv: list[str] | None = None) -> dict:
                 r["serve_floor_p50"],
             ]
         )
-    print(f"\n### Retrieval latency, {args.shards} shards, top 5, sequential ({machine()})\n")
+    shape = f"questions of {args.query_sentences} sentences" if args.query_sentences else "short questions"
+    print(f"\n### Retrieval latency, {args.shards} shards, top 5, {shape}, sequential ({machine()})\n")
     print(
         table(
             [
@@ -279,7 +287,13 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "ms",
     )
-    payload = {"benchmark": "retrieval", "machine": machine(), "shards": args.shards, "results": results}
+    payload = {
+        "benchmark": "retrieval",
+        "machine": machine(),
+        "shards": args.shards,
+        "query_sentences": args.query_sentences,
+        "results": results,
+    }
     write_json(args.json, payload)
     return payload
 

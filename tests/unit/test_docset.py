@@ -149,3 +149,41 @@ def test_parts_of_a_run_are_reported_together_in_question_order(tmp_path: Path) 
     (tmp_path / "c.json").write_text(json.dumps({**setup, "top_k": 5, "index": {}, "results": []}))
     with pytest.raises(SystemExit, match="differ"):
         combined([str(tmp_path / "a.json"), str(tmp_path / "c.json")], QUESTIONS)
+
+
+def test_the_sets_retrieval_questions_export_as_a_beir_collection(tmp_path: Path) -> None:
+    from benchmarks.docset_beir import export
+    from ragserve.cli.beir import Dataset
+
+    n = export(DOCSET, tmp_path)
+    data = Dataset.load(tmp_path)
+    assert n == len(data.queries) >= 30 and len(data.corpus) == len(docset_files(DOCSET))
+    assert all(set(rels) <= set(data.corpus) for rels in data.qrels.values())
+    bad = tmp_path / "bad"
+    (bad / "x").mkdir(parents=True)
+    (bad / "x" / "a.rst").write_text("A.")
+    (bad / "questions.json").write_text(json.dumps({"questions": [{"question": "Q?", "source": "x/b.rst"}]}))
+    with pytest.raises(ValueError, match=r"x/b\.rst"):
+        export(bad, tmp_path / "out")
+
+
+def test_the_follow_up_cases_name_files_of_the_set_and_every_kind() -> None:
+    from benchmarks.followups import KINDS, load_cases
+
+    cases = load_cases()
+    files = set(docset_files(DOCSET))
+    assert 15 <= len(cases) <= 30
+    for c in cases:
+        assert set(c.source) <= files and (c.previous is None or c.previous in files), c.id
+        assert c.previous not in c.source, c.id
+    assert {c.kind for c in cases} == set(KINDS)
+    assert sum(c.kind == "switch" for c in cases) >= 4
+
+
+def test_a_malformed_follow_up_case_is_refused_with_its_name(tmp_path: Path) -> None:
+    from benchmarks.followups import load_cases
+
+    bad = {"cases": [{"id": "x", "kind": "reference", "turns": ["Only one turn"], "source": ["cli.rst"]}]}
+    (tmp_path / "f.json").write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match=r"case 0 \(x\)"):
+        load_cases(tmp_path / "f.json")
