@@ -325,6 +325,35 @@ class Settings(BaseSettings):
     max_top_k: int = Field(default=100, ge=1, le=1000, description="Largest top_k / max_node_count.")
     max_list_limit: int = Field(default=100, ge=1, le=MAX_LIST_PAGE, description="Largest page of a document listing.")
 
+    # --- ingestion jobs (POST /jobs, vector store files: ragserve.jobs, docs/architecture.md §8c) ---
+    job_concurrency: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Job items (batches of documents, vector store files) indexed at once. One keeps most "
+        "of the embedder and the shards for queries while a large job runs; more finish jobs sooner.",
+    )
+    job_batch_documents: int = Field(
+        default=64, ge=1, le=1000, description="Documents of a POST /jobs job indexed as one item (one batch)."
+    )
+    max_documents_per_job: int = Field(
+        default=20_000, ge=1, description="Documents one POST /jobs may hold (its body: max_request_bytes)."
+    )
+    job_lease_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long an item may run without renewing its lease before another runner may take it back.",
+    )
+    job_webhook_url: str | None = Field(
+        default=None,
+        description="Where a job that ends is announced (POST, JSON, Standard Webhooks signature); None: no webhook.",
+    )
+    job_webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="The webhook signing secret (whsec_<base64>, as OpenAI's webhooks use; any other string is "
+        "used as it is). Needed with job_webhook_url.",
+    )
+
     @field_validator("api_keys")
     @classmethod
     def _no_empty_keys(cls, keys: list[SecretStr | ScopedKey] | None) -> list[SecretStr | ScopedKey] | None:
@@ -346,6 +375,8 @@ class Settings(BaseSettings):
                 "prompt_format applies to the transformers engine; vLLM and remote servers apply "
                 "the model's chat template themselves"
             )
+        if self.job_webhook_url and self.job_webhook_secret is None:
+            raise ValueError("job_webhook_url needs job_webhook_secret: a webhook is always signed")
         if self.llm_engine == "openai" and not self.llm_url:
             raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
         # Resolve where the config is read: replicas may run with another working directory.

@@ -12,8 +12,18 @@ from ragserve.ingest.sentence import SentenceChunker
 
 class DocumentChunker:
     def __init__(self, count_tokens: TokenCount, chunk_size: int = 256, chunk_overlap: int = 32):
+        self.count_tokens = count_tokens
+        self.chunk_size = chunk_size
+        self.chunk_overlap = chunk_overlap
         self.sentences = SentenceChunker(count_tokens, chunk_size, chunk_overlap)
         self.code = CodeChunker(count_tokens, chunk_size, chunk_overlap)
+
+    def resized(self, chunk_size: int, chunk_overlap: int) -> DocumentChunker:
+        """A chunker counting the same tokens with other sizes (a vector store file's static
+        ``chunking_strategy``); this one when they are its own."""
+        if (chunk_size, chunk_overlap) == (self.chunk_size, self.chunk_overlap):
+            return self
+        return DocumentChunker(self.count_tokens, chunk_size, chunk_overlap)
 
     def chunk(self, text: str, metadata: dict[str, Any] | None) -> list[Chunk]:
         meta = metadata or {}

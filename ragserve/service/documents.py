@@ -139,9 +139,11 @@ class DocumentService:
         return f"Successfully deleted index {index}."
 
     # --- writes -------------------------------------------------------------------------------
-    def _chunk(self, text: str, metadata: dict[str, Any], where: str) -> list[str]:
+    def _chunk(
+        self, text: str, metadata: dict[str, Any], where: str, chunker: DocumentChunker | None = None
+    ) -> list[str]:
         try:
-            chunks = self.chunker.chunk(text, metadata)
+            chunks = (chunker or self.chunker).chunk(text, metadata)
         except ChunkingError as e:
             raise BadRequestError(f"{where}: {e}") from e
         if not chunks:
@@ -252,15 +254,18 @@ class DocumentService:
                 raise ConflictError("could not find a free document id for the new documents; retry the request")
         return final
 
-    async def add_documents(self, index: str, docs: Sequence[Document]) -> list[DocumentRecord]:
-        """Create or extend ``index``. Re-adding the same text and metadata is idempotent: the
-        existing document is returned and nothing is stored again, also when identical requests
-        run at once (documents without a doc_id get an id derived from their content, and the
-        shard stores an id only once). A doc_id given twice in the request is a 400."""
+    async def add_documents(
+        self, index: str, docs: Sequence[Document], chunker: DocumentChunker | None = None
+    ) -> list[DocumentRecord]:
+        """Create or extend ``index`` (chunked by ``chunker``, default the server's). Re-adding the
+        same text and metadata is idempotent: the existing document is returned and nothing is
+        stored again, also when identical requests run at once (documents without a doc_id get an
+        id derived from their content, and the shard stores an id only once). A doc_id given twice
+        in the request is a 400."""
         self._reject_repeated_ids([d.doc_id for d in docs])
         hashes = [content_hash(d.text, d.metadata) for d in docs]
         chunk_texts = await asyncio.to_thread(
-            lambda: [self._chunk(d.text, d.metadata, f"documents[{i}]") for i, d in enumerate(docs)]
+            lambda: [self._chunk(d.text, d.metadata, f"documents[{i}]", chunker) for i, d in enumerate(docs)]
         )
         existing_by_hash: dict[str, str] = {}
         for part in await self.pool.call_all(ShardService.find_by_hash, index=index, hashes=sorted(set(hashes))):

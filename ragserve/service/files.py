@@ -27,6 +27,7 @@ from ragserve.errors import (
     ServiceUnavailableError,
     UnsupportedMediaTypeError,
 )
+from ragserve.ingest.chunker import DocumentChunker
 from ragserve.ingest.convert import (
     MAX_MTIME,
     ConversionError,
@@ -228,18 +229,13 @@ def _safe_url(url: str | None) -> str | None:
     return urlunsplit(parts)
 
 
-async def index_file(
-    docs: DocumentService,
-    limits: RequestLimits,
-    index: str,
-    filename: str,
-    data: bytes,
-    path: str | None,
-    mtime: float | None,
-) -> UploadResponse:
-    """Convert ``data`` by ``filename``'s extension and index it under ``path`` (default
-    ``uploads/<filename>``), deleting what an earlier version of the same path left behind."""
-    rel = _upload_path(filename, path)
+async def convert_file(
+    limits: RequestLimits, filename: str, data: bytes, rel: str, mtime: float | None
+) -> tuple[Converted, list[dict[str, Any]]]:
+    """Convert ``data`` by ``filename``'s extension into the documents of metadata path ``rel``
+    (``ragserve.ingest.convert.file_documents``), in a process of its own, within the request
+    limits; every way it can fail is a 4xx (415 unsupported, 413 too large, 422 unconvertible) or a
+    503 to retry."""
     if not is_supported(filename):
         raise UnsupportedMediaTypeError(
             f"unsupported file type {PurePosixPath(filename).suffix or filename!r}: send markdown, text, code, "
@@ -260,6 +256,21 @@ async def index_file(
     if not new:
         raise BadRequestError(f"{filename}: the file has no text to index", param="body")
     limits.documents([d["text"] for d in new])
+    return converted, new
+
+
+async def replace_path(
+    docs: DocumentService,
+    index: str,
+    rel: str,
+    new: list[dict[str, Any]],
+    filename: str,
+    chunker: DocumentChunker | None = None,
+) -> tuple[list[str], list[str]]:
+    """Index ``new`` (the documents of metadata path ``rel``) and delete what an earlier version of
+    the same path left that ``new`` does not replace (pages that are gone). Document ids follow the
+    path, so indexing the same file again replaces it: never two copies. Returns the doc ids
+    written and those deleted."""
     old: list[str] = []
     if await docs.index_exists(index):
         offset = 0
@@ -275,17 +286,34 @@ async def index_file(
         documents = [Document(**d) for d in new]
     except ValidationError as e:  # what the file holds breaks a document rule (metadata, text)
         raise BadRequestError(f"{filename}: {_first_error(e)}", param="body") from e
-    records = await docs.add_documents(index, documents)
+    records = await docs.add_documents(index, documents, chunker=chunker)
     keep = {d["doc_id"] for d in new}
     stale = [i for i in old if i not in keep]
     if stale:
         await docs.delete_documents(index, stale)
+    return [r.doc_id for r in records], stale
+
+
+async def index_file(
+    docs: DocumentService,
+    limits: RequestLimits,
+    index: str,
+    filename: str,
+    data: bytes,
+    path: str | None,
+    mtime: float | None,
+) -> UploadResponse:
+    """Convert ``data`` by ``filename``'s extension and index it under ``path`` (default
+    ``uploads/<filename>``), deleting what an earlier version of the same path left behind."""
+    rel = _upload_path(filename, path)
+    converted, new = await convert_file(limits, filename, data, rel, mtime)
+    doc_ids, stale = await replace_path(docs, index, rel, new, filename)
     return UploadResponse(
         index_name=index,
         path=rel,
         title=converted.title,
         file_type=converted.file_type,
-        doc_ids=[r.doc_id for r in records],
+        doc_ids=doc_ids,
         deleted_doc_ids=stale,
         warnings=converted.warnings,
     )

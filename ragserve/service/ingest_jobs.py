@@ -1,0 +1,236 @@
+"""Ingestion jobs of documents (``POST /jobs``) and the one handler the job runner calls for every
+kind of job (docs/architecture.md §8c).
+
+A job of documents is stored whole when it is accepted (``ragserve.jobs.store``: the documents are
+in its items, batches of ``job_batch_documents``), so it survives a restart; the runner indexes one
+batch at a time per slot (``job_concurrency``), which keeps the embedder and the shards free for
+queries. A batch that a 4xx refuses is retried document by document, so one bad document fails
+alone, with its position and reason in the job's ``errors``, and the others are stored. A batch
+run again after a crash stores nothing twice: documents with an id replace themselves, and those
+without get an id derived from their content, which finds the copy already stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from ragserve.api.documents import Document
+from ragserve.api.jobs import DocumentError, DocumentProgress, IndexJobRequest, JobCountsOut, JobInfo, JobList
+from ragserve.errors import NotFoundError, PayloadTooLargeError, ServiceError
+from ragserve.jobs.store import Job, JobItem, JobStore
+from ragserve.service.documents import DocumentService
+
+log = logging.getLogger(__name__)
+
+#: The job kind of ``POST /jobs``.
+DOCUMENTS_JOB = "index_documents"
+#: How many per-document errors a job shows (``GET /jobs/{id}/errors`` pages through all).
+ERROR_LIMIT = 100
+
+Handler = Callable[[Job, JobItem], Awaitable[dict[str, Any]]]
+
+
+def dispatch(handlers: Mapping[str, Handler]) -> Handler:
+    """One handler for the runner, choosing by the job's kind."""
+
+    async def handle(job: Job, item: JobItem) -> dict[str, Any]:
+        handler = handlers.get(job.kind)
+        if handler is None:
+            raise ServiceError(f"no handler for jobs of kind {job.kind!r}", code="unknown_kind")
+        return await handler(job, item)
+
+    return handle
+
+
+class JobService:
+    def __init__(
+        self,
+        store: JobStore,
+        documents: DocumentService,
+        *,
+        batch_documents: int,
+        max_documents: int,
+        max_document_chars: int,
+        wake: Callable[[], None] | None = None,
+        webhook_configured: bool = False,
+    ):
+        self.store = store
+        self.documents = documents
+        self.batch_documents = batch_documents
+        self.max_documents = max_documents
+        self.max_document_chars = max_document_chars
+        self._wake = wake
+        self.webhook_configured = webhook_configured
+
+    # --- the API --------------------------------------------------------------------------------
+    async def submit(self, req: IndexJobRequest) -> JobInfo:
+        """Store the job whole (one transaction) and return it, queued; the runner starts it."""
+        docs = req.documents
+        if len(docs) > self.max_documents:
+            raise PayloadTooLargeError(
+                f"documents: {len(docs)} in one job; at most {self.max_documents} are accepted "
+                "(max_documents_per_job), send them in several jobs",
+                param="documents",
+            )
+        for i, d in enumerate(docs):
+            if len(d.text) > self.max_document_chars:
+                raise PayloadTooLargeError(
+                    f"documents[{i}].text has {len(d.text)} characters; at most {self.max_document_chars} "
+                    "are accepted, split the document",
+                    param=f"documents[{i}].text",
+                )
+        DocumentService._reject_repeated_ids([d.doc_id for d in docs])
+        n = self.batch_documents
+        items = [
+            (
+                f"batch-{i // n:06d}",
+                {"first": i, "documents": [d.model_dump(exclude_none=True) for d in docs[i : i + n]]},
+            )
+            for i in range(0, len(docs), n)
+        ]
+        job = await asyncio.to_thread(
+            self.store.create,
+            DOCUMENTS_JOB,
+            req.index_name,
+            items,
+            {"documents": len(docs)},
+            req.webhook and self.webhook_configured,
+        )
+        if self._wake is not None:
+            self._wake()
+        return await self.info(job)
+
+    async def get(self, job_id: str) -> JobInfo:
+        return await self.info(await self.job(job_id))
+
+    async def job(self, job_id: str) -> Job:
+        try:
+            return await asyncio.to_thread(self.store.get, job_id)
+        except NotFoundError:
+            raise NotFoundError(f"No job found with id '{job_id}'.", param="job_id") from None
+
+    async def list(
+        self, index: str | None, status: str | None, limit: int, after: str | None, visible: Callable[[str], bool]
+    ) -> JobList:
+        out: list[JobInfo] = []
+        more = True
+        while more and len(out) <= limit:
+            page = await asyncio.to_thread(self.store.list_jobs, index, status, limit + 1, after)
+            more = page.has_more
+            if not page.data:
+                break
+            for job in page.data:
+                if visible(job.index):
+                    out.append(await self.info(job, with_errors=False))
+            after = page.data[-1].id
+        shown = out[:limit]
+        return JobList(data=shown, has_more=more or len(out) > limit, last_id=shown[-1].id if shown else None)
+
+    async def cancel(self, job_id: str) -> JobInfo:
+        await self.job(job_id)
+        return await self.info(await asyncio.to_thread(self.store.cancel, job_id))
+
+    async def info(self, job: Job, with_errors: bool = True) -> JobInfo:
+        c = job.counts
+        progress: DocumentProgress | None = None
+        errors: list[DocumentError] = []
+        if job.kind == DOCUMENTS_JOB:
+            items = await asyncio.to_thread(self._all_items, job.id)
+            total = indexed = failed = pending = cancelled = 0
+            for it in items:
+                n = len(it.payload.get("documents", []))
+                total += n
+                if it.status == "completed":
+                    errs = (it.result or {}).get("errors", [])
+                    failed += len(errs)
+                    indexed += n - len(errs)
+                    if with_errors:
+                        errors += [DocumentError(**e) for e in errs]
+                elif it.status == "failed":
+                    errs = (it.result or {}).get("errors") or []
+                    failed += n
+                    if with_errors:
+                        first = int(it.payload.get("first", 0))
+                        err = it.error or {}
+                        errors += [DocumentError(**e) for e in errs] or [
+                            DocumentError(
+                                index=first + j,
+                                doc_id=d.get("doc_id"),
+                                code=str(err.get("code") or "failed"),
+                                message=str(err.get("message") or ""),
+                            )
+                            for j, d in enumerate(it.payload.get("documents", []))
+                        ]
+                elif it.status == "cancelled":
+                    cancelled += n
+                else:
+                    pending += n
+            progress = DocumentProgress(
+                total=total, indexed=indexed, failed=failed, pending=pending, cancelled=cancelled
+            )
+        return JobInfo(
+            id=job.id,
+            kind=job.kind,
+            index_name=job.index,
+            status=job.status,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            counts=JobCountsOut(
+                queued=c.queued,
+                in_progress=c.in_progress,
+                completed=c.completed,
+                failed=c.failed,
+                cancelled=c.cancelled,
+                total=c.total,
+            ),
+            documents=progress,
+            errors=sorted(errors, key=lambda e: e.index)[:ERROR_LIMIT],
+            error=job.error,
+            meta=job.meta,
+        )
+
+    def _all_items(self, job_id: str) -> list[JobItem]:
+        out: list[JobItem] = []
+        after: int | None = None
+        while True:
+            page = self.store.list_items(job_id, limit=1000, after=after)
+            out += page.data
+            if not page.has_more or not page.data:
+                return out
+            after = page.data[-1].seq
+
+    # --- the handler ----------------------------------------------------------------------------
+    async def index_batch(self, job: Job, item: JobItem) -> dict[str, Any]:
+        """Index one batch of a documents job; a batch a 4xx refuses, document by document. A
+        document refused is recorded in the result's ``errors`` (the item still completes: it was
+        processed); a 5xx fails the item, which says so."""
+        first = int(item.payload.get("first", 0))
+        docs = [Document(**d) for d in item.payload.get("documents", [])]
+        try:
+            records = await self.documents.add_documents(job.index, docs)
+            return {"doc_ids": [r.doc_id for r in records], "errors": []}
+        except ServiceError as e:
+            if not 400 <= e.status < 500:
+                raise
+            if len(docs) == 1:
+                return {"doc_ids": [], "errors": [_doc_error(first, docs[0], e)]}
+        doc_ids: list[str] = []
+        errors: list[dict[str, Any]] = []
+        for j, d in enumerate(docs):
+            try:
+                (rec,) = await self.documents.add_documents(job.index, [d])
+                doc_ids.append(rec.doc_id)
+            except ServiceError as e:
+                if not 400 <= e.status < 500:
+                    raise  # the server's trouble, not the document's
+                errors.append(_doc_error(first + j, d, e))
+        return {"doc_ids": doc_ids, "errors": errors}
+
+
+def _doc_error(index: int, doc: Document, e: ServiceError) -> dict[str, Any]:
+    message = e.message.removeprefix("documents[0]: ").removeprefix("documents[0].")
+    return {"index": index, "doc_id": doc.doc_id, "code": str(e.code or "invalid_document"), "message": message}
