@@ -1,0 +1,186 @@
+"""Ingestion jobs over HTTP (``/jobs``): accepted at once, progress, per-document errors,
+cancellation, scoped keys; and a server killed (SIGKILL) in the middle of a job that, started again
+on the same storage, finishes it with every document stored exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ragserve.testing.live import free_port
+from tests.live_server import live_app
+
+ADMIN = "sk-jobs"
+SCOPED = {"key": "sk-team-a", "indexes": ["team-a*"], "role": "write"}
+H = {"Authorization": f"Bearer {ADMIN}"}
+
+
+def docs(n: int, prefix: str = "doc") -> list[dict[str, Any]]:
+    return [
+        {"text": f"{prefix} {i}: the part number KR-{1000 + i} ships from warehouse {i % 7}.", "metadata": {"n": i}}
+        for i in range(n)
+    ]
+
+
+def wait(base: str, job_id: str, timeout_s: float = 60, headers: dict[str, str] = H) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = httpx.get(f"{base}/jobs/{job_id}", headers=headers)
+        assert r.status_code == 200, r.text
+        job = r.json()
+        if job["finished_at"] is not None:
+            return job
+        assert time.monotonic() < deadline, job
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory, embedding_model: Any) -> Iterator[str]:
+    from ragserve.testing.embedder import InProcessEmbedder
+
+    with live_app(
+        tmp_path_factory.mktemp("jobs"),
+        InProcessEmbedder(embedding_model),
+        api_keys=[ADMIN, SCOPED],
+        job_batch_documents=8,
+    ) as (url, _):
+        yield url
+
+
+def test_a_job_is_accepted_at_once_and_indexes_every_document(base: str) -> None:
+    r = httpx.post(f"{base}/jobs", json={"index_name": "jobs-a", "documents": docs(30)}, headers=H)
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["status"] in ("queued", "in_progress", "completed") and r.headers["location"] == f"jobs/{job['id']}"
+    assert job["counts"]["total"] == 4 and job["documents"]["total"] == 30  # 8 documents a batch
+    done = wait(base, job["id"])
+    assert done["status"] == "completed" and done["documents"] == {
+        "total": 30,
+        "indexed": 30,
+        "failed": 0,
+        "pending": 0,
+        "cancelled": 0,
+    }
+    listed = httpx.get(f"{base}/indexes/jobs-a/documents", params={"limit": 100}, headers=H).json()
+    assert listed["total_items"] == 30
+    # the same job again stores nothing twice (documents without ids: ids from their content)
+    again = httpx.post(f"{base}/jobs", json={"index_name": "jobs-a", "documents": docs(30)}, headers=H).json()
+    assert wait(base, again["id"])["status"] == "completed"
+    assert httpx.get(f"{base}/indexes/jobs-a/documents", headers=H).json()["total_items"] == 30
+    found = httpx.get(f"{base}/jobs", params={"index_name": "jobs-a"}, headers=H).json()
+    assert [j["id"] for j in found["data"]] == [again["id"], job["id"]]
+
+
+def test_a_bad_document_fails_alone_with_its_position(base: str) -> None:
+    batch = docs(10)
+    batch[3] = {"text": "a repeated id", "doc_id": "same"}
+    batch[5] = {"text": "   ", "doc_id": "blank"}  # no content to index
+    r = httpx.post(f"{base}/jobs", json={"index_name": "jobs-b", "documents": batch}, headers=H)
+    assert r.status_code == 202, r.text
+    done = wait(base, r.json()["id"])
+    assert done["status"] == "completed"
+    assert done["documents"]["indexed"] == 9 and done["documents"]["failed"] == 1, done
+    assert [(e["index"], e["doc_id"]) for e in done["errors"]] == [(5, "blank")]
+    assert "no content" in done["errors"][0]["message"]
+
+
+def test_requests_a_job_refuses_before_storing_anything(base: str) -> None:
+    bad = [
+        ({"index_name": "jobs-c", "documents": []}, 422),
+        ({"index_name": "../x", "documents": docs(1)}, 422),
+        ({"index_name": "jobs-c", "documents": [{"text": "a", "doc_id": "x"}, {"text": "b", "doc_id": "x"}]}, 400),
+        ({"index_name": "jobs-c", "documents": [{"text": "x", "metadata": {"v": float("nan")}}]}, 422),
+    ]
+    for body, status in bad:
+        r = httpx.post(f"{base}/jobs", json=body, headers=H)
+        assert r.status_code == status, (body, r.text)
+    assert httpx.get(f"{base}/jobs", params={"index_name": "jobs-c"}, headers=H).json()["data"] == []
+    assert httpx.get(f"{base}/jobs/job_unknown", headers=H).status_code == 404
+
+
+def test_cancel_stops_what_has_not_started(base: str) -> None:
+    r = httpx.post(f"{base}/jobs", json={"index_name": "jobs-d", "documents": docs(400)}, headers=H)
+    job_id = r.json()["id"]
+    cancelled = httpx.post(f"{base}/jobs/{job_id}/cancel", headers=H).json()
+    assert cancelled["status"] == "cancelled"
+    done = wait(base, job_id)
+    d = done["documents"]
+    assert done["status"] == "cancelled" and d["cancelled"] > 0 and d["indexed"] + d["cancelled"] == 400, done
+    stored = httpx.get(f"{base}/indexes/jobs-d/documents", headers=H).json().get("total_items", 0)
+    assert stored == d["indexed"]  # what is counted indexed is what is there; nothing else
+
+
+def test_a_scoped_key_sees_and_starts_jobs_only_on_its_indexes(base: str) -> None:
+    team = {"Authorization": "Bearer sk-team-a"}
+    assert (
+        httpx.post(f"{base}/jobs", json={"index_name": "jobs-e", "documents": docs(1)}, headers=team).status_code == 403
+    )
+    mine = httpx.post(f"{base}/jobs", json={"index_name": "team-a-kb", "documents": docs(2)}, headers=team)
+    assert mine.status_code == 202
+    wait(base, mine.json()["id"], headers=team)
+    seen = {j["index_name"] for j in httpx.get(f"{base}/jobs", headers=team).json()["data"]}
+    assert seen == {"team-a-kb"}
+    other = httpx.get(f"{base}/jobs", params={"index_name": "jobs-a"}, headers=H).json()["data"][0]["id"]
+    assert httpx.get(f"{base}/jobs/{other}", headers=team).status_code == 403
+    assert httpx.post(f"{base}/jobs/{other}/cancel", headers=team).status_code == 403
+
+
+# --- a kill in the middle of a job ------------------------------------------------------------------
+def _start(storage: Path, port: int) -> subprocess.Popen[bytes]:
+    settings = ["job_batch_documents=10", "job_concurrency=1", "num_shards=2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ragserve.testing.serve_process", str(storage), str(port), *settings],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(
+                f"the server did not start: {proc.stderr.read().decode()[-2000:] if proc.stderr else ''}"
+            )
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_job_survives_a_kill_and_stores_every_document_once(tmp_path: Path) -> None:
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = _start(tmp_path, port)
+    try:
+        many = docs(300, "crash")
+        many[7]["doc_id"] = "given-7"  # one with a client id: replaced, never doubled
+        job = httpx.post(f"{base}/jobs", json={"index_name": "crash", "documents": many}).json()
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{base}/jobs/{job['id']}").json()["counts"]["completed"] < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # no shutdown: what a crash or an OOM kill does
+        proc.wait()
+    proc = _start(tmp_path, port)
+    try:
+        done = wait(base, job["id"], timeout_s=120, headers={})
+        assert done["status"] == "completed" and done["documents"]["indexed"] == 300, done
+        listed = httpx.get(f"{base}/indexes/crash/documents", params={"limit": 1000, "max_text_length": 0}).json()
+        seen = [d["doc_id"] for d in listed["documents"]]
+        assert listed["total_items"] == 300 and len(set(seen)) == 300 and "given-7" in seen
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
