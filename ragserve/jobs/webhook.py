@@ -197,14 +197,20 @@ class WebhookNotifier:
             self._own_client = True
         error: str | None = None
         try:
-            # Streamed and never read: only the status matters, and a receiver's large answer is not downloaded.
-            async with self._client.stream(
-                "POST", self._url, content=body.encode("ascii"), headers=headers, timeout=self.timeout_s
-            ) as response:
+            # httpx's timeout bounds each network step; the outer one bounds the whole attempt (a
+            # receiver that trickles its answer). Streamed and never read: only the status matters.
+            async with (
+                asyncio.timeout(self.timeout_s),
+                self._client.stream(
+                    "POST", self._url, content=body.encode("ascii"), headers=headers, timeout=self.timeout_s
+                ) as response,
+            ):
                 if not 200 <= response.status_code < 300:
                     error = f"HTTP {response.status_code}"
         except httpx.HTTPError as e:
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        except TimeoutError:
+            error = f"no answer within {self.timeout_s:g} s"
         attempts = delivery.attempts + 1
         retry_at = None
         if error is not None and attempts < self.max_attempts:
