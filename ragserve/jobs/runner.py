@@ -174,7 +174,7 @@ class JobRunner:
                 self._claiming = False
             if claimed is None:
                 self._slots.release()
-                with contextlib.suppress(TimeoutError):
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wakeup.wait(), self.poll_s)
                 continue
             task = asyncio.create_task(self._run(*claimed), name=f"job-item-{claimed[0].id}-{claimed[1].seq}")

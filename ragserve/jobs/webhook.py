@@ -197,19 +197,14 @@ class WebhookNotifier:
             self._own_client = True
         error: str | None = None
         try:
-            # httpx's timeout bounds each network step; the outer one bounds the whole attempt (a
-            # receiver that trickles its answer). Streamed and never read: only the status matters.
-            async with (
-                asyncio.timeout(self.timeout_s),
-                self._client.stream(
-                    "POST", self._url, content=body.encode("ascii"), headers=headers, timeout=self.timeout_s
-                ) as response,
-            ):
-                if not 200 <= response.status_code < 300:
-                    error = f"HTTP {response.status_code}"
+            # httpx's timeout bounds each network step; wait_for bounds the whole attempt (a
+            # receiver that trickles its answer).
+            status = await asyncio.wait_for(self._post(body, headers), self.timeout_s)
+            if not 200 <= status < 300:
+                error = f"HTTP {status}"
         except httpx.HTTPError as e:
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             error = f"no answer within {self.timeout_s:g} s"
         attempts = delivery.attempts + 1
         retry_at = None
@@ -227,6 +222,15 @@ class WebhookNotifier:
             self._store.record_delivery_attempt, delivery.id, delivered=error is None, error=error, retry_at=retry_at
         )
 
+    async def _post(self, body: str, headers: dict[str, str]) -> int:
+        """POST one attempt and return the status; the answer is streamed and never read (only the
+        status matters, and a receiver's large answer is not downloaded)."""
+        assert self._client is not None
+        async with self._client.stream(
+            "POST", self._url, content=body.encode("ascii"), headers=headers, timeout=self.timeout_s
+        ) as response:
+            return response.status_code
+
     async def _run(self) -> None:
         assert self._wakeup is not None
         while True:
@@ -238,5 +242,5 @@ class WebhookNotifier:
             except Exception:
                 log.exception("webhook delivery pass failed; trying again in %.0f s", self.poll_s)
             wait_s = self.poll_s if due is None else min(self.poll_s, max(0.0, due - time.time()))
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), wait_s)

@@ -20,6 +20,7 @@ import pytest
 
 from ragserve.jobs.store import JobStore
 from ragserve.jobs.webhook import WebhookNotifier, event_body, sign, validate_webhook_url, webhook_key
+from tests.unit.jobs.polling import eventually
 
 SECRET = "whsec_" + base64.b64encode(b"a 32 byte key for the test hooks").decode()
 URL = "https://hooks.example.test/ragserve"
@@ -133,9 +134,7 @@ async def test_a_dead_endpoint_is_given_up_after_max_attempts(store: JobStore, c
         )
         await notifier.start()
         try:
-            async with asyncio.timeout(5):
-                while store.list_deliveries(job_id)[0].status == "pending":
-                    await asyncio.sleep(0.02)
+            await eventually(lambda: store.list_deliveries(job_id)[0].status != "pending")
         finally:
             await notifier.stop()
     [delivery] = store.list_deliveries(job_id)
@@ -158,9 +157,7 @@ async def test_a_delivery_left_by_a_dead_process_is_sent_by_the_next_notifier(tm
             notifier = WebhookNotifier(store, URL, SECRET, client=client, poll_s=0.05)
             await notifier.start()
             try:
-                async with asyncio.timeout(5):
-                    while {d.status for d in store.list_deliveries()} != {"delivered"}:
-                        await asyncio.sleep(0.02)
+                await eventually(lambda: {d.status for d in store.list_deliveries()} == {"delivered"})
             finally:
                 await notifier.stop()
     assert sorted(json.loads(r.content)["data"]["id"] for r in receiver.requests) == sorted([job_id, second_id])
@@ -193,9 +190,7 @@ async def test_a_real_http_receiver_that_fails_twice_gets_one_verified_delivery(
         notifier = WebhookNotifier(store, url, SECRET, base_delay_s=0.01, max_delay_s=0.02, poll_s=0.05)
         await notifier.start()
         try:
-            async with asyncio.timeout(5):
-                while store.list_deliveries(job_id)[0].status == "pending":
-                    await asyncio.sleep(0.02)
+            await eventually(lambda: store.list_deliveries(job_id)[0].status != "pending")
         finally:
             await notifier.stop()
     finally:
