@@ -206,6 +206,9 @@ class WebhookNotifier:
             error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             error = f"no answer within {self.timeout_s:g} s"
+        except Exception as e:  # counted as a failed attempt, so a surprise cannot retry it for ever
+            log.exception("webhook %s of job %s: unexpected error while sending", delivery.id, delivery.job_id)
+            error = type(e).__name__
         attempts = delivery.attempts + 1
         retry_at = None
         if error is not None and attempts < self.max_attempts:
