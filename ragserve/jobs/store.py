@@ -459,6 +459,31 @@ class JobStore:
             n = self._job_n(self._db, job_id)
             return self._item(self._db, job_id, n, key)
 
+    def get_items(self, pairs: Sequence[tuple[str, str]]) -> dict[tuple[str, str], JobItem]:
+        """The items named by ``(job_id, key)`` pairs, in one read; a pair that names nothing (its
+        job was deleted) is absent from the answer rather than an error: a listing of many things
+        that each point at an item asks this."""
+        out: dict[tuple[str, str], JobItem] = {}
+        wanted = sorted(set(pairs))
+        with self._reading() as db:
+            jobs: dict[str, int] = {}
+            for i in range(0, len(wanted), 400):
+                part = wanted[i : i + 400]
+                ids = sorted({j for j, _ in part} - jobs.keys())
+                if ids:
+                    marks = ",".join("?" * len(ids))
+                    jobs.update(db.execute(f"SELECT id, n FROM jobs WHERE id IN ({marks})", ids).fetchall())
+                for job_id, key in part:
+                    n = jobs.get(job_id)
+                    if n is None:
+                        continue
+                    row = db.execute(
+                        f"SELECT {_ITEM_COLUMNS} FROM job_items WHERE job_n = ? AND key = ?", (n, key)
+                    ).fetchone()
+                    if row is not None:
+                        out[(job_id, key)] = _item_of(job_id, row)
+        return out
+
     def list_items(
         self, job_id: str, status: str | None = None, limit: int = 100, after: str | None = None
     ) -> Page[JobItem]:

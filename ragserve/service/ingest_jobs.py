@@ -195,13 +195,13 @@ class JobService:
 
     def _all_items(self, job_id: str) -> list[JobItem]:
         out: list[JobItem] = []
-        after: int | None = None
+        after: str | None = None
         while True:
             page = self.store.list_items(job_id, limit=1000, after=after)
             out += page.data
             if not page.has_more or not page.data:
                 return out
-            after = page.data[-1].seq
+            after = page.data[-1].key
 
     # --- the handler ----------------------------------------------------------------------------
     async def index_batch(self, job: Job, item: JobItem) -> dict[str, Any]:

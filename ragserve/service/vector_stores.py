@@ -403,7 +403,10 @@ class VectorStoreService:
 
     async def _batch_job(self, store_id: str, batch_id: str) -> Job:
         await self._store(store_id)
-        job = await asyncio.to_thread(self.jobs.get, batch_id)
+        try:
+            job = await asyncio.to_thread(self.jobs.get, batch_id)
+        except NotFoundError:
+            job = None
         if job is None or job.kind != FILE_JOB or job.index != store_id:
             raise NotFoundError(f"No file batch '{batch_id}' in vector store '{store_id}'.", param="batch_id")
         return job

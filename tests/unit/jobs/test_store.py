@@ -320,3 +320,13 @@ def test_delivery_claims_and_attempts_are_recorded(store: JobStore) -> None:
     assert store.next_delivery_at() is None
     with pytest.raises(ConflictError):
         store.record_delivery_attempt(pending.id, delivered=True)
+
+
+def test_get_items_reads_many_pairs_at_once_and_skips_what_is_gone(store: JobStore) -> None:
+    a = store.create("k", "i", items("x", "y"))
+    b = store.create("k", "i", [(f"f{i}", {"n": i}) for i in range(900)])  # more than one IN (...) slice
+    pairs = [(a.id, "x"), (a.id, "y"), (a.id, "nope"), ("job_gone", "x")] + [(b.id, f"f{i}") for i in range(900)]
+    got = store.get_items(pairs)
+    assert set(got) == {(a.id, "x"), (a.id, "y")} | {(b.id, f"f{i}") for i in range(900)}
+    assert got[(b.id, "f899")].payload == {"n": 899} and got[(a.id, "y")].status == "queued"
+    assert store.get_items([]) == {}
