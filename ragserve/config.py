@@ -293,6 +293,12 @@ class Settings(BaseSettings):
         "deployment refuses to start, so an index is never open to a network by accident.",
     )
     max_request_bytes: int = Field(default=32 * 1024 * 1024, ge=1024, description="Request body size (413).")
+    max_file_bytes: int = Field(
+        default=512 * 1024 * 1024,
+        ge=1,
+        description="One file uploaded to the OpenAI Files API (POST /v1/files; 413 past it, checked while "
+        "it streams to disk). Its request may exceed max_request_bytes by this much, and that route's only.",
+    )
     max_documents_per_request: int = Field(default=1000, ge=1, description="Documents per /index or update call.")
     max_document_chars: int = Field(default=1_000_000, ge=1, description="Characters of one document's text.")
     max_unpacked_bytes: int = Field(

@@ -13,6 +13,7 @@ from ragserve.api.openai import ChatCompletionChunk
 from ragserve.http.errors import install_error_handlers
 from ragserve.http.limits import BodySizeMiddleware
 from ragserve.http.routes.documents import documents_router
+from ragserve.http.routes.files import FILES_PATH, files_body_limit, files_router
 from ragserve.http.routes.openai import openai_router
 from ragserve.http.routes.playground import mount_playground_assets, playground_router
 from ragserve.http.routes.probes import probes_router
@@ -29,7 +30,12 @@ def create_app(services: Services) -> FastAPI:
     )
     tel = services.telemetry
     # Outermost last: authentication runs before a body is read, the size limit while it is read.
-    app.add_middleware(BodySizeMiddleware, max_bytes=services.limits.max_request_bytes)
+    limits = services.limits
+    app.add_middleware(
+        BodySizeMiddleware,
+        max_bytes=limits.max_request_bytes,
+        path_limits={FILES_PATH: files_body_limit(limits.max_request_bytes, limits.max_file_bytes)},
+    )
     credentials = services.credentials()
     if credentials:
         app.add_middleware(
@@ -38,6 +44,7 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(RequestCountingMiddleware, telemetry=tel)  # outermost: sees every response
     install_error_handlers(app, tel)
     app.include_router(openai_router(services))
+    app.include_router(files_router(services))
     app.include_router(documents_router(services))
     app.include_router(probes_router(services))
     app.include_router(playground_router(services))

@@ -5,6 +5,8 @@ limits are checked on parsed requests, where the message can name the field: ``r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ragserve.http.asgi import ASGIApp, ASGIMessage, Receive, Scope, Send
 from ragserve.http.errors import error_bytes, route_path, send_error
 
@@ -14,31 +16,38 @@ class _BodyTooLarge(Exception):
 
 
 class BodySizeMiddleware:
-    """Answers 413 when the request body exceeds ``max_bytes``, declared or streamed."""
+    """Answers 413 when the request body exceeds ``max_bytes``, declared or streamed; a path in
+    ``path_limits`` (exact, without the route prefix) has its own limit instead: an upload route
+    whose route checks its file's size itself, while it streams to disk (``POST /v1/files``)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, path_limits: Mapping[str, int] | None = None):
         self.app = app
         self.max_bytes = max_bytes
+        self.path_limits = dict(path_limits or {})
 
-    def _message(self) -> str:
-        return f"Request body too large: the limit is {self.max_bytes} bytes."
+    @staticmethod
+    def _message(limit: int) -> str:
+        return f"Request body too large: the limit is {limit} bytes."
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = route_path(scope)
+        limit = self.path_limits.get(path, self.max_bytes)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = -1
-                if declared > self.max_bytes:
+                if declared > limit:
                     await send_error(
                         send,
                         413,
-                        error_bytes(path, self._message(), type_="invalid_request_error", code="request_too_large"),
+                        error_bytes(
+                            path, self._message(limit), type_="invalid_request_error", code="request_too_large"
+                        ),
                     )
                     return
         seen = 0
@@ -50,7 +59,7 @@ class BodySizeMiddleware:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > limit:
                     exceeded = True
                     raise _BodyTooLarge
             return message
@@ -64,7 +73,9 @@ class BodySizeMiddleware:
                     await send_error(
                         send,
                         413,
-                        error_bytes(path, self._message(), type_="invalid_request_error", code="request_too_large"),
+                        error_bytes(
+                            path, self._message(limit), type_="invalid_request_error", code="request_too_large"
+                        ),
                     )
                 return
             await send(message)
@@ -76,5 +87,5 @@ class BodySizeMiddleware:
                 await send_error(
                     send,
                     413,
-                    error_bytes(path, self._message(), type_="invalid_request_error", code="request_too_large"),
+                    error_bytes(path, self._message(limit), type_="invalid_request_error", code="request_too_large"),
                 )

@@ -58,6 +58,19 @@ class Principal:
                 f"this API key does not grant access to index '{index}'", param="index_name", code="index_not_allowed"
             )
 
+    def require_unscoped(self, role: Role, what: str) -> None:
+        """Raise :class:`ForbiddenError` unless this key may act as ``role`` on every index: for data
+        that belongs to no index (``what``, e.g. "uploaded files", are one namespace for the whole
+        server), which a key scoped to some indexes could otherwise use to read or remove what a key
+        for other indexes stored."""
+        self.require(role)
+        if not self.sees_all:
+            raise ForbiddenError(
+                f"{what} belong to no index, and this API key reaches only the indexes {list(self.indexes)}: "
+                "only a key for every index may use them",
+                code="unscoped_key_required",
+            )
+
     def require_source(self, source: object, what: str) -> None:
         """Raise :class:`ForbiddenError` unless this key may read the data ``what`` (e.g. "the
         snapshot at 'P'") that was taken from index ``source``: data copied out of an index is that

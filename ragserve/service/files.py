@@ -95,7 +95,7 @@ def public_settings(settings: Settings, chat_context: ContextSize | None = None)
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
-def _clean_name(value: str, param: str) -> PurePosixPath:
+def clean_name(value: str, param: str) -> PurePosixPath:
     """``value`` as a relative POSIX path (backslashes are separators, NFC), or a 400 naming
     ``param`` and the rule it breaks: no control or format characters, not absolute, no ``..``,
     ending in a file name."""
@@ -118,11 +118,11 @@ def _clean_name(value: str, param: str) -> PurePosixPath:
 
 def _upload_path(filename: str, path: str | None) -> str:
     """The metadata path of an uploaded file: ``path`` if given, else ``uploads/<file name>``.
-    Both are checked and normalised alike (:func:`_clean_name`): the path becomes a document id and
+    Both are checked and normalised alike (:func:`clean_name`): the path becomes a document id and
     is shown to people."""
-    name = _clean_name(filename, "filename").name
+    name = clean_name(filename, "filename").name
     if path is not None and path.strip():
-        return _clean_name(path, "path").as_posix()
+        return clean_name(path, "path").as_posix()
     return f"{UPLOAD_PREFIX}/{name}"
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RequestLimits:
     max_request_bytes: int
+    max_file_bytes: int
     max_documents_per_request: int
     max_document_chars: int
     max_unpacked_bytes: int

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ragserve.config import ScopedKey, Settings
@@ -21,6 +22,7 @@ from ragserve.service.access import FULL_ACCESS, Principal, Role
 from ragserve.service.chat import ChatOptions, ChatService
 from ragserve.service.documents import DocumentService
 from ragserve.service.embeddings import EmbeddingService
+from ragserve.service.file_store import FILES_DIR, FileStore
 from ragserve.service.limits import RequestLimits
 from ragserve.service.retrieval import RetrievalOptions, Retriever
 from ragserve.service.shard_service import ShardService
@@ -36,6 +38,7 @@ class Services:
     chat: ChatService
     embeddings: EmbeddingService
     limits: RequestLimits
+    files: FileStore
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     health: Callable[[], Awaitable[dict[str, Any]]] | None = None
     metrics_text: Callable[[], Awaitable[str]] | None = None
@@ -89,6 +92,7 @@ def build_services(
         chat=ChatService(ChatOptions.from_settings(settings), documents, llm, embedder),
         embeddings=EmbeddingService(embedder.embed_documents, embedder.count_tokens, embedding_model),
         limits=RequestLimits.from_settings(settings),
+        files=FileStore(Path(settings.storage_dir) / FILES_DIR, settings.max_file_bytes),
         telemetry=telemetry or NullTelemetry(),
         health=health,
         metrics_text=metrics_text,

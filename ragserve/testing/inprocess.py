@@ -93,3 +93,4 @@ def inprocess_app(
         yield create_app(services), s
     finally:
         pool.close()
+        services.files.close()

@@ -26,6 +26,14 @@ def allow(request: Request, role: Role, index: str | None = None) -> Principal:
     return principal
 
 
+def allow_unscoped(request: Request, role: Role, what: str) -> Principal:
+    """The caller's principal, once it is known to may act as ``role`` on every index, for ``what``
+    belongs to none (``Principal.require_unscoped``); else a 403."""
+    principal = principal_of(request.scope)
+    principal.require_unscoped(role, what)
+    return principal
+
+
 def report_latencies(telemetry: Telemetry, timings: dict[str, float]) -> None:
     for stage, seconds in timings.items():
         telemetry.latency(stage, seconds)

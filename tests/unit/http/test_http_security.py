@@ -372,3 +372,26 @@ def test_require_source(principal: Principal, source: object, ok: bool) -> None:
     else:
         with pytest.raises(ForbiddenError, match="the snapshot at 'p'"):
             principal.require_source(source, "the snapshot at 'p'")
+
+
+@pytest.mark.parametrize(
+    ("principal", "role", "code"),
+    [
+        (FULL_ACCESS, Role.WRITE, None),
+        (Principal(Role.WRITE, ("*",)), Role.WRITE, None),
+        (Principal(Role.WRITE, ("kb", "*")), Role.WRITE, None),
+        (Principal(Role.READ, ("*",)), Role.WRITE, "insufficient_role"),
+        (Principal(Role.ADMIN, ("team-a*",)), Role.WRITE, "unscoped_key_required"),
+        (Principal(Role.ADMIN, ("team-a*",)), Role.READ, "unscoped_key_required"),
+    ],
+)
+def test_require_unscoped(principal: Principal, role: Role, code: str | None) -> None:
+    """Data of no index (uploaded files): only a key for every index, of the role."""
+    from ragserve.service.access import ForbiddenError
+
+    if code is None:
+        principal.require_unscoped(role, "uploaded files")
+    else:
+        with pytest.raises(ForbiddenError) as err:
+            principal.require_unscoped(role, "uploaded files")
+        assert err.value.code == code
