@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from ragserve.api.documents import MAX_LIST_PAGE, QueryRewrite, RetrievalMode
 from ragserve.api.index_spec import IndexSpec
+from ragserve.jobs.webhook import validate_webhook_url, webhook_key
 
 LlmEngineName = Literal["transformers", "vllm", "openai"]
 
@@ -381,8 +382,11 @@ class Settings(BaseSettings):
                 "prompt_format applies to the transformers engine; vLLM and remote servers apply "
                 "the model's chat template themselves"
             )
-        if self.job_webhook_url and self.job_webhook_secret is None:
-            raise ValueError("job_webhook_url needs job_webhook_secret: a webhook is always signed")
+        if self.job_webhook_url is not None:
+            validate_webhook_url(self.job_webhook_url)
+            if self.job_webhook_secret is None:
+                raise ValueError("job_webhook_url needs job_webhook_secret: a webhook is always signed")
+            webhook_key(self.job_webhook_secret.get_secret_value())
         if self.llm_engine == "openai" and not self.llm_url:
             raise ValueError("llm_engine 'openai' needs llm_url (or RAGSERVE_LLM_URL)")
         # Resolve where the config is read: replicas may run with another working directory.

@@ -311,11 +311,11 @@ class Page(BaseModel):
 
 
 class VectorStoreList(Page):
-    data: list[VectorStore]  # type: ignore[assignment]
+    data: list[VectorStore]
 
 
 class VectorStoreFileList(Page):
-    data: list[VectorStoreFile]  # type: ignore[assignment]
+    data: list[VectorStoreFile]
 
 
 def openai_filter(flt: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -5,6 +5,8 @@ No Ray here, so the whole HTTP behaviour is testable in-process (docs/architectu
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
@@ -14,19 +16,30 @@ from ragserve.http.errors import install_error_handlers
 from ragserve.http.limits import BodySizeMiddleware
 from ragserve.http.routes.documents import documents_router
 from ragserve.http.routes.files import FILES_PATH, files_body_limit, files_router
+from ragserve.http.routes.jobs import jobs_router
 from ragserve.http.routes.openai import openai_router
 from ragserve.http.routes.playground import mount_playground_assets, playground_router
 from ragserve.http.routes.probes import probes_router
+from ragserve.http.routes.vector_stores import vector_stores_router
 from ragserve.http.security import ApiKeyMiddleware
 from ragserve.http.telemetry import RequestCountingMiddleware
 from ragserve.service.wiring import Services
 
 
 def create_app(services: Services) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await services.start()  # the job runner: ingestion jobs run while the application serves
+        try:
+            yield
+        finally:
+            await services.stop()
+
     app = FastAPI(
         title="ragserve",
         version="0.1.0",
         description="OpenAI-compatible RAG server with a KAITO RAGEngine-style document API.",
+        lifespan=lifespan,
     )
     tel = services.telemetry
     # Outermost last: authentication runs before a body is read, the size limit while it is read.
@@ -45,6 +58,8 @@ def create_app(services: Services) -> FastAPI:
     install_error_handlers(app, tel)
     app.include_router(openai_router(services))
     app.include_router(files_router(services))
+    app.include_router(vector_stores_router(services.vector_stores))
+    app.include_router(jobs_router(services.jobs))
     app.include_router(documents_router(services))
     app.include_router(probes_router(services))
     app.include_router(playground_router(services))

@@ -112,7 +112,7 @@ class JobService:
         except NotFoundError:
             raise NotFoundError(f"No job found with id '{job_id}'.", param="job_id") from None
 
-    async def list(
+    async def list_jobs(
         self, index: str | None, status: str | None, limit: int, after: str | None, visible: Callable[[str], bool]
     ) -> JobList:
         out: list[JobInfo] = []

@@ -37,6 +37,7 @@ from ragserve.api.vector_stores import (
     SearchRequest,
     SearchResult,
     SearchResultsPage,
+    StaticChunking,
     UpdateVectorStoreRequest,
     VectorStore,
     VectorStoreDeleted,
@@ -52,7 +53,7 @@ from ragserve.ingest.chunker import DocumentChunker
 from ragserve.jobs.store import Job, JobItem, JobStore
 from ragserve.service.documents import DocumentService
 from ragserve.service.file_store import FileStore
-from ragserve.service.files import _clean_name, convert_file, replace_path
+from ragserve.service.files import clean_name, convert_file, replace_path
 from ragserve.service.limits import RequestLimits
 from ragserve.service.vector_store_catalog import Order, StoreFileRecord, StoreRecord, VectorStoreCatalog
 
@@ -248,7 +249,7 @@ class VectorStoreService:
     async def get(self, store_id: str) -> VectorStore:
         return await self._store_out(await self._store(store_id))
 
-    async def list(
+    async def list_stores(
         self,
         limit: int,
         order: Order,
@@ -356,8 +357,10 @@ class VectorStoreService:
             await self._store(store_id)
             raise NotFoundError(f"No file '{file_id}' in vector store '{store_id}'.", param="file_id")
         chunking = (
-            ChunkingStrategy(type="static", static=rec.chunking) if rec.chunking else ChunkingStrategy(type="auto")
-        )  # type: ignore[arg-type]
+            ChunkingStrategy(type="static", static=StaticChunking(**rec.chunking))
+            if rec.chunking
+            else ChunkingStrategy(type="auto")
+        )
         return await self.attach(store_id, file_id, attributes or {}, chunking)
 
     async def detach(self, store_id: str, file_id: str) -> VectorStoreFileDeleted:
@@ -493,7 +496,7 @@ class VectorStoreService:
             data = await self.files.read(file_id)
         except NotFoundError as e:
             raise ServiceError(f"file {file_id!r} was deleted before it was indexed", code="invalid_file") from e
-        name = _clean_name(obj.filename, "filename").name
+        name = clean_name(obj.filename, "filename").name
         rel = f"{PATH_PREFIX}/{file_id}/{name}"
         try:
             _, new = await convert_file(self.limits, name, data, rel, float(obj.created_at))

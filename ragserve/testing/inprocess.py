@@ -93,4 +93,4 @@ def inprocess_app(
         yield create_app(services), s
     finally:
         pool.close()
-        services.files.close()
+        services.close()

@@ -144,7 +144,11 @@ def files_router(services: Services) -> APIRouter:
 
     @router.delete(FILES_PATH + "/{file_id}")
     async def delete_file(file_id: str, request: Request) -> FileDeleted:
+        """Delete the file, first from every vector store that has it (as OpenAI does): no store
+        keeps serving text of a file that is gone."""
         _allow(request)
+        await store.get(file_id)  # a 404 before anything changes
+        await services.vector_stores.file_deleted(file_id)
         return await store.delete(file_id)
 
     @router.get(

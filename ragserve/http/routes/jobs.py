@@ -40,7 +40,7 @@ def jobs_router(jobs: JobService) -> APIRouter:
     ) -> JobList:
         """Jobs newest first (those of the indexes this key may read)."""
         principal = allow(request, Role.READ, checked_index(index_name) if index_name else None)
-        return await jobs.list(index_name, status, limit, after, principal.sees)
+        return await jobs.list_jobs(index_name, status, limit, after, principal.sees)
 
     @router.get("/jobs/{job_id}")
     async def get_job(job_id: str, request: Request, response: Response) -> JobInfo:

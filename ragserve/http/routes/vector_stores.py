@@ -36,7 +36,6 @@ from ragserve.service.vector_stores import POLL_AFTER_MS, VectorStoreService, ne
 
 Order = Literal["asc", "desc"]
 FileStatus = Literal["in_progress", "completed", "failed", "cancelled"]
-_ID = {"min_length": 1, "max_length": 256}
 
 
 def vector_stores_router(stores: VectorStoreService) -> APIRouter:
@@ -58,12 +57,12 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
         request: Request,
         limit: int = Query(20, ge=1, le=100),
         order: Order = "desc",
-        after: str | None = Query(None, **_ID),
-        before: str | None = Query(None, **_ID),
+        after: str | None = Query(None, min_length=1, max_length=256),
+        before: str | None = Query(None, min_length=1, max_length=256),
     ) -> VectorStoreList:
         """The vector stores this key may read, newest first by default."""
         principal = allow(request, Role.READ)
-        return await stores.list(limit, order, after, before, principal.sees)
+        return await stores.list_stores(limit, order, after, before, principal.sees)
 
     @router.get("/vector_stores/{vector_store_id}")
     async def get_vector_store(vector_store_id: str, request: Request) -> VectorStore:
@@ -105,8 +104,8 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
         request: Request,
         limit: int = Query(20, ge=1, le=100),
         order: Order = "desc",
-        after: str | None = Query(None, **_ID),
-        before: str | None = Query(None, **_ID),
+        after: str | None = Query(None, min_length=1, max_length=256),
+        before: str | None = Query(None, min_length=1, max_length=256),
         filter: FileStatus | None = None,  # OpenAI's parameter name
     ) -> VectorStoreFileList:
         allow(request, Role.READ, vector_store_id)
@@ -167,8 +166,8 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
         request: Request,
         limit: int = Query(20, ge=1, le=100),
         order: Order = "desc",
-        after: str | None = Query(None, **_ID),
-        before: str | None = Query(None, **_ID),
+        after: str | None = Query(None, min_length=1, max_length=256),
+        before: str | None = Query(None, min_length=1, max_length=256),
         filter: FileStatus | None = None,
     ) -> VectorStoreFileList:
         allow(request, Role.READ, vector_store_id)
