@@ -12,6 +12,7 @@ from ray.serve import Application, Deployment
 from ragserve.config import Settings
 from ragserve.deployments.embedder import Embedder
 from ragserve.deployments.generator import Generator
+from ragserve.deployments.ingestion import Ingestion
 from ragserve.deployments.ingress import Ingress
 
 
@@ -20,7 +21,9 @@ def build_app(args: dict[str, Any] | Settings | None = None) -> Application:
     embedder = as_deployment(Embedder).bind(settings)
     # A remote LLM is only an HTTP client: the ingress calls it itself, one actor hop less.
     generator = None if settings.llm_in_ingress else as_deployment(Generator).bind(settings)
-    return as_deployment(Ingress).bind(embedder, generator, settings)
+    # files, jobs and vector stores: one owner of their catalogs and the job runner (one replica)
+    ingestion = as_deployment(Ingestion).bind(embedder, settings)
+    return as_deployment(Ingress).bind(embedder, generator, settings, ingestion)
 
 
 def as_deployment(cls: object) -> Deployment:

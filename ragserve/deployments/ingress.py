@@ -14,6 +14,7 @@ from ray import serve
 from ragserve.config import Settings
 from ragserve.deployments.clients import HandleEmbedder, HandleGenerator, query_cache_counters
 from ragserve.deployments.common import as_settings, log, proxy_host
+from ragserve.deployments.ingestion import remote_ingestion
 from ragserve.deployments.telemetry import ServeTelemetry
 from ragserve.deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
 from ragserve.http import create_app
@@ -30,7 +31,11 @@ from ragserve.service.wiring import Services, build_services
 @serve.ingress()
 class Ingress:
     async def __init__(  # type: ignore[misc]  # Serve awaits async constructors
-        self, embedder: Any, generator: Any, settings: Settings | dict[str, Any] | None = None
+        self,
+        embedder: Any,
+        generator: Any,
+        settings: Settings | dict[str, Any] | None = None,
+        ingestion: Any = None,
     ):
         self.settings = s = as_settings(settings)
         check_exposure(await proxy_host(), bool(s.api_keys), s.allow_unauthenticated)
@@ -64,6 +69,8 @@ class Ingress:
             telemetry=ServeTelemetry(),
             health=self._health,
             metrics_text=self._metrics_text,
+            # files, jobs, vector stores: owned by the Ingestion deployment (one replica), reached here
+            ingestion=remote_ingestion(ingestion, s) if ingestion is not None else None,
         )
         await asyncio.gather(self.pool.wait_ready(), llm_ready)
         self._embedding_model = info["model_id"]

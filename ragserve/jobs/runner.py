@@ -89,6 +89,11 @@ class JobRunner:
         self._stopping = False
 
     @property
+    def alive(self) -> bool:
+        """Whether the claim loop runs (started, not stopped, not ended by an error)."""
+        return self._task is not None and not self._task.done()
+
+    @property
     def in_flight(self) -> int:
         """How many items are running now."""
         return len(self._running)

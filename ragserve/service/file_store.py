@@ -28,7 +28,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar, cast
@@ -408,3 +408,67 @@ async def _on_thread_even_if_cancelled(fn: Callable[[], _T]) -> None:
     job = asyncio.get_running_loop().run_in_executor(None, fn)
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.shield(job)
+
+
+#: How a process that does not own the file catalog reaches it: ``call("get", file_id)`` runs the
+#: owner's ``FileStore.get(file_id)`` (``ragserve.deployments.ingestion``).
+RecordCall = Callable[..., Awaitable[Any]]
+
+
+class SharedFileStore(FileStore):
+    """:class:`FileStore`'s surface in a process that shares the owner's ``storage_dir`` but not its
+    catalog (an ingress replica under Ray): the bytes are written and read here, on the shared
+    volume, so an upload streams to disk where it arrives and a download streams from it; every
+    record (commit, get, list, delete) is the owner's, through ``call``, so one process writes the
+    SQLite file."""
+
+    def __init__(self, root: Path, max_bytes: int, call: RecordCall) -> None:
+        self.root = Path(root)
+        self.max_bytes = max_bytes
+        self.blobs = self.root / BLOBS_DIR
+        self.blobs.mkdir(parents=True, exist_ok=True)
+        self._call = call
+
+    def close(self) -> None:
+        pass
+
+    def sweep(self, grace_s: float = SWEEP_GRACE_S) -> int:
+        return 0  # the owner sweeps
+
+    async def commit(self, staged: Staged, filename: str, purpose: str) -> FileObject:
+        record: FileObject = await self._call("commit", staged, filename, purpose)
+        return record
+
+    async def delete(self, file_id: str) -> FileDeleted:
+        gone: FileDeleted = await self._call("delete", file_id)
+        return gone
+
+    async def get(self, file_id: str) -> FileObject:
+        record: FileObject = await self._call("get", file_id)
+        return record
+
+    async def list(
+        self,
+        purpose: str | None = None,
+        limit: int = MAX_FILE_PAGE,
+        order: str = "desc",
+        after: str | None = None,
+    ) -> FileList:
+        page: FileList = await self._call("list", purpose, limit, order, after)
+        return page
+
+    async def open(self, file_id: str) -> tuple[FileObject, IO[bytes]]:
+        record = await self.get(file_id)
+        try:
+            return record, await asyncio.to_thread(self._blob(record.id).open, "rb")
+        except FileNotFoundError:  # deleted between the record and the open
+            raise _not_found(file_id) from None
+
+    async def read(self, file_id: str) -> bytes:
+        _, f = await self.open(file_id)
+
+        def read_all() -> bytes:
+            with f:
+                return f.read()
+
+        return await asyncio.to_thread(read_all)

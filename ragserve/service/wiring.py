@@ -40,81 +40,37 @@ VECTOR_STORES_FILE = "vector_stores.sqlite3"
 
 
 @dataclass
-class Services:
-    """Everything the HTTP routes call."""
+class Ingestion:
+    """Uploaded files, ingestion jobs and vector stores: durable catalogs under ``storage_dir`` and
+    the runner that indexes the jobs (docs/architecture.md §8c). One process owns them, since one
+    runner takes back what a stopped one left running and SQLite wants one writer on a shared
+    volume: the in-process application, or under Ray the single ``Ingestion`` replica
+    (``ragserve.deployments.ingestion``), which the ingress replicas reach through its handle (then
+    ``runner`` is None here and the stores are its proxies)."""
 
-    settings: Settings
-    documents: DocumentService
-    chat: ChatService
-    embeddings: EmbeddingService
-    limits: RequestLimits
     files: FileStore
     jobs: JobService
     vector_stores: VectorStoreService
-    #: indexes the jobs; started and stopped with the application (``start``/``stop``)
-    runner: JobRunner
-    telemetry: Telemetry = field(default_factory=NullTelemetry)
-    health: Callable[[], Awaitable[dict[str, Any]]] | None = None
-    metrics_text: Callable[[], Awaitable[str]] | None = None
+    runner: JobRunner | None = None
 
     async def start(self) -> None:
-        """What runs in the background while the application serves: the job runner (which takes
-        back the jobs a stopped process left running) and its webhook notifier."""
-        await self.runner.start()
+        """Start the runner (it takes back the jobs a stopped process left running) and its notifier."""
+        if self.runner is not None:
+            await self.runner.start()
 
     async def stop(self) -> None:
-        await self.runner.stop()
+        if self.runner is not None:
+            await self.runner.stop()
 
     def close(self) -> None:
-        """Close the stores' files (after ``stop``)."""
-        self.files.close()
-        self.jobs.store.close()
-        self.vector_stores.catalog.close()
-
-    def credentials(self) -> list[tuple[str, Principal]]:
-        """The accepted keys in clear with what each may do, for the authentication middleware only."""
-        out = []
-        for k in self.settings.api_keys or []:
-            if isinstance(k, ScopedKey):
-                out.append((k.key.get_secret_value(), Principal(Role[k.role.upper()], tuple(k.indexes))))
-            else:
-                out.append((k.get_secret_value(), FULL_ACCESS))
-        return out
+        if self.runner is not None:  # the owner: close the stores' files
+            self.files.close()
+            self.jobs.store.close()
+            self.vector_stores.catalog.close()
 
 
-def build_services(
-    settings: Settings,
-    *,
-    pool: ShardPool[ShardService],
-    embedder: TextEmbedder,
-    llm: LanguageModel,
-    embedding_model: str,
-    embedding_tokenizer: Any | None = None,
-    telemetry: Telemetry | None = None,
-    health: Callable[[], Awaitable[dict[str, Any]]] | None = None,
-    metrics_text: Callable[[], Awaitable[str]] | None = None,
-) -> Services:
-    """Assemble the services over the given edges.
-
-    ``embedding_tokenizer`` is the embedding model's Hugging Face tokenizer: chunk sizes are counted
-    in its tokens, the ones that matter for the embedder's window. Without one (a remote embedder)
-    they are estimated."""
-    count = (
-        hf_token_counter(embedding_tokenizer)
-        if embedding_tokenizer is not None
-        else ApproxTokenCounter("no tokenizer for the remote embedding model").count_text
-    )
-    chunker = DocumentChunker(count, settings.chunk_size, settings.chunk_overlap)
-    reranker = CrossEncoderReranker(settings.reranker_model) if settings.reranker_model else None
-    documents = DocumentService(
-        pool,
-        embedder,
-        chunker,
-        storage_dir=settings.storage_dir,
-        embedding_model=embedding_model,
-        retriever=Retriever(pool, embedder, RetrievalOptions.from_settings(settings), reranker),
-    )
-    limits = RequestLimits.from_settings(settings)
+def build_ingestion(settings: Settings, documents: DocumentService, limits: RequestLimits) -> Ingestion:
+    """The stores, services and runner of ingestion over ``documents``, for the process that owns them."""
     root = Path(settings.storage_dir)
     files = FileStore(root / FILES_DIR, settings.max_file_bytes)
     store = JobStore(root / JOBS_FILE)
@@ -150,16 +106,121 @@ def build_services(
         wake=runner.wake,
     )
     handlers.update({DOCUMENTS_JOB: jobs.index_batch, FILE_JOB: vector_stores.index_file_item})
+    return Ingestion(files, jobs, vector_stores, runner)
+
+
+@dataclass
+class Services:
+    """Everything the HTTP routes call."""
+
+    settings: Settings
+    documents: DocumentService
+    chat: ChatService
+    embeddings: EmbeddingService
+    limits: RequestLimits
+    ingestion: Ingestion
+    telemetry: Telemetry = field(default_factory=NullTelemetry)
+    health: Callable[[], Awaitable[dict[str, Any]]] | None = None
+    metrics_text: Callable[[], Awaitable[str]] | None = None
+
+    @property
+    def files(self) -> FileStore:
+        return self.ingestion.files
+
+    @property
+    def jobs(self) -> JobService:
+        return self.ingestion.jobs
+
+    @property
+    def vector_stores(self) -> VectorStoreService:
+        return self.ingestion.vector_stores
+
+    async def start(self) -> None:
+        """What runs in the background while the application serves (the job runner, where it runs)."""
+        await self.ingestion.start()
+
+    async def stop(self) -> None:
+        await self.ingestion.stop()
+
+    def close(self) -> None:
+        """Close the stores' files (after ``stop``)."""
+        self.ingestion.close()
+
+    def credentials(self) -> list[tuple[str, Principal]]:
+        """The accepted keys in clear with what each may do, for the authentication middleware only."""
+        out = []
+        for k in self.settings.api_keys or []:
+            if isinstance(k, ScopedKey):
+                out.append((k.key.get_secret_value(), Principal(Role[k.role.upper()], tuple(k.indexes))))
+            else:
+                out.append((k.get_secret_value(), FULL_ACCESS))
+        return out
+
+
+def build_documents(
+    settings: Settings,
+    *,
+    pool: ShardPool[ShardService],
+    embedder: TextEmbedder,
+    embedding_model: str,
+    embedding_tokenizer: Any | None = None,
+) -> DocumentService:
+    """The document service over the shards and the embedder.
+
+    ``embedding_tokenizer`` is the embedding model's Hugging Face tokenizer: chunk sizes are counted
+    in its tokens, the ones that matter for the embedder's window. Without one (a remote embedder)
+    they are estimated."""
+    count = (
+        hf_token_counter(embedding_tokenizer)
+        if embedding_tokenizer is not None
+        else ApproxTokenCounter("no tokenizer for the remote embedding model").count_text
+    )
+    chunker = DocumentChunker(count, settings.chunk_size, settings.chunk_overlap)
+    reranker = CrossEncoderReranker(settings.reranker_model) if settings.reranker_model else None
+    return DocumentService(
+        pool,
+        embedder,
+        chunker,
+        storage_dir=settings.storage_dir,
+        embedding_model=embedding_model,
+        retriever=Retriever(pool, embedder, RetrievalOptions.from_settings(settings), reranker),
+    )
+
+
+def build_services(
+    settings: Settings,
+    *,
+    pool: ShardPool[ShardService],
+    embedder: TextEmbedder,
+    llm: LanguageModel,
+    embedding_model: str,
+    embedding_tokenizer: Any | None = None,
+    telemetry: Telemetry | None = None,
+    health: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+    metrics_text: Callable[[], Awaitable[str]] | None = None,
+    ingestion: Callable[[DocumentService, RequestLimits], Ingestion] | None = None,
+) -> Services:
+    """Assemble the services over the given edges.
+
+    ``ingestion`` makes the files, jobs and vector stores (by default, owned here: :func:`build_ingestion`;
+    the Ray ingress passes the proxies of the ``Ingestion`` deployment)."""
+    documents = build_documents(
+        settings,
+        pool=pool,
+        embedder=embedder,
+        embedding_model=embedding_model,
+        embedding_tokenizer=embedding_tokenizer,
+    )
+    limits = RequestLimits.from_settings(settings)
     return Services(
         settings=settings,
         documents=documents,
         chat=ChatService(ChatOptions.from_settings(settings), documents, llm, embedder),
         embeddings=EmbeddingService(embedder.embed_documents, embedder.count_tokens, embedding_model),
         limits=limits,
-        files=files,
-        jobs=jobs,
-        vector_stores=vector_stores,
-        runner=runner,
+        ingestion=ingestion(documents, limits)
+        if ingestion is not None
+        else build_ingestion(settings, documents, limits),
         telemetry=telemetry or NullTelemetry(),
         health=health,
         metrics_text=metrics_text,
