@@ -200,6 +200,21 @@ class UpdateVectorStoreFileRequest(RequestModel):
     attributes: Attributes | None
 
 
+class SearchContent(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class FileContentPage(BaseModel):
+    """``GET .../files/{file_id}/content``: the text the file was indexed as, a part per document
+    (a PDF page, a part of a long file), in order."""
+
+    object: Literal["vector_store.file_content.page"] = "vector_store.file_content.page"
+    data: list[SearchContent]
+    has_more: bool = False
+    next_page: str | None = None
+
+
 class VectorStoreFileDeleted(BaseModel):
     id: str
     object: Literal["vector_store.file.deleted"] = "vector_store.file.deleted"
@@ -277,11 +292,6 @@ class SearchRequest(RequestModel):
 
     def queries(self) -> list[str]:
         return [self.query] if isinstance(self.query, str) else list(self.query)
-
-
-class SearchContent(BaseModel):
-    type: Literal["text"] = "text"
-    text: str
 
 
 class SearchResult(BaseModel):

@@ -31,6 +31,7 @@ from ragserve.api.vector_stores import (
     ChunkingStrategyOut,
     CreateFileBatchRequest,
     CreateVectorStoreRequest,
+    FileContentPage,
     FileCounts,
     LastError,
     SearchContent,
@@ -372,6 +373,27 @@ class VectorStoreService:
             raise NotFoundError(f"No file '{file_id}' in vector store '{store_id}'.", param="file_id")
         await self._delete_documents(store_id, file_id)
         return VectorStoreFileDeleted(id=file_id)
+
+    async def file_content(self, store_id: str, file_id: str) -> FileContentPage:
+        """The text the file was indexed as, a part per document in path order (pages, parts)."""
+        rec = await asyncio.to_thread(self.catalog.get_file, store_id, file_id)
+        if rec is None:
+            await self._store(store_id)
+            raise NotFoundError(f"No file '{file_id}' in vector store '{store_id}'.", param="file_id")
+        parts: list[tuple[int, int, str]] = []
+        if await self.documents.index_exists(store_id):
+            offset = 0
+            while True:
+                page = await self.documents.list_documents(
+                    store_id, limit=100, offset=offset, max_text_length=None, metadata_filter={"file_id": file_id}
+                )
+                for d in page.documents:
+                    meta = d.metadata or {}
+                    parts.append((int(meta.get("page") or 0), int(meta.get("part") or 0), d.text))
+                offset += page.count
+                if not page.count or offset >= page.total_items:
+                    break
+        return FileContentPage(data=[SearchContent(text=t) for _, _, t in sorted(parts, key=lambda p: p[:2])])
 
     async def _delete_documents(self, index: str, file_id: str) -> None:
         if not await self.documents.index_exists(index):

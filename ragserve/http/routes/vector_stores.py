@@ -16,6 +16,7 @@ from ragserve.api.vector_stores import (
     CreateFileBatchRequest,
     CreateVectorStoreFileRequest,
     CreateVectorStoreRequest,
+    FileContentPage,
     SearchRequest,
     SearchResultsPage,
     UpdateVectorStoreFileRequest,
@@ -117,6 +118,12 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
         out = await stores.get_file(vector_store_id, file_id)
         poll_after(response, out.status)
         return out
+
+    @router.get("/vector_stores/{vector_store_id}/files/{file_id}/content")
+    async def file_content(vector_store_id: str, file_id: str, request: Request) -> FileContentPage:
+        """The text the file was indexed as (a part per page or part of a long file)."""
+        allow(request, Role.READ, vector_store_id)
+        return await stores.file_content(vector_store_id, file_id)
 
     @router.post("/vector_stores/{vector_store_id}/files/{file_id}")
     async def update_file(

@@ -93,6 +93,8 @@ def test_upload_attach_poll_and_search_with_attributes(client: Any) -> None:
     listed = client.vector_stores.files.list(vector_store_id=store.id, limit=2)
     assert len(listed.data) == 2 and listed.has_more
     assert {f.id for f in client.vector_stores.files.list(vector_store_id=store.id)} == set(ids.values())
+    parsed = client.vector_stores.files.content(ids["refunds.md"], vector_store_id=store.id)
+    assert "14 days" in "".join(p.text for p in parsed)  # the text it was indexed as
     completed = client.vector_stores.files.list(vector_store_id=store.id, filter="completed")
     assert len(completed.data) == 3
     assert not client.vector_stores.files.list(vector_store_id=store.id, filter="failed").data
