@@ -208,6 +208,24 @@ class RagClient:
             "POST", f"/indexes/{quote(index, safe='')}/documents/delete", json={"doc_ids": doc_ids}, retries=3
         )
 
+    # --- ingestion jobs (POST /jobs) -------------------------------------------------------------
+    def submit_job(self, index: str, documents: list[dict[str, Any]], webhook: bool = False) -> dict[str, Any]:
+        """Start an ingestion job (``POST /jobs``, 202): the documents ``POST /index`` would take,
+        indexed in the background; the answer is the job (``id``, ``status``, ``documents`` counts).
+        Retried like ``add_documents``: documents carry their ids, so a job submitted twice stores
+        nothing twice. ``webhook`` is off by default: the CLI polls, it needs no announcement."""
+        body = {"index_name": index, "documents": documents, "webhook": webhook}
+        return self.request("POST", "/jobs", json=body, retries=2)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """A job's status, document counts and first per-document errors (``GET /jobs/{id}``)."""
+        return self.request("GET", f"/jobs/{quote(job_id, safe='')}", retries=2)
+
+    def cancel_job(self, job_id: str) -> dict[str, Any]:
+        """Cancel a job (``POST /jobs/{id}/cancel``): what has not started is not indexed, a batch
+        being indexed finishes. Cancelling a job that has ended returns it as it is, so a retry is safe."""
+        return self.request("POST", f"/jobs/{quote(job_id, safe='')}/cancel", retries=2)
+
     def drop_index(self, index: str) -> dict[str, Any]:
         return self.request("DELETE", f"/indexes/{quote(index, safe='')}")
 

@@ -136,6 +136,7 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         progress=progress,
         checksum=args.checksum,
         sync_id=args.sync_id,
+        use_jobs=args.jobs,
     )
     stop = threading.Event()
 
@@ -143,7 +144,10 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
-        console.print("[yellow]Stopping after the batch in flight (Ctrl-C again to abort at once)…[/yellow]")
+        console.print(
+            "[yellow]Stopping after the batch in flight (a running ingestion job is cancelled; "
+            "Ctrl-C again to abort at once)…[/yellow]"
+        )
 
     previous = (
         signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
@@ -447,6 +451,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=64,
         help="text per request in KiB, a soft target for a moving progress bar (a larger file goes whole)",
+    )
+    jobs = p.add_mutually_exclusive_group()
+    jobs.add_argument(
+        "--jobs",
+        dest="jobs",
+        action="store_true",
+        default=None,
+        help="send new files as the server's ingestion jobs (POST /jobs: stored whole by the server, up to "
+        "its max_documents_per_job each, polled for progress; Ctrl-C cancels them). Default: automatic, "
+        "jobs when more files are new to the index than the server's max_documents_per_request (1000), "
+        "and POST /index when the server has no jobs",
+    )
+    jobs.add_argument(
+        "--no-jobs", dest="jobs", action="store_false", help="send new files with POST /index, in batches"
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_ingest)

@@ -121,6 +121,8 @@ def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | N
             f"  [yellow]{len(report.stale)} file(s) are gone from disk but still indexed; "
             "run with --delete to remove them[/yellow]"
         )
+    for notice in report.notices:
+        console.print(f"  [yellow]note[/yellow]    {escape(notice)}")
     if report.fatal:
         console.print(f"  [red]stopped: {escape(report.fatal)}[/red]")
     if report.interrupted:

@@ -21,6 +21,21 @@ documents are whose:
 Requests stay within the server's limits (documents per request, bytes per request, characters
 per document), and all documents of one file travel in the same request, so stopping (Ctrl-C sets
 ``stop``) between two batches never leaves a file half-indexed: the batch in flight completes.
+
+New files can instead go to the server's ingestion jobs (``POST /jobs``, ``use_jobs``): one job
+carries up to ``max_documents_per_job`` documents in one request of at most ``max_request_bytes``,
+is stored whole by the server (it survives a restart of the server) and indexed at the server's
+pace, while the sync polls it (``GET /jobs/{id}``) and moves the progress bar by the documents it
+has processed. A job holds exactly the documents ``POST /index`` would have been sent (same ids,
+same marks), and a file still counts as added only when all its documents are in: a document the
+job refuses fails its file, and the file's other documents are deleted again, so a file is never
+left half-indexed and the next run tries it again. Stopping cancels the job in flight (the batch the
+server is indexing finishes); its files not indexed whole are left for the next run. Automatic mode
+(``use_jobs=None``) uses jobs when more files are new to the index than ``jobs_threshold`` (by
+default the server's ``max_documents_per_request``: more than one ``POST /index`` could carry;
+files, not documents, are counted, because documents are known only once a file is converted, and a
+file is at least one document). Changed files and deletions always take the synchronous requests. A
+server without ``/jobs`` (404) gets ``POST /index`` in automatic mode, with a notice in the report.
 """
 
 from __future__ import annotations
@@ -64,11 +79,16 @@ class Limits:
     max_document_chars: int = 1_000_000
     max_list_limit: int = 100
     max_unpacked_bytes: int = Settings.model_fields["max_unpacked_bytes"].default  # defined once, in Settings
+    max_documents_per_job: int = Settings.model_fields["max_documents_per_job"].default
 
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> Limits:
-        given = (config or {}).get("limits") or {}
-        return cls(**{k: int(v) for k, v in given.items() if k in cls.__dataclass_fields__})
+        """The request limits of ``GET /ui/config``, and those it shows among its settings (a server
+        that shows neither keeps the defaults; a job it then refuses as too large is sent by
+        ``POST /index`` instead, see ``Syncer._run_job``)."""
+        config = config or {}
+        given = {**(config.get("settings") or {}), **(config.get("limits") or {})}
+        return cls(**{k: int(v) for k, v in given.items() if k in cls.__dataclass_fields__ and v is not None})
 
 
 @dataclass
@@ -97,6 +117,8 @@ class SyncReport:
     seconds: float = 0.0
     interrupted: bool = False
     fatal: str = ""
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # ingestion jobs submitted: id, status, documents
+    notices: list[str] = field(default_factory=list)  # about the run, not one file: a fallback, a job ended badly
 
     @property
     def ok(self) -> bool:
@@ -120,6 +142,8 @@ class SyncReport:
             "seconds": round(self.seconds, 3),
             "interrupted": self.interrupted,
             "fatal": self.fatal or None,
+            "jobs": self.jobs,
+            "notices": self.notices,
             "ok": self.ok,
         }
 
@@ -197,6 +221,9 @@ class Syncer:
         convert_file: Callable[[bytes, str], Converted] | None = None,
         checksum: bool = False,
         sync_id: str | None = None,
+        use_jobs: bool | None = None,
+        jobs_threshold: int | None = None,
+        job_poll_s: float = 0.5,
     ):
         self.client = client
         self.index = index
@@ -221,6 +248,10 @@ class Syncer:
         self.remote: dict[str, RemoteDoc] | None = None  # this sync's documents under the roots
         self.foreign: dict[str, str] = {}  # doc_id -> whose, for ids this sync must not write
         self._last_chunks = 0.0
+        self.use_jobs = use_jobs  # True: new files in ingestion jobs; False: POST /index; None: automatic
+        self.jobs_threshold = self.limits.max_documents_per_request if jobs_threshold is None else jobs_threshold
+        self.job_poll_s = job_poll_s
+        self._jobs_available = True  # False once the server answered POST /jobs with 404 (kept for --watch)
 
     # --- what the index holds ------------------------------------------------------------------
     def _prefixes(self) -> list[str]:
@@ -395,11 +426,16 @@ class Syncer:
                 self.client.add_documents(self.index, [d for d in part if d["doc_id"] in gone])
         for i in range(0, len(deletes), self.limits.max_documents_per_request):
             self.client.delete_documents(self.index, deletes[i : i + self.limits.max_documents_per_request])
-        remote = self.remote if self.remote is not None else {}
-        for d in (*adds, *updates):
-            remote[d["doc_id"]] = RemoteDoc(content_hash(d["text"], d["metadata"]), d["metadata"])
+        self._remember([*adds, *updates])
         for doc_id in deletes:
-            remote.pop(doc_id, None)
+            (self.remote or {}).pop(doc_id, None)
+
+    def _remember(self, docs: Sequence[dict[str, Any]]) -> None:
+        """Documents now in the index as this sync's, for the rest of the run (and the next, with --watch)."""
+        if self.remote is None:
+            self.remote = {}
+        for d in docs:
+            self.remote[d["doc_id"]] = RemoteDoc(content_hash(d["text"], d["metadata"]), d["metadata"])
 
     def _flush(self, batch: list[FilePlan], report: SyncReport, done: set[str]) -> None:
         """Send a batch; on a client error, send its files one by one so the error is pinned on the
@@ -425,6 +461,180 @@ class Syncer:
             report.documents_sent += len(p.adds) + len(p.updates)
             self.progress.advance(1, p.file.size, len(p.adds) + len(p.updates))
         self._report_chunks()
+
+    def _flush_all(self, plans: Sequence[FilePlan], report: SyncReport, done: set[str], stop: threading.Event) -> None:
+        """Send files in batches (``_fits``) through ``_flush``, stopping between two batches on ``stop``."""
+        batch: list[FilePlan] = []
+        for p in plans:
+            if not self._fits(batch, p):
+                self._flush(batch, report, done)
+                batch = []
+                if stop.is_set():
+                    return
+            batch.append(p)
+        if batch:
+            self._flush(batch, report, done)
+
+    # --- ingestion jobs ------------------------------------------------------------------------
+    def _wants_jobs(self, files: Sequence[LocalFile]) -> bool:
+        """Whether this run sends its new files as ingestion jobs: as ``use_jobs`` says, else when
+        more files are new to the index (none of this sync's documents has their path) than
+        ``jobs_threshold`` (see the module's docstring for why files are counted)."""
+        if self.use_jobs is not None:
+            return self.use_jobs
+        if not self._jobs_available:
+            return False
+        by_path = self._by_path()
+        return sum(f.rel not in by_path for f in files) > self.jobs_threshold
+
+    def _job_fits(self, job: list[FilePlan], plan: FilePlan) -> bool:
+        """Whether ``plan``'s documents join ``job`` within one job's limits: the server's documents
+        per job, and the bytes of one request (a job is one request)."""
+        docs = sum(len(p.adds) for p in job) + len(plan.adds)
+        size = sum(p.size for p in job) + plan.size
+        return docs <= self.limits.max_documents_per_job and size <= self.max_bytes
+
+    def _run_job(self, plans: list[FilePlan], report: SyncReport, done: set[str], stop: threading.Event) -> None:
+        """Index new files as one ingestion job and wait for it, the progress bar moving meanwhile.
+        A job the server refuses as a whole (a 4xx: too many documents for its own limit, a
+        document too long) is sent by ``POST /index`` instead, which pins the refusal on its file;
+        a server without ``/jobs`` too, unless jobs were asked for (``use_jobs=True``): then the run
+        stops with an error. Raises ApiError as ``_flush`` does."""
+        if not self._jobs_available:
+            self._flush_all(plans, report, done, stop)
+            return
+        docs = [d for p in plans for d in p.adds]
+        try:
+            info = self.client.submit_job(self.index, docs)
+        except ApiError as e:
+            if e.status in (404, 405):
+                if self.use_jobs:
+                    raise ApiError(
+                        e.status,
+                        f"the server at {self.client.url} has no ingestion jobs (POST /jobs answered "
+                        f"{e.status}: {e.message}); run without --jobs",
+                    ) from None
+                self._jobs_available = False
+                report.notices.append(
+                    f"the server has no ingestion jobs (POST /jobs answered {e.status}: an older ragserve); "
+                    "new files were sent with POST /index"
+                )
+            elif _fatal(e):
+                done.update(p.file.rel for p in plans)
+                self._failed(None, plans, e, report)  # raises
+            self._flush_all(plans, report, done, stop)
+            return
+        job_id = str(info["id"])
+        record: dict[str, Any] = {"id": job_id, "status": info.get("status"), "documents": info.get("documents")}
+        report.jobs.append(record)
+        total_bytes = sum(p.file.size for p in plans)
+        try:
+            info, cancelled, shown_bytes = self._follow_job(info, len(docs), total_bytes, stop)
+        except ApiError:
+            record["status"] = "unknown"
+            report.notices.append(
+                f"lost track of ingestion job {job_id}; it may still be running (GET /jobs/{job_id} tells)"
+            )
+            raise
+        except KeyboardInterrupt:  # a second Ctrl-C: do not leave the job running unseen
+            with contextlib.suppress(ApiError):
+                self.client.cancel_job(job_id)
+            raise
+        record.update(status=info.get("status"), documents=info.get("documents"))
+        self._settle_job(info, plans, report, done, cancelled)
+        self.progress.advance(len(plans), max(0, total_bytes - shown_bytes), 0)
+        self._report_chunks()
+
+    def _follow_job(
+        self, info: dict[str, Any], total_docs: int, total_bytes: int, stop: threading.Event
+    ) -> tuple[dict[str, Any], bool, int]:
+        """Poll a job every ``job_poll_s`` until it has ended (``finished_at``), advancing the
+        progress by the documents it has processed (indexed or failed) and the share of bytes they
+        stand for. ``stop`` cancels the job, once; the batch the server is indexing then finishes
+        and the job ends after it. Returns the last answer, whether this run cancelled the job, and
+        the bytes shown as done."""
+        shown_docs = shown_bytes = 0
+        cancelled = False
+        while True:
+            counts = info.get("documents") or {}
+            processed = int(counts.get("indexed") or 0) + int(counts.get("failed") or 0)
+            if processed > shown_docs:
+                nbytes = total_bytes * min(processed, total_docs) // max(total_docs, 1)
+                self.progress.advance(0, nbytes - shown_bytes, processed - shown_docs)
+                shown_docs, shown_bytes = processed, nbytes
+                self._report_chunks()
+            if info.get("finished_at") is not None:
+                return info, cancelled, shown_bytes
+            if stop.is_set() and not cancelled:
+                info, cancelled = self.client.cancel_job(str(info["id"])), True
+                continue
+            if cancelled:
+                time.sleep(self.job_poll_s)  # stop is set: waiting on it would return at once
+            else:
+                stop.wait(self.job_poll_s)
+            info = self.client.job(str(info["id"]))
+
+    def _settle_job(
+        self, info: dict[str, Any], plans: list[FilePlan], report: SyncReport, done: set[str], cancelled: bool
+    ) -> None:
+        """Record what an ended job did, file by file. A document's position in the job maps back
+        to its file. When the job's answer tells every document's fate (it completed and lists
+        every failed document), it is taken as it is; otherwise (cancelled, failed, more errors
+        than it lists) this sync's documents are listed to see which are in, with the hash sent.
+        A file is added when all its documents are in; one whose document was refused fails with
+        the server's reason; its documents that did get in are deleted, so it is never half there."""
+        counts = info.get("documents") or {}
+        errors: dict[int, dict[str, Any]] = {int(e["index"]): e for e in info.get("errors") or []}
+        status = str(info.get("status"))
+        told = (
+            status == "completed"
+            and int(counts.get("failed") or 0) == len(errors)
+            and not counts.get("cancelled")
+            and not counts.get("pending")
+        )
+        present: dict[str, str] = {}
+        if not told:
+            listed = self.client.iter_documents(
+                self.index, page_size=self.limits.max_list_limit, max_text_length=1, metadata_filter=self.mark()
+            )
+            present = {d["doc_id"]: d["hash_value"] for d in listed}
+
+        def stored(i: int, doc: dict[str, Any]) -> bool:
+            if i in errors:
+                return False
+            return told or present.get(doc["doc_id"]) == content_hash(doc["text"], doc["metadata"])
+
+        partial: list[str] = []  # documents in the index of files that are not whole
+        why = f"ingestion job {info.get('id')} ended {status} before this file was indexed"
+        if info.get("error"):
+            why += f": {info['error']}"
+        first = 0
+        for p in plans:
+            positions = range(first, first + len(p.adds))
+            first += len(p.adds)
+            ok = [stored(i, d) for i, d in zip(positions, p.adds, strict=True)]
+            if all(ok):
+                report.added.append(p.file.rel)
+                report.documents_sent += len(p.adds)
+                self._remember(p.adds)
+                done.add(p.file.rel)
+                continue
+            partial += [d["doc_id"] for d, got in zip(p.adds, ok, strict=True) if got]
+            refused = [errors[i] for i in positions if i in errors]
+            if refused:
+                report.failed.append((p.file.rel, str(refused[0].get("message") or refused[0].get("code"))))
+            elif not cancelled:
+                report.failed.append((p.file.rel, why))
+            else:
+                continue  # stopped before it was indexed: not processed, for the next run
+            done.add(p.file.rel)
+        step = self.limits.max_documents_per_request
+        for i in range(0, len(partial), step):
+            self.client.delete_documents(self.index, partial[i : i + step])
+        if status in ("failed", "cancelled") and not cancelled:
+            report.notices.append(
+                f"ingestion job {info.get('id')} ended {status}" + (f": {info['error']}" if info.get("error") else "")
+            )
 
     def _failed(self, plan: FilePlan | None, batch: list[FilePlan], e: ApiError, report: SyncReport) -> None:
         if _fatal(e):
@@ -466,8 +676,10 @@ class Syncer:
         done: set[str] = set()  # files recorded in the report, by their own names
         vanished: set[str] = set()  # gone between discovery and reading: as if never found
         batch: list[FilePlan] = []
+        job: list[FilePlan] = []  # new files for the next ingestion job
         try:
             self.load_remote()
+            jobs = self._wants_jobs(files)
             self.progress.start(len(files), sum(f.size for f in files))
             for plan in self._plans(files, stop):
                 report.warnings += [(shown(plan.file.rel), w) for w in plan.warnings]
@@ -481,6 +693,14 @@ class Syncer:
                 elif not plan.writes:
                     report.unchanged.append(plan.file.rel)
                     self.progress.advance(1, plan.file.size, 0)
+                elif jobs and plan.status == "added" and self._job_fits([], plan):
+                    if not self._job_fits(job, plan):
+                        self._run_job(job, report, done, stop)
+                        job = []
+                        if stop.is_set():
+                            break
+                    job.append(plan)
+                    continue
                 else:
                     if not self._fits(batch, plan):
                         self._flush(batch, report, done)
@@ -493,6 +713,8 @@ class Syncer:
             else:  # every planned file is sent, even when stop came meanwhile: nothing is left half done
                 if batch:
                     self._flush(batch, report, done)
+                if job and not stop.is_set():  # a job is large: after Ctrl-C it is left for the next run
+                    self._run_job(job, report, done, stop)
             if not stop.is_set():
                 self._delete_gone({f.rel for f in files} - vanished, kept, report)
             self._report_chunks(force=True)
