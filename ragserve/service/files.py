@@ -70,6 +70,9 @@ PUBLIC_SETTINGS = (
     "budget_safety_ratio",
     "embedding_cache_size",
     "llm_timeout_s",
+    "job_concurrency",
+    "job_batch_documents",
+    "max_documents_per_job",
 )
 
 
