@@ -95,7 +95,15 @@ def test_locustfile_runs_headless_with_every_user_and_writes_reports(server: str
 
 @pytest.mark.parametrize(
     "script",
-    ["bench_index_types", "bench_ingest", "bench_retrieval", "bench_passthrough", "bench_shards", "bench_memory"],
+    [
+        "bench_index_types",
+        "bench_ingest",
+        "bench_retrieval",
+        "bench_passthrough",
+        "bench_shards",
+        "bench_memory",
+        "bench_jobs",
+    ],
 )
 def test_benchmark_smoke_prints_its_table(script: str, tmp_path: Path) -> None:
     env = {**os.environ, "RAGSERVE_BENCH_CACHE": str(tmp_path / "cache")}
