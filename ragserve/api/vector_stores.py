@@ -34,6 +34,8 @@ MAX_SEARCH_RESULTS = 50
 MIN_CHUNK_TOKENS, MAX_CHUNK_TOKENS = 100, 4096
 
 AttributeValue = str | float | bool
+#: A File's id as a request names it.
+FileId = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 def check_attributes(attributes: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -150,7 +152,7 @@ class CreateVectorStoreRequest(_Unsupported):
     name: str | None = Field(default=None, max_length=256)
     description: str | None = Field(default=None, max_length=512)
     metadata: StoreMetadata | None = None
-    file_ids: list[str] | None = Field(default=None, max_length=MAX_BATCH_FILES)
+    file_ids: list[FileId] | None = Field(default=None, max_length=MAX_BATCH_FILES)
     chunking_strategy: ChunkingStrategy | None = None
 
 
@@ -190,7 +192,7 @@ class VectorStoreFile(BaseModel):
 
 class CreateVectorStoreFileRequest(RequestModel):
     model_config = ConfigDict(extra="forbid")
-    file_id: str = Field(min_length=1, max_length=256)
+    file_id: FileId
     attributes: Attributes | None = None
     chunking_strategy: ChunkingStrategy | None = None
 
@@ -223,7 +225,7 @@ class VectorStoreFileDeleted(BaseModel):
 
 class BatchFile(RequestModel):
     model_config = ConfigDict(extra="forbid")
-    file_id: str = Field(min_length=1, max_length=256)
+    file_id: FileId
     attributes: Attributes | None = None
     chunking_strategy: ChunkingStrategy | None = None
 
@@ -233,7 +235,7 @@ class CreateFileBatchRequest(RequestModel):
     own; not both (OpenAI's rule)."""
 
     model_config = ConfigDict(extra="forbid")
-    file_ids: list[str] | None = Field(default=None, min_length=1, max_length=MAX_BATCH_FILES)
+    file_ids: list[FileId] | None = Field(default=None, min_length=1, max_length=MAX_BATCH_FILES)
     files: list[BatchFile] | None = Field(default=None, min_length=1, max_length=MAX_BATCH_FILES)
     attributes: Attributes | None = None
     chunking_strategy: ChunkingStrategy | None = None
