@@ -4,6 +4,7 @@ started by the test: what reaches the upstream is asserted exactly."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -154,3 +155,35 @@ def test_upstream_failure_keeps_status(client: httpx.Client, upstream: FakeOpenA
     upstream.fail_next(status=500, message="upstream exploded")
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 500 and "upstream exploded" in r.json()["error"]["message"]
+
+
+def test_files_vector_stores_and_jobs_run_through_the_ingestion_deployment(client: httpx.Client) -> None:
+    """On Ray the files, jobs and vector stores live in the one Ingestion replica: the SDK's whole
+    flow, a job of documents, and a 4xx raised there arriving as the same 4xx here."""
+    import io
+
+    from openai import NotFoundError, OpenAI
+
+    sdk = OpenAI(base_url=str(client.base_url).rstrip("/") + "/v1", api_key="unused", max_retries=0)
+    store = sdk.vector_stores.create(name="ray")
+    done = sdk.vector_stores.files.upload_and_poll(
+        vector_store_id=store.id,
+        file=("shipping.md", io.BytesIO(b"# Shipping\n\nOrders ship from the Rotterdam warehouse.\n")),
+        attributes={"team": "logistics"},
+    )
+    assert done.status == "completed", done
+    hits = sdk.vector_stores.search(
+        store.id, query="where do orders ship from", filters={"type": "eq", "key": "team", "value": "logistics"}
+    )
+    assert hits.data and hits.data[0].filename == "shipping.md"
+    with pytest.raises(NotFoundError):
+        sdk.vector_stores.retrieve("vs_missing")
+    r = client.post("/jobs", json={"index_name": "jobs-ray", "documents": [{"text": f"doc {i}"} for i in range(5)]})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    for _ in range(600):
+        job = client.get(f"/jobs/{job['id']}").json()
+        if job["finished_at"] is not None:
+            break
+        time.sleep(0.1)
+    assert job["status"] == "completed" and job["documents"]["indexed"] == 5, job
