@@ -4,12 +4,15 @@ on the same storage, finishes it with every document stored exactly once."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +193,58 @@ def test_a_job_survives_a_kill_and_stores_every_document_once(tmp_path: Path) ->
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+# --- the webhook, as configured -----------------------------------------------------------------
+class _Receiver(BaseHTTPRequestHandler):
+    """A job-event endpoint that is down (503) for its first request, then takes them."""
+
+    received: list[tuple[bytes, dict[str, str]]] = []  # noqa: RUF012 - one test uses it
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self.received.append((body, dict(self.headers.items())))
+        self.send_response(503 if len(self.received) == 1 else 200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_configured_webhook_announces_the_end_signed_and_retried(tmp_path: Path, embedding_model: Any) -> None:
+    """``job_webhook_url`` and ``job_webhook_secret`` in the settings: a job that ends is announced
+    once, in an event the openai SDK verifies, after the endpoint's first failure; the job itself
+    ends without waiting for it. A job that asks for no webhook gets none."""
+    import base64
+
+    from openai import OpenAI
+
+    from ragserve.testing.embedder import InProcessEmbedder
+
+    secret = "whsec_" + base64.b64encode(b"a secret of the test").decode()
+    _Receiver.received = []
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    try:
+        with live_app(
+            tmp_path,
+            InProcessEmbedder(embedding_model),
+            job_webhook_url=f"http://127.0.0.1:{receiver.server_address[1]}/hook",
+            job_webhook_secret=secret,
+        ) as (base, _):
+            quiet = httpx.post(f"{base}/jobs", json={"index_name": "hooked", "documents": docs(2), "webhook": False})
+            job = httpx.post(f"{base}/jobs", json={"index_name": "hooked", "documents": docs(3)}).json()
+            assert wait(base, quiet.json()["id"], headers={})["status"] == "completed"
+            assert wait(base, job["id"], headers={})["status"] == "completed"
+            deadline = time.monotonic() + 30
+            while len(_Receiver.received) < 2:  # the refused attempt, then the delivery (backoff ~1 s)
+                assert time.monotonic() < deadline, _Receiver.received
+                time.sleep(0.1)
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+    (first, headers1), (body, headers) = _Receiver.received
+    assert first == body and headers1["webhook-id"] == headers["webhook-id"]  # the same event, again
+    event = OpenAI(api_key="unused", webhook_secret=secret).webhooks.unwrap(body, headers)
+    assert event.type == "job.completed" and event.data.id == job["id"]  # type: ignore[union-attr]
+    assert json.loads(body)["data"]["counts"]["completed"] == 1
