@@ -1,7 +1,7 @@
-"""A streaming ``multipart/form-data`` reader (RFC 7578) for uploads: a file part's bytes are handed
-on as they arrive, so a route can write them to disk with its own size check instead of buffering
-the request (Starlette's form parser needs ``python-multipart``, which ragserve does not install, and
-spools every file to a temporary file of its own first).
+"""A streaming ``multipart/form-data`` reader (RFC 7578) for uploads, over python-multipart's
+push parser (the one Starlette's forms use): a file part's bytes are handed on as they arrive, so a
+route writes them to disk with its own size check instead of buffering the request, or having them
+spooled to a temporary file of Starlette's first.
 
 What it accepts is bounded: part headers (``MAX_HEADER_BYTES``), the number of parts, and a text
 field's size (:meth:`MultipartReader.read_field`); the body as a whole is bounded by
@@ -10,20 +10,27 @@ field's size (:meth:`MultipartReader.read_field`); the body as a whole is bounde
 
 from __future__ import annotations
 
+import logging
 import re
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
+
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
 
 from ragserve.errors import BadRequestError, UnsupportedMediaTypeError
+
+# The parser logs every malformed body it meets as a warning: what a client sends is not the
+# server's news (the client gets its 400), and a client could fill the log with it.
+logging.getLogger("python_multipart.multipart").setLevel(logging.ERROR)
 
 #: The bytes of one part's headers.
 MAX_HEADER_BYTES = 16 * 1024
 #: Parts in one form.
 MAX_PARTS = 32
 
-_TOKEN = r"[^\s;=\"]+"
-#: ``; name=value`` or ``; name="quoted \" value"`` in a header (Content-Type, Content-Disposition).
-_PARAM = re.compile(rf';\s*({_TOKEN})\s*=\s*(?:"((?:[^"\\]|\\.)*)"|({_TOKEN}))', re.DOTALL)
 #: RFC 2046: 1 to 70 characters.
 _BOUNDARY = re.compile(r"^[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]$")
 
@@ -34,13 +41,12 @@ def _bad(message: str) -> BadRequestError:
 
 def header_params(value: str) -> tuple[str, dict[str, str]]:
     """``form-data; name="file"; filename="a.md"`` -> ``("form-data", {"name": "file", "filename": "a.md"})``
-    (names lower-cased; a quoted value unescaped)."""
-    kind, _, rest = value.partition(";")
-    params: dict[str, str] = {}
-    for m in _PARAM.finditer(";" + rest):
-        quoted, bare = m.group(2), m.group(3)
-        params[m.group(1).lower()] = re.sub(r"\\(.)", r"\1", quoted) if quoted is not None else bare
-    return kind.strip().lower(), params
+    (names lower-cased; a quoted value unescaped): python-multipart's reading of a header."""
+    kind, params = parse_options_header(value.encode("utf-8"))  # a str it would encode as Latin-1
+    return (
+        kind.decode("latin-1").strip().lower(),
+        {k.decode("latin-1").lower(): v.decode("utf-8", "replace") for k, v in params.items()},
+    )
 
 
 def boundary_of(content_type: str) -> bytes:
@@ -69,48 +75,87 @@ class Part:
 
 class MultipartReader:
     """Reads the parts of a body one at a time: :meth:`next_part`, then the part's bytes with
-    :meth:`chunks` or :meth:`read_field` (or neither: what is left of it is skipped)."""
+    :meth:`chunks` or :meth:`read_field` (or neither: what is left of it is skipped).
+
+    The parser is fed the body a chunk at a time and reports what it found as events (a part's
+    headers, its data, its end, the body's end), which these methods take in order; nothing is read
+    from the body before an event is wanted."""
 
     def __init__(self, content_type: str, stream: AsyncIterator[bytes]) -> None:
-        self._delimiter = b"\r\n--" + boundary_of(content_type)
         self._stream = stream
-        # The body's first delimiter has no CRLF before it: one is put there, so every delimiter
-        # looks alike and a preamble (text before the first) is skipped like the rest of a part.
-        self._buf = bytearray(b"\r\n")
-        self._eof = False
-        self._in_part = True  # the preamble, read as a part no one asked for
+        self._events: deque[tuple[str, Any]] = deque()
+        self._head = bytearray()  # the current part's header block, as "name: value" lines
+        self._field = bytearray()
+        self._value = bytearray()
         self._parts = 0
+        self._in_part = False
         self._done = False
+        self._eof = False
+        self._parser = MultipartParser(
+            boundary_of(content_type),
+            {
+                "on_part_begin": self._begin,
+                "on_header_field": lambda data, start, end: self._header_bytes(self._field, data, start, end),
+                "on_header_value": lambda data, start, end: self._header_bytes(self._value, data, start, end),
+                "on_header_end": self._header_end,
+                "on_headers_finished": lambda: self._events.append(("part", bytes(self._head))),
+                "on_part_data": lambda data, start, end: self._events.append(("data", bytes(data[start:end]))),
+                "on_part_end": lambda: self._events.append(("end", None)),
+                "on_end": lambda: self._events.append(("done", None)),
+            },
+        )
 
-    async def _fill(self) -> bool:
-        """Read more of the body into the buffer; False at its end."""
-        if self._eof:
-            return False
-        async for chunk in self._stream:
-            if chunk:
-                self._buf += chunk
-                return True
-        self._eof = True
-        return False
+    # --- the parser's callbacks ---------------------------------------------------------------
+    def _begin(self) -> None:
+        self._head.clear()
+        self._parts += 1
+        if self._parts > MAX_PARTS:
+            raise _bad(f"more than {MAX_PARTS} parts")
+
+    def _header_bytes(self, into: bytearray, data: bytes, start: int, end: int) -> None:
+        into += data[start:end]
+        if len(self._head) + len(self._field) + len(self._value) > MAX_HEADER_BYTES:
+            raise _bad(f"a part's headers are longer than {MAX_HEADER_BYTES} bytes")
+
+    def _header_end(self) -> None:
+        self._head += bytes(self._field) + b":" + bytes(self._value) + b"\r\n"
+        self._field.clear()
+        self._value.clear()
+
+    # --- reading ------------------------------------------------------------------------------
+    async def _event(self) -> tuple[str, Any]:
+        """The next event, feeding the parser more of the body until there is one."""
+        while not self._events:
+            if self._eof:
+                raise _bad("the body ends inside a part (no closing boundary)")
+            chunk = b""
+            async for chunk in self._stream:
+                if chunk:
+                    break
+            else:
+                self._eof = True
+                try:
+                    self._parser.finalize()
+                except MultipartParseError as e:
+                    raise _bad(str(e)) from None
+                continue
+            try:
+                self._parser.write(chunk)
+            except MultipartParseError as e:
+                raise _bad(str(e)) from None
+        return self._events.popleft()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The current part's bytes as they arrive, up to the delimiter that ends it."""
-        keep = len(self._delimiter) - 1  # a delimiter may begin in what was read and end in what was not
         while self._in_part:
-            end = self._buf.find(self._delimiter)
-            if end >= 0:
-                data = bytes(self._buf[:end])
-                del self._buf[: end + len(self._delimiter)]
+            kind, value = await self._event()
+            if kind == "data":
+                if value:
+                    yield value
+            elif kind == "end":
                 self._in_part = False
-                if data:
-                    yield data
-                return
-            if len(self._buf) > keep:
-                data = bytes(self._buf[: len(self._buf) - keep])
-                del self._buf[: len(self._buf) - keep]
-                yield data
-            if not await self._fill():
-                raise _bad("the body ends inside a part (no closing boundary)")
+            else:  # the parser reports a part's end before anything else
+                raise _bad("a part does not end before the next begins")
 
     async def read_field(self, name: str, max_bytes: int) -> str:
         """The current part as UTF-8 text of at most ``max_bytes`` bytes (else a 400 naming ``name``)."""
@@ -130,44 +175,27 @@ class MultipartReader:
             return None
         async for _ in self.chunks():
             pass
-        while len(self._buf) < 2:  # after a delimiter: "--" ends the body, else CRLF and headers
-            if not await self._fill():
-                raise _bad("the body ends after a boundary")
-        if self._buf[:2] == b"--":
+        kind, value = await self._event()
+        if kind == "done":
             self._done = True
             return None
-        while (end := self._buf.find(b"\r\n\r\n")) < 0:
-            if len(self._buf) > MAX_HEADER_BYTES:
-                raise _bad(f"a part's headers are longer than {MAX_HEADER_BYTES} bytes")
-            if not await self._fill():
-                raise _bad("the body ends inside a part's headers")
-        if end > MAX_HEADER_BYTES:
-            raise _bad(f"a part's headers are longer than {MAX_HEADER_BYTES} bytes")
-        head = bytes(self._buf[:end])
-        del self._buf[: end + 4]
-        self._parts += 1
-        if self._parts > MAX_PARTS:
-            raise _bad(f"more than {MAX_PARTS} parts")
+        if kind != "part":
+            raise _bad(f"expected a part's headers, found {kind}")
         self._in_part = True
-        return _part(head)
+        return _part(value)
 
 
 def _part(head: bytes) -> Part:
-    """A part from its header block: the transport padding and CRLF after the delimiter, then
-    ``Name: value`` lines."""
-    padding, _, block = head.partition(b"\r\n")
-    if padding.strip(b" \t"):
-        raise _bad("a boundary is followed by text on its line")
+    """A part from its header lines (``Name:value``, as the parser gave them)."""
     try:
-        text = block.decode("utf-8")
+        text = head.decode("utf-8")
     except UnicodeDecodeError:
         raise _bad("a part's headers are not UTF-8") from None
     headers: dict[str, str] = {}
     for line in text.split("\r\n"):
-        name, colon, value = line.partition(":")
-        if not colon:
-            raise _bad(f"a part's header line has no ':': {line[:80]!r}")
-        headers[name.strip().lower()] = value.strip()
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
     kind, params = header_params(headers.get("content-disposition", ""))
     if kind != "form-data" or "name" not in params:
         raise _bad("a part has no 'Content-Disposition: form-data; name=...' header")

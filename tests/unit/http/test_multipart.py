@@ -41,9 +41,9 @@ async def test_httpx_forms_parse_alike_however_they_are_split(size: int) -> None
     ]
 
 
-async def test_preamble_epilogue_padding_and_a_quoted_boundary() -> None:
+async def test_an_epilogue_and_a_quoted_boundary() -> None:
     body = (
-        b"ignored preamble\r\n--xyz  \r\n"
+        b"--xyz\r\n"
         b'Content-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
         b'--xyz\r\ncontent-disposition: form-data; filename="a \\"q\\".md"; name=file\r\n'
         b"Content-Type: text/markdown\r\n\r\n# x\r\n--xyz--\r\nignored epilogue"
@@ -64,6 +64,11 @@ async def test_a_part_left_unread_is_skipped() -> None:
     assert await reader.next_part() is None
 
 
+async def test_a_file_name_outside_latin_1_is_read_as_utf8() -> None:
+    content_type, body = encoded({"file": ("отчёт 日本.md", b"x")})
+    assert await parse(content_type, body, 7) == [("file", "отчёт 日本.md", b"x")]
+
+
 def test_header_params() -> None:
     assert header_params('form-data; name="f"; filename="x;y.md"') == ("form-data", {"name": "f", "filename": "x;y.md"})
     assert header_params("Multipart/Form-Data; Boundary=abc") == ("multipart/form-data", {"boundary": "abc"})
@@ -80,16 +85,27 @@ async def test_not_multipart_is_a_415() -> None:
         ("multipart/form-data", b"", "boundary"),
         ("multipart/form-data; boundary=" + "x" * 71, b"", "boundary"),
         ("multipart/form-data; boundary=b", b"--b\r\nContent-Disposition: form-data; name=a\r\n\r\nabc", "ends inside"),
-        ("multipart/form-data; boundary=b", b"--b\r\nContent-Disposition: form-data; name=a", "headers"),
+        ("multipart/form-data; boundary=b", b"--b\r\nContent-Disposition: form-data; name=a", "ends inside"),
         ("multipart/form-data; boundary=b", b"--b\r\nX-Other: 1\r\n\r\nabc\r\n--b--", "Content-Disposition"),
-        ("multipart/form-data; boundary=b", b"--b\r\nno colon here\r\n\r\nabc\r\n--b--", "no ':'"),
+        ("multipart/form-data; boundary=b", b"--b\r\nno colon here\r\n\r\nabc\r\n--b--", "invalid character"),
         (
             "multipart/form-data; boundary=b",
             b"--b junk\r\nContent-Disposition: form-data; name=a\r\n\r\nx\r\n--b--",
-            "text on its line",
+            "end of boundary",
+        ),
+        # a preamble and transport padding (RFC 2046 allows them; no client of this API sends them)
+        (
+            "multipart/form-data; boundary=b",
+            b"preamble\r\n--b\r\nContent-Disposition: form-data; name=a\r\n\r\n",
+            "boundary",
+        ),
+        (
+            "multipart/form-data; boundary=b",
+            b"--b  \r\nContent-Disposition: form-data; name=a\r\n\r\nx\r\n--b--",
+            "boundary",
         ),
         ("multipart/form-data; boundary=b", b"--b\r\n" + b"X: " + b"y" * 20_000 + b"\r\n\r\n", "longer than"),
-        ("multipart/form-data; boundary=b", b"no boundary at all", "ends inside"),
+        ("multipart/form-data; boundary=b", b"no boundary at all", "boundary character"),
     ],
 )
 async def test_malformed_bodies_are_400s(content_type: str, body: bytes, says: str) -> None:
