@@ -494,9 +494,17 @@ class JobStore:
         return out
 
     def list_items(
-        self, job_id: str, status: str | None = None, limit: int = 100, after: str | None = None
+        self,
+        job_id: str,
+        status: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+        *,
+        payload: bool = True,
     ) -> Page[JobItem]:
-        """A job's items in ``seq`` order; ``after`` is the key of the last item of the previous page."""
+        """A job's items in ``seq`` order; ``after`` is the key of the last item of the previous page.
+        ``payload=False``: each item's ``payload`` is ``{}``, not read (what a job's progress needs is
+        its items' outcomes; their payloads may hold every document of the job)."""
         limit = _limit(limit)
         with self._reading() as db:
             n = self._job_n(db, job_id)
@@ -508,8 +516,9 @@ class JobStore:
             if after is not None:
                 where.append("seq > ?")
                 args.append(self._cursor(db, "SELECT seq FROM job_items WHERE job_n = ? AND key = ?", (n, after)))
+            columns = _ITEM_COLUMNS if payload else _ITEM_COLUMNS.replace("payload", "'{}'")
             rows = db.execute(
-                f"SELECT {_ITEM_COLUMNS} FROM job_items WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",
+                f"SELECT {columns} FROM job_items WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",
                 (*args, limit + 1),
             ).fetchall()
         return Page(tuple(_item_of(job_id, r) for r in rows[:limit]), len(rows) > limit)
