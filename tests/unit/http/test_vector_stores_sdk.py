@@ -237,6 +237,13 @@ def test_client_mistakes_are_openai_errors_that_name_the_field(client: Any) -> N
         client.vector_stores.file_batches.create(vector_store_id=store.id, file_ids=[f.id, f.id])
     with pytest.raises(BadRequestError):
         client.vector_stores.search(store.id, query="x", max_num_results=51)
+    # the filter's keys are bounded as a metadata_filter's are (1,001 keys was a 500 from SQLite)
+    wide = {"type": "and", "filters": [eq(f"k{i}", i) for i in range(1001)]}
+    with pytest.raises(BadRequestError) as many:
+        client.vector_stores.search(store.id, query="x", filters=wide)
+    assert many.value.param == "filters" and "keys" in str(many.value)
+    with pytest.raises(BadRequestError):
+        client.vector_stores.search(store.id, query="x", filters=eq("year", 2**70))
 
 
 def test_listing_stores_pages_newest_first(client: Any) -> None:
