@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from ragserve.api.values import RequestModel
+from ragserve.api.values import RequestModel, check_filter
 from ragserve.errors import BadRequestError
 
 #: OpenAI's limits on ``attributes``: 16 keys of at most 64 characters, strings of at most 512.
@@ -333,7 +333,9 @@ class VectorStoreFileList(Page):
 def openai_filter(flt: dict[str, Any] | None) -> dict[str, Any] | None:
     """OpenAI's ``filters`` as a ragserve metadata filter (``{key: value}``, every pair must match):
     an ``eq`` comparison, or ``and`` of them. Anything else (``ne``, ``gt``, ``in``, ``or``, ...) is a
-    400 that names it: a filter that cannot be applied is never dropped silently."""
+    400 that names it: a filter that cannot be applied is never dropped silently. What it maps to
+    is held to a ``metadata_filter``'s rules (``check_filter``: how many keys, their length, 64-bit
+    integers), so no filter reaches the shards that ``/retrieve`` would refuse."""
     if flt is None:
         return None
     out: dict[str, Any] = {}
@@ -369,4 +371,7 @@ def openai_filter(flt: dict[str, Any] | None) -> dict[str, Any] | None:
                 "compound types and, or",
                 param="filters",
             )
-    return out
+    try:
+        return check_filter(out)
+    except ValueError as e:
+        raise BadRequestError(str(e).replace("metadata_filter", "filters", 1), param="filters") from None

@@ -283,6 +283,12 @@ def _item_error(error: Mapping[str, Any]) -> dict[str, str]:
     return {"code": code, "message": message}
 
 
+def new_job_id() -> str:
+    """A new job's id; a caller may choose it before the job exists (``JobStore.create(job_id=...)``),
+    to record it elsewhere first."""
+    return "job_" + uuid.uuid4().hex
+
+
 class JobStore:
     """Jobs and their items in one SQLite file (see the module docstring for the status rules).
 
@@ -346,10 +352,13 @@ class JobStore:
         items: Sequence[tuple[str, Mapping[str, Any]]],
         meta: Mapping[str, Any] | None = None,
         webhook: bool = False,
+        *,
+        job_id: str | None = None,
     ) -> Job:
         """Accept a job of ``items`` (``(key, payload)`` pairs, run in this order) in one
         transaction: all of it is stored, or nothing. Keys are the caller's ids (a file id) and must
-        be unique within the job."""
+        be unique within the job. ``job_id``: an id from :func:`new_job_id` the caller has already
+        recorded (default: a new one)."""
         kind = _name(kind, "kind")
         index = _name(index, "index")
         if meta is not None and not isinstance(meta, Mapping):
@@ -371,7 +380,7 @@ class JobStore:
         if duplicates:
             shown = ", ".join(repr(k) for k in duplicates[:5])
             raise BadRequestError(f"item keys must be unique within a job; repeated: {shown}", param="items")
-        job_id = "job_" + uuid.uuid4().hex
+        job_id = _name(job_id, "job_id") if job_id is not None else new_job_id()
         now = int(time.time())
         with self._transaction() as db:
             n = db.execute(
@@ -485,9 +494,17 @@ class JobStore:
         return out
 
     def list_items(
-        self, job_id: str, status: str | None = None, limit: int = 100, after: str | None = None
+        self,
+        job_id: str,
+        status: str | None = None,
+        limit: int = 100,
+        after: str | None = None,
+        *,
+        payload: bool = True,
     ) -> Page[JobItem]:
-        """A job's items in ``seq`` order; ``after`` is the key of the last item of the previous page."""
+        """A job's items in ``seq`` order; ``after`` is the key of the last item of the previous page.
+        ``payload=False``: each item's ``payload`` is ``{}``, not read (what a job's progress needs is
+        its items' outcomes; their payloads may hold every document of the job)."""
         limit = _limit(limit)
         with self._reading() as db:
             n = self._job_n(db, job_id)
@@ -499,8 +516,9 @@ class JobStore:
             if after is not None:
                 where.append("seq > ?")
                 args.append(self._cursor(db, "SELECT seq FROM job_items WHERE job_n = ? AND key = ?", (n, after)))
+            columns = _ITEM_COLUMNS if payload else _ITEM_COLUMNS.replace("payload", "'{}'")
             rows = db.execute(
-                f"SELECT {_ITEM_COLUMNS} FROM job_items WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",
+                f"SELECT {columns} FROM job_items WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?",
                 (*args, limit + 1),
             ).fetchall()
         return Page(tuple(_item_of(job_id, r) for r in rows[:limit]), len(rows) > limit)

@@ -96,7 +96,7 @@ class JobService:
             DOCUMENTS_JOB,
             req.index_name,
             items,
-            {"documents": len(docs)},
+            {"documents": len(docs), "batch_documents": n},
             req.webhook and self.webhook_configured,
         )
         if self._wake is not None:
@@ -134,14 +134,21 @@ class JobService:
         return await self.info(await asyncio.to_thread(self.store.cancel, job_id))
 
     async def info(self, job: Job, with_errors: bool = True) -> JobInfo:
+        """The job as shown. Its documents' progress comes from its items' outcomes, read without
+        their payloads (a poll of a job of 20,000 documents would read them all): item ``seq`` holds
+        the documents from ``seq * batch_documents`` on (the job's ``meta``). Only a failed item's
+        documents are read, for their ids, and only until ``ERROR_LIMIT`` errors are shown."""
         c = job.counts
         progress: DocumentProgress | None = None
         errors: list[DocumentError] = []
         if job.kind == DOCUMENTS_JOB:
             items = await asyncio.to_thread(self._all_items, job.id)
+            size = int(job.meta.get("batch_documents") or self.batch_documents)  # a job from before it was recorded
+            count = int(job.meta.get("documents", 0))
             total = indexed = failed = pending = cancelled = 0
             for it in items:
-                n = len(it.payload.get("documents", []))
+                first = it.seq * size
+                n = max(0, min(size, count - first))
                 total += n
                 if it.status == "completed":
                     errs = (it.result or {}).get("errors", [])
@@ -150,19 +157,18 @@ class JobService:
                     if with_errors:
                         errors += [DocumentError(**e) for e in errs]
                 elif it.status == "failed":
-                    errs = (it.result or {}).get("errors") or []
                     failed += n
-                    if with_errors:
-                        first = int(it.payload.get("first", 0))
+                    if with_errors and len(errors) < ERROR_LIMIT:
+                        batch = await asyncio.to_thread(self.store.get_item, job.id, it.key)
                         err = it.error or {}
-                        errors += [DocumentError(**e) for e in errs] or [
+                        errors += [
                             DocumentError(
                                 index=first + j,
                                 doc_id=d.get("doc_id"),
                                 code=str(err.get("code") or "failed"),
                                 message=str(err.get("message") or ""),
                             )
-                            for j, d in enumerate(it.payload.get("documents", []))
+                            for j, d in enumerate(batch.payload.get("documents", []))
                         ]
                 elif it.status == "cancelled":
                     cancelled += n
@@ -197,7 +203,7 @@ class JobService:
         out: list[JobItem] = []
         after: str | None = None
         while True:
-            page = self.store.list_items(job_id, limit=1000, after=after)
+            page = self.store.list_items(job_id, limit=1000, after=after, payload=False)
             out += page.data
             if not page.has_more or not page.data:
                 return out

@@ -51,7 +51,7 @@ from ragserve.api.vector_stores import (
 )
 from ragserve.errors import BadRequestError, NotFoundError, ServiceError
 from ragserve.ingest.chunker import DocumentChunker
-from ragserve.jobs.store import Job, JobItem, JobStore
+from ragserve.jobs.store import Job, JobItem, JobStore, new_job_id, to_json
 from ragserve.service.documents import DocumentService
 from ragserve.service.file_store import FileStore
 from ragserve.service.files import clean_name, convert_file, replace_path
@@ -166,9 +166,17 @@ class VectorStoreService:
                 )
             del i
 
-    async def _queue(
-        self, store: StoreRecord, entries: Sequence[BatchFile], meta: dict[str, Any]
-    ) -> tuple[Job, list[tuple[str, dict[str, Any], dict[str, int] | None]]]:
+    async def _plan(
+        self, store: StoreRecord, entries: Sequence[BatchFile]
+    ) -> tuple[str, list[tuple[str, dict[str, Any], dict[str, int] | None]], list[tuple[str, dict[str, Any]]]]:
+        """The job that will index ``entries``: its id, the catalog's rows and the job's items.
+
+        The id is chosen before the job exists so the catalog names it first and the job is created
+        after (``_start``): a runner that polls on its own could otherwise claim an item before the
+        catalog's row is written, find its file not attached, write nothing, and the file would show
+        ``completed`` with no text indexed. A crash between the two writes leaves a file whose job
+        does not exist, shown ``failed`` (attach it again), never one reported done. The items are
+        checked here as the job store will store them, so one it would refuse records nothing."""
         rows = [
             (e.file_id, dict(e.attributes or {}), self._chunking(e.chunking_strategy, store.chunking)) for e in entries
         ]
@@ -176,8 +184,19 @@ class VectorStoreService:
             (fid, {"store_id": store.id, "file_id": fid, "attributes": attrs, "chunking": chunking})
             for fid, attrs, chunking in rows
         ]
-        job = await asyncio.to_thread(self.jobs.create, FILE_JOB, store.id, items, meta, True)
-        return job, rows
+
+        def check() -> None:
+            for fid, payload in items:
+                to_json(payload, f"payload of item {fid!r}")
+
+        await asyncio.to_thread(check)
+        return new_job_id(), rows, items
+
+    async def _start(self, store_id: str, job_id: str, items: list[tuple[str, dict[str, Any]]]) -> None:
+        """Create the job the catalog already names (``_plan``), and wake the runner for it."""
+        meta = {"vector_store_id": store_id}
+        await asyncio.to_thread(self.jobs.create, FILE_JOB, store_id, items, meta, True, job_id=job_id)
+        self._wake_runner()
 
     def _wake_runner(self) -> None:
         if self._wake is not None:
@@ -236,15 +255,19 @@ class VectorStoreService:
         store_id = store_id or new_store_id()
         chunking = self._chunking(req.chunking_strategy, None)
         draft = StoreRecord(store_id, req.name or "", req.description, dict(req.metadata or {}), chunking, 0, 0)
-        job_id: str | None = None
-        rows: list[tuple[str, dict[str, Any], dict[str, int] | None]] = []
-        if entries:
-            job, rows = await self._queue(draft, entries, {"vector_store_id": store_id})
-            job_id = job.id
+        job_id, rows, items = await self._plan(draft, entries)
         rec = await asyncio.to_thread(
-            self.catalog.create_store, store_id, draft.name, draft.description, draft.metadata, chunking, rows, job_id
+            self.catalog.create_store,
+            store_id,
+            draft.name,
+            draft.description,
+            draft.metadata,
+            chunking,
+            rows,
+            job_id if entries else None,
         )
-        self._wake_runner()
+        if entries:
+            await self._start(store_id, job_id, items)
         return await self._store_out(rec)
 
     async def get(self, store_id: str) -> VectorStore:
@@ -302,11 +325,10 @@ class VectorStoreService:
         store = await self._store(store_id)
         entry = BatchFile(file_id=file_id, attributes=attributes, chunking_strategy=chunking)
         await self._checked_files([entry])
-        job, rows = await self._queue(store, [entry], {"vector_store_id": store_id})
-        if not await asyncio.to_thread(self.catalog.attach, store_id, rows, job.id):
-            await asyncio.to_thread(self.jobs.cancel, job.id)
+        job_id, rows, items = await self._plan(store, [entry])
+        if not await asyncio.to_thread(self.catalog.attach, store_id, rows, job_id):
             raise NotFoundError(f"No vector store found with id '{store_id}'.", param="vector_store_id")
-        self._wake_runner()
+        await self._start(store_id, job_id, items)
         return await self.get_file(store_id, file_id)
 
     async def get_file(self, store_id: str, file_id: str) -> VectorStoreFile:
@@ -419,12 +441,11 @@ class VectorStoreService:
         store = await self._store(store_id)
         entries = req.entries()
         await self._checked_files(entries)
-        job, rows = await self._queue(store, entries, {"vector_store_id": store_id})
-        if not await asyncio.to_thread(self.catalog.attach, store_id, rows, job.id):
-            await asyncio.to_thread(self.jobs.cancel, job.id)
+        job_id, rows, items = await self._plan(store, entries)
+        if not await asyncio.to_thread(self.catalog.attach, store_id, rows, job_id):
             raise NotFoundError(f"No vector store found with id '{store_id}'.", param="vector_store_id")
-        self._wake_runner()
-        return await self.get_batch(store_id, job.id)
+        await self._start(store_id, job_id, items)
+        return await self.get_batch(store_id, job_id)
 
     async def _batch_job(self, store_id: str, batch_id: str) -> Job:
         await self._store(store_id)

@@ -34,6 +34,13 @@ def allow_unscoped(request: Request, role: Role, what: str) -> Principal:
     return principal
 
 
+def allow_files(request: Request) -> Principal:
+    """The caller's principal, once it may use the server's uploaded files (``/v1/files``, or a File
+    attached to a vector store by id): they are one namespace for every index, so only a key with
+    the write role on every index may (else a 403)."""
+    return allow_unscoped(request, Role.WRITE, "uploaded files")
+
+
 def report_latencies(telemetry: Telemetry, timings: dict[str, float]) -> None:
     for stage, seconds in timings.items():
         telemetry.latency(stage, seconds)

@@ -26,8 +26,7 @@ from ragserve.api.openai_files import FILE_PURPOSES, MAX_FILE_PAGE, FileDeleted,
 from ragserve.errors import BadRequestError
 from ragserve.http.errors import OPENAI_ERRORS
 from ragserve.http.multipart import MultipartReader
-from ragserve.http.routes.common import allow_unscoped
-from ragserve.service.access import Role
+from ragserve.http.routes.common import allow_files
 from ragserve.service.file_store import FileStore, Staged, check_purpose, clean_filename
 from ragserve.service.wiring import Services
 
@@ -42,10 +41,6 @@ MAX_FIELD_BYTES = 1024
 def files_body_limit(max_request_bytes: int, max_file_bytes: int) -> int:
     """The request body ``POST /v1/files`` may send: a file of ``max_file_bytes`` in its form."""
     return max(max_request_bytes, max_file_bytes + FORM_OVERHEAD_BYTES)
-
-
-def _allow(request: Request) -> None:
-    allow_unscoped(request, Role.WRITE, "uploaded files")
 
 
 async def _upload(store: FileStore, request: Request) -> FileObject:
@@ -122,7 +117,7 @@ def files_router(services: Services) -> APIRouter:
     )
     async def create_file(request: Request) -> FileObject:
         """Upload a file (multipart: `file`, `purpose`); stored whole, durably, before its id is returned."""
-        _allow(request)
+        allow_files(request)
         return await _upload(store, request)
 
     @router.get(FILES_PATH)
@@ -134,19 +129,19 @@ def files_router(services: Services) -> APIRouter:
         after: str | None = Query(None, max_length=64, description="The last id of the previous page."),
     ) -> FileList:
         """A page of the uploaded files; the next one is `?after=<last_id>` while `has_more`."""
-        _allow(request)
+        allow_files(request)
         return await store.list(purpose=purpose, limit=limit, order=order, after=after)
 
     @router.get(FILES_PATH + "/{file_id}")
     async def retrieve_file(file_id: str, request: Request) -> FileObject:
-        _allow(request)
+        allow_files(request)
         return await store.get(file_id)
 
     @router.delete(FILES_PATH + "/{file_id}")
     async def delete_file(file_id: str, request: Request) -> FileDeleted:
         """Delete the file, first from every vector store that has it (as OpenAI does): no store
         keeps serving text of a file that is gone."""
-        _allow(request)
+        allow_files(request)
         await store.get(file_id)  # a 404 before anything changes
         await services.vector_stores.file_deleted(file_id)
         return await store.delete(file_id)
@@ -158,7 +153,7 @@ def files_router(services: Services) -> APIRouter:
     )
     async def file_content(file_id: str, request: Request) -> StreamingResponse:
         """The file's bytes as uploaded, streamed from disk."""
-        _allow(request)
+        allow_files(request)
         record, chunks = await store.stream(file_id)
         return StreamingResponse(
             chunks, media_type="application/octet-stream", headers={"Content-Length": str(record.bytes)}

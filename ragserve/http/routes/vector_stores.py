@@ -4,7 +4,9 @@ search (``ragserve.service.vector_stores``). Errors are the OpenAI error object.
 Access follows the index a store is: reading (get, list, search, files) needs the read role on
 the store's id, changing it (update, attach, batches) the write role, deleting it the admin role,
 as dropping an index does. A key scoped to ``vs_*`` may create stores; a key scoped to named
-indexes may not (it could not reach the new store)."""
+indexes may not (it could not reach the new store). Attaching Files (at creation, alone or in a
+batch) also needs what ``/v1/files`` needs, a write key for every index: Files belong to no index,
+and a scoped key that attached one by id could read it back through its own store."""
 
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from ragserve.api.vector_stores import (
 )
 from ragserve.http.errors import OPENAI_ERRORS
 from ragserve.http.json_body import CheckedJSONRoute
-from ragserve.http.routes.common import allow
+from ragserve.http.routes.common import allow, allow_files
 from ragserve.service.access import Role
 from ragserve.service.vector_stores import POLL_AFTER_MS, VectorStoreService, new_store_id
 
@@ -51,6 +53,8 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
         """Create a vector store (an index named by its id), attaching ``file_ids`` if given."""
         store_id = new_store_id()
         allow(request, Role.WRITE, store_id)
+        if body.file_ids:
+            allow_files(request)
         return await stores.create(body, store_id)
 
     @router.get("/vector_stores")
@@ -95,6 +99,7 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
     ) -> VectorStoreFile:
         """Attach a File: it is indexed by an ingestion job; poll the file until it is not ``in_progress``."""
         allow(request, Role.WRITE, vector_store_id)
+        allow_files(request)
         out = await stores.attach(vector_store_id, body.file_id, body.attributes, body.chunking_strategy)
         poll_after(response, out.status)
         return out
@@ -147,6 +152,7 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
     ) -> VectorStoreFileBatch:
         """Attach many Files at once: one ingestion job; poll the batch until it is not ``in_progress``."""
         allow(request, Role.WRITE, vector_store_id)
+        allow_files(request)
         out = await stores.create_batch(vector_store_id, body)
         poll_after(response, out.status)
         return out

@@ -16,6 +16,8 @@ import pytest
 from tests.live_server import live_app
 
 KEY = "sk-vs"
+#: A key for vector stores only: it may create stores (``vs_*``) but not use the server's Files.
+STORES_ONLY = "sk-vs-stores-only"
 ANSWER = "Refunds take 14 days [1]."
 FILES = {
     "refunds.md": "# Refunds\n\nA refund is paid back to the original card within 14 days of the return.\n",
@@ -28,7 +30,12 @@ FILES = {
 def base(tmp_path_factory: pytest.TempPathFactory, embedding_model: Any) -> Iterator[str]:
     from ragserve.testing.embedder import InProcessEmbedder
 
-    with live_app(tmp_path_factory.mktemp("vs"), InProcessEmbedder(embedding_model), answer=ANSWER, api_keys=[KEY]) as (
+    with live_app(
+        tmp_path_factory.mktemp("vs"),
+        InProcessEmbedder(embedding_model),
+        answer=ANSWER,
+        api_keys=[KEY, {"key": STORES_ONLY, "indexes": ["vs_*"], "role": "admin"}],
+    ) as (
         url,
         _,
     ):
@@ -230,6 +237,13 @@ def test_client_mistakes_are_openai_errors_that_name_the_field(client: Any) -> N
         client.vector_stores.file_batches.create(vector_store_id=store.id, file_ids=[f.id, f.id])
     with pytest.raises(BadRequestError):
         client.vector_stores.search(store.id, query="x", max_num_results=51)
+    # the filter's keys are bounded as a metadata_filter's are (1,001 keys was a 500 from SQLite)
+    wide = {"type": "and", "filters": [eq(f"k{i}", i) for i in range(1001)]}
+    with pytest.raises(BadRequestError) as many:
+        client.vector_stores.search(store.id, query="x", filters=wide)
+    assert many.value.param == "filters" and "keys" in str(many.value)
+    with pytest.raises(BadRequestError):
+        client.vector_stores.search(store.id, query="x", filters=eq("year", 2**70))
 
 
 def test_listing_stores_pages_newest_first(client: Any) -> None:
@@ -240,3 +254,21 @@ def test_listing_stores_pages_newest_first(client: Any) -> None:
     assert seen[:3] == made[::-1]
     updated = client.vector_stores.update(made[0], name="renamed", metadata={"k": "v"})
     assert (updated.name, updated.metadata) == ("renamed", {"k": "v"})
+
+
+def test_a_key_scoped_to_stores_cannot_attach_files_it_could_not_read(client: Any, base: str) -> None:
+    """Files are one namespace for the whole server (only a key for every index may read them):
+    attaching one by id and reading it back through the store would be a way round that."""
+    from openai import OpenAI, PermissionDeniedError
+
+    secret = upload(client, "secret.md", "# Payroll\n\nThe CEO earns 1.2 million a year.\n")
+    scoped = OpenAI(base_url=f"{base}/v1", api_key=STORES_ONLY, max_retries=0)
+    store = scoped.vector_stores.create(name="mine")  # its own store: allowed
+    with pytest.raises(PermissionDeniedError) as err:
+        scoped.vector_stores.files.create(vector_store_id=store.id, file_id=secret.id)
+    assert err.value.code == "unscoped_key_required"
+    with pytest.raises(PermissionDeniedError):
+        scoped.vector_stores.file_batches.create(vector_store_id=store.id, file_ids=[secret.id])
+    with pytest.raises(PermissionDeniedError):
+        scoped.vector_stores.create(name="with files", file_ids=[secret.id])
+    assert client.vector_stores.retrieve(store.id).file_counts.total == 0

@@ -1,0 +1,113 @@
+"""``VectorStoreService`` against its real stores (files, jobs, catalog, shards, MiniLM), with the
+interleavings a runner polling on its own can produce: what a file's status says must be what its
+index holds."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragserve.config import Settings
+from ragserve.service.limits import RequestLimits
+from ragserve.service.pool import LocalShardPool
+from ragserve.service.shard_service import ShardService, check_layout
+from ragserve.service.wiring import Ingestion, build_documents, build_ingestion
+
+TEXT = b"# Refunds\n\nA refund is paid back to the original card within 14 days of the return.\n"
+
+
+@pytest.fixture
+def ingestion(tmp_path: Path, embedding_model: Any) -> Iterator[Ingestion]:
+    from ragserve.testing.embedder import InProcessEmbedder
+
+    s = Settings(storage_dir=str(tmp_path), llm_engine="openai", llm_url="http://127.0.0.1:9/v1", num_shards=1)
+    check_layout(s.storage_dir, s.num_shards)
+    pool = LocalShardPool([ShardService(s.storage_dir, 0, 1)])
+    docs = build_documents(
+        s,
+        pool=pool,
+        embedder=InProcessEmbedder(embedding_model),
+        embedding_model="all-MiniLM-L6-v2",
+        embedding_tokenizer=embedding_model.tokenizer,
+    )
+    ing = build_ingestion(s, docs, RequestLimits.from_settings(s))
+    try:
+        yield ing
+    finally:
+        ing.close()
+        pool.close()
+
+
+def claims_in_the_window(ing: Ingestion, loop: asyncio.AbstractEventLoop) -> None:
+    """Make the catalog's ``attach``/``create_store`` first do what a runner polling meanwhile does:
+    claim every queued item and run it (a runner polls every second, and claims the next item as
+    soon as another ends, so nothing orders its claim after the request's catalog write)."""
+    catalog, jobs, handler = ing.vector_stores.catalog, ing.jobs.store, ing.vector_stores.index_file_item
+
+    def claim_all() -> None:
+        while (claimed := jobs.claim("racer", 60.0)) is not None:
+            job, item = claimed
+            result = asyncio.run_coroutine_threadsafe(handler(job, item), loop).result()
+            jobs.complete_item(job.id, item.key, result, attempt=item.attempts)
+
+    for name in ("attach", "create_store"):
+        original = getattr(catalog, name)
+
+        def racing(*args: Any, _original: Any = original) -> Any:
+            claim_all()
+            return _original(*args)
+
+        setattr(catalog, name, racing)
+
+
+async def test_a_file_the_runner_reaches_before_its_catalog_row_is_still_indexed(ingestion: Ingestion) -> None:
+    from ragserve.api.vector_stores import CreateVectorStoreRequest
+
+    vs = ingestion.vector_stores
+    f = await ingestion.files.put("refunds.md", "assistants", io.BytesIO(TEXT))
+    store = await vs.create(CreateVectorStoreRequest(name="race"))
+    claims_in_the_window(ingestion, asyncio.get_running_loop())
+    await vs.attach(store.id, f.id, None, None)
+    created = await vs.create(CreateVectorStoreRequest(name="race-at-creation", file_ids=[f.id]))
+    await ingestion.runner.start()  # type: ignore[union-attr]
+    try:
+        for store_id in (store.id, created.id):
+            for _ in range(200):
+                shown = await vs.get_file(store_id, f.id)
+                if shown.status != "in_progress":
+                    break
+                await asyncio.sleep(0.05)
+            indexed = 0
+            if await vs.documents.index_exists(store_id):
+                page = await vs.documents.list_documents(
+                    store_id, limit=10, offset=0, max_text_length=0, metadata_filter={"file_id": f.id}
+                )
+                indexed = page.total_items
+            # "completed" must mean indexed: the item may not run before the catalog names its job
+            assert shown.status == "completed" and indexed > 0, (store_id, shown, indexed)
+    finally:
+        await ingestion.runner.stop()  # type: ignore[union-attr]
+
+
+async def test_a_crash_between_the_catalog_and_the_job_shows_the_file_failed_not_in_progress(
+    ingestion: Ingestion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragserve.api.vector_stores import CreateVectorStoreRequest
+
+    vs = ingestion.vector_stores
+    f = await ingestion.files.put("refunds.md", "assistants", io.BytesIO(TEXT))
+    store = await vs.create(CreateVectorStoreRequest(name="crash"))
+
+    def killed(*_: Any, **__: Any) -> Any:
+        raise SystemExit("killed between the two writes")
+
+    monkeypatch.setattr(ingestion.jobs.store, "create", killed)
+    with pytest.raises(SystemExit):
+        await vs.attach(store.id, f.id, None, None)
+    shown = await vs.get_file(store.id, f.id)
+    assert shown.status == "failed" and shown.last_error is not None  # the SDK's poll ends; attach it again
