@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -117,6 +118,9 @@ class VectorStoreService:
         self.limits = limits
         self.retrieval_mode = retrieval_mode
         self._wake = wake  # the job runner's wake(): a new job starts without waiting for a poll
+        # one item of a file at a time (job_concurrency > 1 may run an older and a newer attach of
+        # the same file at once): this process owns the runner (docs/architecture.md §8c)
+        self._file_locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = weakref.WeakValueDictionary()
 
     # --- helpers --------------------------------------------------------------------------------
     def _default_chunking(self) -> _Chunking:
@@ -524,7 +528,17 @@ class VectorStoreService:
     async def index_file_item(self, job: Job, item: JobItem) -> dict[str, Any]:
         """Index one attached file (a job item). Does nothing when the file was detached or its
         store deleted since it was queued, or attached again by a newer job; checked again after
-        writing, and what was written then is removed, so a deleted store or file never keeps text."""
+        writing, and what was written then is removed, so a deleted store or file never keeps text.
+        Items of the same file run one at a time, so an older attach never writes after a newer one
+        or removes what the newer one wrote."""
+        key = (str(item.payload["store_id"]), str(item.payload["file_id"]))
+        lock = self._file_locks.get(key)
+        if lock is None:
+            lock = self._file_locks[key] = asyncio.Lock()
+        async with lock:
+            return await self._index_file(job, item)
+
+    async def _index_file(self, job: Job, item: JobItem) -> dict[str, Any]:
         p = item.payload
         store_id, file_id = str(p["store_id"]), str(p["file_id"])
 

@@ -111,3 +111,43 @@ async def test_a_crash_between_the_catalog_and_the_job_shows_the_file_failed_not
         await vs.attach(store.id, f.id, None, None)
     shown = await vs.get_file(store.id, f.id)
     assert shown.status == "failed" and shown.last_error is not None  # the SDK's poll ends; attach it again
+
+
+async def test_two_attaches_of_one_file_at_once_leave_the_newer_attributes(ingestion: Ingestion) -> None:
+    """With two items running at once (``job_concurrency`` 2): an older attach of a file already
+    reading it when a newer one, with other attributes, is made and claimed. The items of one file
+    take turns, so the older never writes after the newer, nor deletes what the newer wrote: the
+    index ends with the file's documents and the newer attributes."""
+    from ragserve.api.vector_stores import CreateVectorStoreRequest
+
+    vs = ingestion.vector_stores
+    f = await ingestion.files.put("refunds.md", "assistants", io.BytesIO(TEXT))
+    store = await vs.create(CreateVectorStoreRequest(name="twice"))
+    entered, release = asyncio.Event(), asyncio.Event()
+    read = ingestion.files.read
+
+    async def paused_read(file_id: str) -> bytes:  # the older item is held inside its work
+        if not entered.is_set():
+            entered.set()
+            await release.wait()
+        return await read(file_id)
+
+    vs.files.read = paused_read  # type: ignore[method-assign]
+    jobs = ingestion.jobs.store
+    await vs.attach(store.id, f.id, {"v": "old"}, None)
+    older = jobs.claim("a", 60.0)
+    assert older is not None
+    first = asyncio.create_task(vs.index_file_item(*older))
+    await entered.wait()
+    await vs.attach(store.id, f.id, {"v": "new"}, None)
+    newer = jobs.claim("b", 60.0)
+    assert newer is not None
+    second = asyncio.create_task(vs.index_file_item(*newer))
+    await asyncio.wait([second], timeout=2)  # free to run to its end, unless it waits its turn
+    release.set()
+    for (job, item), result in zip((older, newer), await asyncio.gather(first, second), strict=True):
+        jobs.complete_item(job.id, item.key, result, attempt=item.attempts)
+    page = await vs.documents.list_documents(store.id, limit=10, offset=0, metadata_filter={"file_id": f.id})
+    assert page.documents and {d.metadata["v"] for d in page.documents} == {"new"}
+    shown = await vs.get_file(store.id, f.id)
+    assert shown.status == "completed" and shown.attributes == {"v": "new"}
