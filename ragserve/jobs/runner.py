@@ -38,7 +38,7 @@ from typing import Any
 
 from ragserve.errors import BadRequestError, ConflictError, NotFoundError, ServiceError
 from ragserve.jobs.store import Job, JobItem, JobStore
-from ragserve.jobs.webhook import WebhookNotifier
+from ragserve.jobs.webhook import WebhookNotifier, set_from_any_thread
 
 log = logging.getLogger("ragserve.jobs")
 
@@ -141,16 +141,7 @@ class JobRunner:
     def wake(self) -> None:
         """Something changed (a job was created or cancelled): look for work, and for webhooks to
         send, now rather than at the next poll. Safe to call from any thread."""
-        loop, event = self._loop, self._wakeup
-        if loop is not None and event is not None and not loop.is_closed():
-            try:
-                same = asyncio.get_running_loop() is loop
-            except RuntimeError:
-                same = False
-            if same:
-                event.set()
-            else:
-                loop.call_soon_threadsafe(event.set)
+        set_from_any_thread(self._loop, self._wakeup)
         if self._notifier is not None:
             self._notifier.wake()
 

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, cast, get_args
 
 from ragserve.errors import BadRequestError, ConflictError, NotFoundError
+from ragserve.store.schema import connect, write_transaction
 
 JobStatus = Literal["queued", "in_progress", "completed", "failed", "cancelled"]
 ItemStatus = JobStatus
@@ -301,10 +302,7 @@ class JobStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), timeout=30.0, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db = connect(self.path)  # WAL, synchronous=FULL: an accepted job survives a power loss
         self._lock = threading.RLock()
         with self._transaction() as db:
             for statement in _DDL.split(";"):
@@ -325,14 +323,8 @@ class JobStore:
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, taken at once (``IMMEDIATE``) so two writers never both read
         a state and then both change it."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, write_transaction(self._db) as db:
+            yield db
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:

@@ -93,6 +93,21 @@ def event_body(delivery: Delivery) -> str:
     return json.dumps(event, separators=(",", ":"))
 
 
+def set_from_any_thread(loop: asyncio.AbstractEventLoop | None, event: asyncio.Event | None) -> None:
+    """Set ``event`` of ``loop`` from this thread or any other (an ``asyncio.Event`` may only be
+    set on its own loop); nothing before the loop runs or after it closed."""
+    if loop is None or event is None or loop.is_closed():
+        return
+    try:
+        same = asyncio.get_running_loop() is loop
+    except RuntimeError:
+        same = False
+    if same:
+        event.set()
+    else:
+        loop.call_soon_threadsafe(event.set)
+
+
 class WebhookNotifier:
     """Delivers the store's pending webhook deliveries to one URL from a background task.
 
@@ -154,17 +169,7 @@ class WebhookNotifier:
 
     def wake(self) -> None:
         """A delivery may be due now; safe to call from any thread."""
-        loop, event = self._loop, self._wakeup
-        if loop is None or event is None or loop.is_closed():
-            return
-        try:
-            same = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            same = False
-        if same:
-            event.set()
-        else:
-            loop.call_soon_threadsafe(event.set)
+        set_from_any_thread(self._loop, self._wakeup)
 
     def backoff_s(self, attempts: int) -> float:
         """The delay before the next try after ``attempts`` failed ones: doubling from

@@ -24,7 +24,6 @@ import hashlib
 import logging
 import os
 import secrets
-import sqlite3
 import tempfile
 import threading
 import time
@@ -44,6 +43,7 @@ from ragserve.api.openai_files import (
 )
 from ragserve.errors import BadRequestError, NotFoundError, PayloadTooLargeError
 from ragserve.service.files import clean_name
+from ragserve.store.schema import connect
 
 log = logging.getLogger(__name__)
 
@@ -128,9 +128,7 @@ class FileStore:
         self.blobs = self.root / BLOBS_DIR
         self.blobs.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.root / DB_NAME, check_same_thread=False, isolation_level=None, timeout=30.0)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+        self._db = connect(self.root / DB_NAME)  # WAL, synchronous=FULL: a committed upload survives a crash
         self._db.executescript(_SCHEMA)
         removed = self.sweep(sweep_grace_s)
         if removed:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from ragserve.store.schema import connect
+from ragserve.store.schema import connect, write_transaction
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS stores (
@@ -104,14 +104,8 @@ class VectorStoreCatalog:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+        with self._lock, write_transaction(self._conn) as conn:
+            yield conn
 
     # --- stores ---------------------------------------------------------------------------------
     def create_store(

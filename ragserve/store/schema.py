@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,21 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
         conn.execute("PRAGMA query_only=ON")
     return conn
+
+
+@contextmanager
+def write_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction on ``conn`` (opened by :func:`connect`: no implicit transactions),
+    taken at once (``IMMEDIATE``: two writers never both read a state and then both change it),
+    committed when the block ends, rolled back when it raises. The caller holds whatever lock
+    keeps other threads off ``conn`` meanwhile."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def chunked(seq: list[Any], size: int = SQL_VARS) -> Iterator[list[Any]]:

@@ -47,7 +47,7 @@ from ragserve.store.filters import filter_sql
 from ragserve.store.lexical import lexical_problems
 from ragserve.store.mirror import FaissMirror
 from ragserve.store.readers import Readers
-from ragserve.store.schema import chunked, connect, create_schema
+from ragserve.store.schema import chunked, connect, create_schema, write_transaction
 from ragserve.store.search import candidates, dense_search, mentioned
 from ragserve.store.types import (
     DimensionMismatchError,
@@ -97,13 +97,8 @@ class Shard:
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """One SQLite write transaction. Callers hold ``_write_lock`` around it *and* around the
         FAISS change that follows the commit (see the module docstring)."""
-        self._write.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._write
-        except BaseException:
-            self._write.execute("ROLLBACK")
-            raise
-        self._write.execute("COMMIT")
+        with write_transaction(self._write) as conn:
+            yield conn
 
     def _purge_orphans(self) -> None:
         """Rows of an index that no longer exists (left by a write that raced a drop before

@@ -23,8 +23,9 @@ FLOORS: list[set[str]] = [
     {"errors", "telemetry", "hardware", "serve_port"},  # leaves: import nothing of ragserve
     {"api"},  # every shape that crosses a boundary
     {"ports"},  # every seam (protocols over api shapes)
-    {"ingest", "store", "jobs"},  # documents to chunks; one shard's storage; durable ingestion jobs
-    {"rag", "models"},  # the pure steps of one RAG request; what loads weights (engines, encoders)
+    {"ingest", "store"},  # documents to chunks; one shard's storage
+    # the pure steps of one RAG request; what loads weights (engines, encoders); durable ingestion jobs
+    {"rag", "models", "jobs"},
     {"config"},  # Settings, built into narrow options by the services
     {"service"},  # the logic behind each route, wiring (docs/architecture.md §12)
     {"http"},  # FastAPI routers over the services
