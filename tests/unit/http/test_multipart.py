@@ -104,14 +104,14 @@ async def test_not_multipart_is_a_415() -> None:
             b"--b  \r\nContent-Disposition: form-data; name=a\r\n\r\nx\r\n--b--",
             "boundary",
         ),
-        ("multipart/form-data; boundary=b", b"--b\r\n" + b"X: " + b"y" * 20_000 + b"\r\n\r\n", "longer than"),
+        ("multipart/form-data; boundary=b", b"--b\r\n" + b"X: " + b"y" * 20_000 + b"\r\n\r\n", "header"),
         ("multipart/form-data; boundary=b", b"no boundary at all", "boundary character"),
     ],
 )
 async def test_malformed_bodies_are_400s(content_type: str, body: bytes, says: str) -> None:
     with pytest.raises(BadRequestError) as err:
         await parse(content_type, body, 5)
-    assert says in err.value.message and err.value.param == "body"
+    assert says.lower() in err.value.message.lower() and err.value.param == "body"
 
 
 async def test_parts_and_fields_are_bounded() -> None:
