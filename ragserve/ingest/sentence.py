@@ -66,6 +66,9 @@ _ABBREVIATIONS = frozenset(
         "eq",
     }
 )
+#: A letter, any dots and spaces, then a ".": the "." that may end an abbreviation or initial
+#: ("e.g. .", "approx ."). Linear: the dots and spaces after a letter are scanned once, by it.
+_LETTER_DOT = re.compile(r"[^\W\d_]\.*\s*\.")
 # The longest word that can be an abbreviation: the word before a "." is read back this far only.
 _LONGEST_ABBREVIATION = max(len(a) for a in _ABBREVIATIONS)
 
@@ -79,12 +82,15 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     start = 0
     checked = 0  # text[start:checked] is all whitespace (when checked > start)
     size = len(text)
+    # the dots a letter precedes (spaces between): only those can end an abbreviation or initial,
+    # found in one pass, so the many other dots of a text cost no look back
+    after_letter = {m.end() - 1 for m in _LETTER_DOT.finditer(text)}
     for m in _BOUNDARY.finditer(text):
         first, end = m.start(), m.end()
         if text[first] != "\n":
             if end == size or not text[end].isspace():
                 continue  # "3.14", "e.g.x", or the very end: not a boundary
-            if text[first] == "." and _is_abbreviation(text, start, first):
+            if first in after_letter and _is_abbreviation(text, start, first):
                 continue
         if checked < end and not text[checked:end].isspace():
             spans.append((start, end))
