@@ -366,6 +366,22 @@ class DocumentService:
         )
 
     # --- reads --------------------------------------------------------------------------------
+    async def matching_documents(
+        self, index: str, metadata_filter: dict[str, Any], max_text_length: int | None = 0
+    ) -> list[DocumentRecord]:
+        """Every document of ``index`` that ``metadata_filter`` matches, read a page at a time
+        (none when the index does not exist): a file's documents, for one that replaces or removes them."""
+        found: list[DocumentRecord] = []
+        if not await self.index_exists(index):
+            return found
+        while True:
+            page = await self.list_documents(
+                index, limit=100, offset=len(found), max_text_length=max_text_length, metadata_filter=metadata_filter
+            )
+            found += page.documents
+            if not page.count or len(found) >= page.total_items:
+                return found
+
     async def list_documents(
         self,
         index: str,

@@ -274,17 +274,8 @@ async def replace_path(
     the same path left that ``new`` does not replace (pages that are gone). Document ids follow the
     path, so indexing the same file again replaces it: never two copies. Returns the doc ids
     written and those deleted."""
-    old: list[str] = []
-    if await docs.index_exists(index):
-        offset = 0
-        while True:  # every document an earlier upload of this path made (PDF pages)
-            page = await docs.list_documents(
-                index, limit=100, offset=offset, max_text_length=0, metadata_filter={"path": rel}
-            )
-            old += [d.doc_id for d in page.documents]
-            offset += page.count
-            if not page.count or offset >= page.total_items:
-                break
+    # every document an earlier upload of this path made (PDF pages)
+    old = [d.doc_id for d in await docs.matching_documents(index, {"path": rel})]
     try:
         documents = [Document(**d) for d in new]
     except ValidationError as e:  # what the file holds breaks a document rule (metadata, text)

@@ -406,31 +406,16 @@ class VectorStoreService:
         if rec is None:
             await self._store(store_id)
             raise NotFoundError(f"No file '{file_id}' in vector store '{store_id}'.", param="file_id")
-        parts: list[tuple[int, int, str]] = []
-        if await self.documents.index_exists(store_id):
-            offset = 0
-            while True:
-                page = await self.documents.list_documents(
-                    store_id, limit=100, offset=offset, max_text_length=None, metadata_filter={"file_id": file_id}
-                )
-                for d in page.documents:
-                    meta = d.metadata or {}
-                    parts.append((int(meta.get("page") or 0), int(meta.get("part") or 0), d.text))
-                offset += page.count
-                if not page.count or offset >= page.total_items:
-                    break
+        parts = [
+            (int((d.metadata or {}).get("page") or 0), int((d.metadata or {}).get("part") or 0), d.text)
+            for d in await self.documents.matching_documents(store_id, {"file_id": file_id}, max_text_length=None)
+        ]
         return FileContentPage(data=[SearchContent(text=t) for _, _, t in sorted(parts, key=lambda p: p[:2])])
 
     async def _delete_documents(self, index: str, file_id: str) -> None:
-        if not await self.documents.index_exists(index):
-            return
-        while True:
-            page = await self.documents.list_documents(
-                index, limit=100, offset=0, max_text_length=0, metadata_filter={"file_id": file_id}
-            )
-            if not page.documents:
-                return
-            await self.documents.delete_documents(index, [d.doc_id for d in page.documents])
+        gone = [d.doc_id for d in await self.documents.matching_documents(index, {"file_id": file_id})]
+        if gone:
+            await self.documents.delete_documents(index, gone)
 
     async def file_deleted(self, file_id: str) -> None:
         """A File was deleted (DELETE /v1/files/{id}): detach it from every store that has it, as
