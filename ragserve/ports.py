@@ -20,6 +20,7 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, runtime_check
 
 import numpy as np
 
+from ragserve.api.documents import DocumentRecord, RetrieveRequest, RetrieveResponse
 from ragserve.api.generation import GenerationDelta, GenerationResult
 from ragserve.api.messages import Message
 from ragserve.api.openai import ChatCompletionChunk, ChatCompletionResponse
@@ -122,3 +123,17 @@ class ShardPool(Protocol[S_co]):
     async def call_all(self, method: Callable[Concatenate[S_co, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
         """Every shard's answer, in shard order."""
         ...
+
+
+class KnowledgeBase(Protocol):
+    """What an agent reaches through the MCP tools (``ragserve.agent``), as one caller: the indexes
+    its key may read, a search of one or several, a document by id. In the server it is the
+    services behind the caller's key (``ragserve.service.knowledge``); in ``ragserve mcp`` a
+    server's HTTP API with a key (``ragserve.cli.knowledge``). Failures are ``ServiceError`` with
+    the message that says what to fix."""
+
+    async def list_indexes(self) -> list[str]: ...
+
+    async def retrieve(self, request: RetrieveRequest) -> RetrieveResponse: ...
+
+    async def get_document(self, index: str, doc_id: str, max_text_length: int | None = None) -> DocumentRecord: ...

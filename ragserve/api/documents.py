@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator
@@ -25,6 +26,33 @@ def validate_index_name(name: str) -> str:
     if not INDEX_NAME_RE.fullmatch(name) or name in {".", ".."}:
         raise ValueError(f"invalid index name {name!r}: {INDEX_NAME_RULE}")
     return name
+
+
+#: The most indexes one query may search: each is searched on every shard it has a part on, in
+#: the same call to that shard (``Retriever.retrieve``).
+MAX_QUERY_INDEXES = 64
+
+
+def validate_index_names(value: str | list[str]) -> str | list[str]:
+    """One index name, or a list of 1 to ``MAX_QUERY_INDEXES`` of them searched as one (a name
+    repeated counts once; the first order is kept). ``ValueError`` says what to fix."""
+    if isinstance(value, str):
+        return validate_index_name(value)
+    if not value:
+        raise ValueError("name at least one index: a name, or a list of 1 to 64 names")
+    if len(value) > MAX_QUERY_INDEXES:
+        raise ValueError(f"{len(value)} indexes named: one query searches at most {MAX_QUERY_INDEXES}")
+    return list(dict.fromkeys(validate_index_name(v) for v in value))
+
+
+#: ``index_name`` of a query (``/retrieve``, ``/query``, chat): one index, or several searched as
+#: one ranking. :func:`index_names` reads either as a tuple.
+IndexNames = Annotated[str | list[str], AfterValidator(validate_index_names)]
+
+
+def index_names(value: str | Sequence[str]) -> tuple[str, ...]:
+    """The names an ``index_name`` field holds, as a tuple (one name is a tuple of one)."""
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 def validate_metadata_filter(flt: Any) -> dict[str, Any] | None:
@@ -125,6 +153,9 @@ class NodeWithScore(BaseModel):
     node_id: str
     text: str
     score: float = Field(description="Cosine similarity to the query (lexical hits too, from their stored vector).")
+    index_name: str | None = Field(
+        default=None, description="The index it is from (a query may search several: index_name as a list)."
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
     fused_score: float | None = Field(
         default=None,
@@ -153,7 +184,9 @@ class _RetrievalRequest(RequestModel):
     """The fields ``/query`` and ``/retrieve`` share: which index, what to look for, how relevant."""
 
     model_config = ConfigDict(extra="forbid")
-    index_name: str
+    index_name: IndexNames = Field(
+        description="The index to search, or a list of indexes searched as one ranking (each node names its index)."
+    )
     query: Text
     metadata_filter: dict[str, Any] | None = None
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
@@ -161,8 +194,12 @@ class _RetrievalRequest(RequestModel):
         default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted."
     )
 
-    _check_name = field_validator("index_name")(lambda cls, v: validate_index_name(v))
     _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
+
+    @property
+    def indexes(self) -> tuple[str, ...]:
+        """The indexes searched (``index_name`` as a tuple)."""
+        return index_names(self.index_name)
 
 
 class LLMParams(RequestModel):
@@ -213,7 +250,11 @@ class Evidence(BaseModel):
 class QueryResponse(BaseModel):
     response: str
     source_nodes: list[NodeWithScore]
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Each source node's metadata by node_id; by 'index_name/node_id' when several indexes "
+        "were searched.",
+    )
     evidence: list[Evidence] | None = Field(
         default=None, description="The passages of source_nodes that best support an answer, best first."
     )

@@ -14,10 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ragserve.api.documents import (
     Evidence,
+    IndexNames,
     NodeWithScore,
     QueryRewrite,
     RetrievalMode,
-    validate_index_name,
+    index_names,
     validate_metadata_filter,
 )
 from ragserve.api.sampling import SamplingParams, extra_fields
@@ -87,7 +88,9 @@ class ChatCompletionRequest(RequestModel):
     function_call: Any = None
 
     # RAG extensions
-    index_name: str | None = Field(default=None, min_length=1)
+    index_name: IndexNames | None = Field(
+        default=None, description="Answer from this index, or from several searched as one ranking (a list)."
+    )
     context_token_ratio: float | None = Field(default=None, ge=0.2, le=0.8)
     top_k: int | None = Field(default=None, ge=1, le=1000)
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
@@ -107,7 +110,6 @@ class ChatCompletionRequest(RequestModel):
     )
 
     _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
-    _check_index = field_validator("index_name")(lambda cls, v: v if v is None else validate_index_name(v))
 
     @field_validator("stop")
     @classmethod
@@ -115,6 +117,11 @@ class ChatCompletionRequest(RequestModel):
         if isinstance(v, list) and len(v) > 4:
             raise ValueError("at most 4 stop sequences")
         return v
+
+    @property
+    def indexes(self) -> tuple[str, ...]:
+        """The indexes ``index_name`` names (none without it)."""
+        return () if self.index_name is None else index_names(self.index_name)
 
     def requested_max_tokens(self) -> int | None:
         """``max_completion_tokens`` (the newer name) wins over ``max_tokens``."""
@@ -190,6 +197,7 @@ class Citation(BaseModel):
     marker: int
     node_id: str
     doc_id: str
+    index_name: str | None = Field(default=None, description="The index of that source (a query may search several).")
     start: int
     end: int
 

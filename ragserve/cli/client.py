@@ -230,9 +230,21 @@ class RagClient:
         return self.request("DELETE", f"/indexes/{quote(index, safe='')}")
 
     # --- questions -----------------------------------------------------------------------------
+    def retrieve(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /retrieve`` (``body``: a ``RetrieveRequest`` as JSON)."""
+        return self.request("POST", "/retrieve", json=body, retries=2)
+
+    def document(self, index: str, doc_id: str, max_text_length: int | None = None) -> dict[str, Any]:
+        """One document by id (``GET /indexes/{index}/documents/{doc_id}``)."""
+        params = {} if max_text_length is None else {"max_text_length": max_text_length}
+        # an id of dots alone would be read as a relative path segment and resolved away
+        segment = quote(doc_id, safe="") if doc_id.strip(".") else doc_id.replace(".", "%2E")
+        path = f"/indexes/{quote(index, safe='')}/documents/{segment}"
+        return self.request("GET", path, params=params, retries=2)
+
     def query(
         self,
-        index: str,
+        index: str | list[str],
         query: str,
         *,
         top_k: int = 5,

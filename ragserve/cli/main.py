@@ -188,10 +188,20 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
 
 
 # --- questions ----------------------------------------------------------------------------------
+def _indexes_arg(names: list[str] | None) -> str | list[str] | None:
+    """``--index`` given once (a name) or repeated (a list, searched as one ranking), each checked."""
+    if not names:
+        return None
+    checked = list(dict.fromkeys(_index_arg(n) for n in names))
+    return checked[0] if len(checked) == 1 else checked
+
+
 def cmd_query(args: argparse.Namespace, client: RagClient, err: Console, console: Console) -> int:
     params = {"max_tokens": args.max_tokens} if args.max_tokens else None
+    index = _indexes_arg(args.index)
+    assert index is not None  # --index is required
     answer = client.query(
-        args.index,
+        index,
         " ".join(args.question),
         top_k=args.top_k,
         metadata_filter=_filter_arg(args.filter),
@@ -211,7 +221,7 @@ def _chat_once(
 ) -> tuple[str, dict[str, Any]]:
     body: dict[str, Any] = {"messages": messages}
     if args.index:
-        body.update(index_name=args.index, top_k=args.top_k)
+        body.update(index_name=_indexes_arg(args.index), top_k=args.top_k)
     if args.filter:
         body["metadata_filter"] = _filter_arg(args.filter)
     if args.max_tokens:
@@ -278,7 +288,8 @@ def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console:
         return EXIT_OK
     if not args.json:
         console.print(
-            f"[dim]chatting with index {args.index or '(none)'} — an empty line or Ctrl-D ends, "
+            f"[dim]chatting with {'index ' + ', '.join(args.index) if args.index else 'no index'} — "
+            "an empty line or Ctrl-D ends, "
             "/reset starts over[/dim]"
         )
     status = EXIT_OK  # a failed turn is said at once and the chat goes on; the exit status keeps it
@@ -302,6 +313,12 @@ def cmd_chat(args: argparse.Namespace, client: RagClient, err: Console, console:
         if args.json:
             print_json(result)
         history = [*messages, {"role": "assistant", "content": text}]
+
+
+def cmd_mcp(args: argparse.Namespace, client: RagClient, err: Console, console: Console) -> int:
+    from ragserve.cli.knowledge import run_stdio  # the MCP SDK loads only for this command
+
+    return run_stdio(client)
 
 
 def cmd_indexes(args: argparse.Namespace, client: RagClient, err: Console, console: Console) -> int:
@@ -474,7 +491,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("chat", "chat with an index, streaming (POST /v1/chat/completions)"),
     ):
         p = sub.add_parser(name, parents=[common], help=helptext)
-        p.add_argument("--index", "-i", required=name == "query", help="index name")
+        p.add_argument(
+            "--index",
+            "-i",
+            required=name == "query",
+            action="append",
+            help="index name; repeat it to search several indexes as one",
+        )
         p.add_argument("--top-k", type=int, default=5)
         p.add_argument("--filter", help="metadata filter: JSON object or key=value,key2=value2")
         p.add_argument("--max-tokens", type=int)
@@ -510,6 +533,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--text-length", type=_at_least(1), default=200, help="characters of each document's text to fetch (200)"
     )
     p.set_defaults(func=cmd_docs_list)
+    p = sub.add_parser(
+        "mcp",
+        parents=[common],
+        help="serve the MCP tools on stdio for a desktop MCP client, reading the server at --url",
+        description="An MCP server on stdin/stdout (list_indexes, search, fetch_document) that reads "
+        "the ragserve server at --url with --api-key: point a desktop MCP client's command at "
+        "`ragserve mcp --url URL --api-key KEY`. The server itself serves the same tools at /mcp.",
+    )
+    p.set_defaults(func=cmd_mcp)
     # Listed here for --help; `ragserve eval ...` is handed to ragserve.cli.beir before this parser runs.
     sub.add_parser("eval", help="retrieval quality on a BEIR-format dataset (ragserve eval --help)")
     return parser

@@ -17,6 +17,7 @@ from ragserve.http.limits import BodySizeMiddleware
 from ragserve.http.routes.documents import documents_router
 from ragserve.http.routes.files import FILES_PATH, files_body_limit, files_router
 from ragserve.http.routes.jobs import jobs_router
+from ragserve.http.routes.mcp import mcp_route
 from ragserve.http.routes.openai import openai_router
 from ragserve.http.routes.playground import mount_playground_assets, playground_router
 from ragserve.http.routes.probes import probes_router
@@ -27,11 +28,14 @@ from ragserve.service.wiring import Services
 
 
 def create_app(services: Services) -> FastAPI:
+    mcp, mcp_endpoint = mcp_route(services)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await services.start()  # the job runner: ingestion jobs run while the application serves
         try:
-            yield
+            async with mcp_endpoint.running():  # the MCP transport's task group (/mcp)
+                yield
         finally:
             await services.stop()
 
@@ -63,6 +67,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(documents_router(services))
     app.include_router(probes_router(services))
     app.include_router(playground_router(services))
+    app.router.routes.append(mcp)
     mount_playground_assets(app)
     _document_chunk_stream(app)
     return app

@@ -118,7 +118,16 @@ def parse_citations(answer: str, sources: Sequence[NodeWithScore]) -> tuple[list
         for number in map(int, m.group(1).split(",")):
             if 1 <= number <= len(sources):
                 node = sources[number - 1]
-                valid.append(Citation(marker=number, node_id=node.node_id, doc_id=node.doc_id, start=start, end=end))
+                valid.append(
+                    Citation(
+                        marker=number,
+                        node_id=node.node_id,
+                        doc_id=node.doc_id,
+                        index_name=node.index_name,
+                        start=start,
+                        end=end,
+                    )
+                )
             else:
                 invalid.append(InvalidCitation(marker=number, start=start, end=end))
         floor = end

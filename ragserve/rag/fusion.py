@@ -41,21 +41,29 @@ class FusionOptions:
             raise ValueError("dense_weight must be within [0, 1]")
 
 
-def fused_scores(dense: Sequence[SearchHit], lexical: Sequence[SearchHit], dense_weight: float) -> dict[str, float]:
-    """Every candidate's fused score (node id → score), ``dense`` and ``lexical`` being the
+#: A candidate's identity: its index and node id (a node id is unique only within its index).
+Key = tuple[str, str]
+
+
+def _key(h: SearchHit) -> Key:
+    return (h.index, h.node_id)
+
+
+def fused_scores(dense: Sequence[SearchHit], lexical: Sequence[SearchHit], dense_weight: float) -> dict[Key, float]:
+    """Every candidate's fused score ((index, node id) → score), ``dense`` and ``lexical`` being the
     candidates each list found (a node may be in both). With one list empty the other's own
     order holds: the dense one by cosine, the lexical one by BM25 (its rank, scaled into [0, 1])."""
     if not lexical:
-        return _scaled({h.node_id: h.score for h in dense})
+        return _scaled({_key(h): h.score for h in dense})
     if not dense:
         n = len(lexical)
-        return {h.node_id: 1.0 - rank / n for rank, h in enumerate(lexical)}
-    cosines = _scaled({h.node_id: h.score for h in (*dense, *lexical)})
-    found = {h.node_id: h.lexical_coverage or 0.0 for h in lexical}
+        return {_key(h): 1.0 - rank / n for rank, h in enumerate(lexical)}
+    cosines = _scaled({_key(h): h.score for h in (*dense, *lexical)})
+    found = {_key(h): h.lexical_coverage or 0.0 for h in lexical}
     return {i: dense_weight * c + (1.0 - dense_weight) * found.get(i, 0.0) for i, c in cosines.items()}
 
 
-def _scaled(scores: dict[str, float]) -> dict[str, float]:
+def _scaled(scores: dict[Key, float]) -> dict[Key, float]:
     """``scores`` min-max scaled into [0, 1] (all 1 when they are equal). A score that is not
     finite (the cosine of a vector holding NaN or inf) is 0, the worst, and the others are scaled
     among themselves: as a minimum NaN would make every score equal, and as a sort key scramble
@@ -74,39 +82,42 @@ def fuse_candidates(
     options: FusionOptions,
     query_terms: int,
 ) -> list[NodeWithScore]:
-    """The top ``top`` nodes of every shard's candidates, fused (``fused_scores``).
+    """The top ``top`` nodes of every shard's candidates, fused (``fused_scores``); of every index
+    searched too, when one query spans several (each hit names its index).
 
-    Each list is first merged across shards by its own score (cosine scores compare across
-    shards; BM25 scores and coverages nearly do, each shard's statistics being a sample of the
-    same corpus). Every node keeps its cosine ``score``, gains ``fused_score``,
-    ``lexical_coverage`` and the ``sources`` that found it, and ``keyword_match`` when it contains
-    every term of the query and the query holds at least ``options.match_min_terms`` tokens
-    (``query_terms``). Ties keep the dense list's order, then the lexical one's."""
+    Each list is first merged across shards (and indexes) by its own score (cosine scores compare
+    across shards and indexes, one model having embedded them all; BM25 scores and coverages nearly
+    do, each shard's statistics being a sample of its index). Every node keeps its cosine ``score``,
+    gains ``fused_score``, ``lexical_coverage``, the ``sources`` that found it and the
+    ``index_name`` it is from, and ``keyword_match`` when it contains every term of the query and
+    the query holds at least ``options.match_min_terms`` tokens (``query_terms``). Ties keep the
+    dense list's order, then the lexical one's."""
     dense_hits = _merged(dense, lambda h: h.score if math.isfinite(h.score) else -math.inf)  # NaN: last
     lexical_hits = _merged(lexical, lambda h: h.lexical_score or 0.0)
     scores = fused_scores(dense_hits, lexical_hits, options.dense_weight)
-    hits: dict[str, SearchHit] = {}
+    hits: dict[Key, SearchHit] = {}
     for h in (*dense_hits, *lexical_hits):
-        hits.setdefault(h.node_id, h)
-    order = {node_id: n for n, node_id in enumerate(hits)}
-    found_by: list[tuple[Literal["dense", "lexical"], set[str]]] = [
-        ("dense", {h.node_id for h in dense_hits}),
-        ("lexical", {h.node_id for h in lexical_hits}),
+        hits.setdefault(_key(h), h)
+    order = {key: n for n, key in enumerate(hits)}
+    found_by: list[tuple[Literal["dense", "lexical"], set[Key]]] = [
+        ("dense", {_key(h) for h in dense_hits}),
+        ("lexical", {_key(h) for h in lexical_hits}),
     ]
     matches = options.match_min_terms is not None and query_terms >= options.match_min_terms
     nodes = []
-    for node_id in sorted(scores, key=lambda i: (-scores[i], order[i]))[:top]:
-        h = hits[node_id]
+    for key in sorted(scores, key=lambda i: (-scores[i], order[i]))[:top]:
+        h = hits[key]
         nodes.append(
             NodeWithScore(
                 doc_id=h.doc_id,
                 node_id=h.node_id,
                 text=h.text,
                 score=float(h.score),
+                index_name=h.index or None,
                 metadata=dict(h.metadata),
-                fused_score=scores[node_id],
+                fused_score=scores[key],
                 lexical_coverage=h.lexical_coverage,
-                sources=[name for name, ids in found_by if node_id in ids],
+                sources=[name for name, keys in found_by if key in keys],
                 keyword_match=bool(matches and h.all_terms),
             )
         )
@@ -114,8 +125,8 @@ def fuse_candidates(
 
 
 def _merged(lists: Iterable[Sequence[SearchHit]], key: Callable[[SearchHit], float]) -> list[SearchHit]:
-    """One list of every shard's hits, best first by ``key``, each node once."""
-    first: dict[str, SearchHit] = {}
+    """One list of every shard's (and index's) hits, best first by ``key``, each node once."""
+    first: dict[Key, SearchHit] = {}
     for h in sorted((h for part in lists for h in part), key=key, reverse=True):
-        first.setdefault(h.node_id, h)
+        first.setdefault(_key(h), h)
     return list(first.values())

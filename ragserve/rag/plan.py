@@ -41,7 +41,7 @@ class Passthrough:
 class RagParams:
     """Per-request retrieval parameters; ``None`` means the server default."""
 
-    index_name: str
+    indexes: tuple[str, ...]  # one, or several searched as one ranking
     top_k: int | None = None
     similarity_threshold: float | None = None
     context_token_ratio: float | None = None
@@ -144,8 +144,9 @@ def plan(request: ChatCompletionRequest, index_exists: Callable[[str], bool]) ->
     body = request.upstream_body()
     if request.index_name is None:
         return Passthrough(PassthroughReason.NO_INDEX, body)
-    if not index_exists(request.index_name):
-        return unknown_index(request.index_name)
+    missing = next((name for name in request.indexes if not index_exists(name)), None)
+    if missing is not None:
+        return unknown_index(missing)
     reason = _bypass_reason(request)
     if reason is not None:
         return Passthrough(reason, body)
@@ -153,7 +154,7 @@ def plan(request: ChatCompletionRequest, index_exists: Callable[[str], bool]) ->
     if not query:
         return BadRequestError(EMPTY_QUERY_MESSAGE, param="messages")
     params = RagParams(
-        index_name=request.index_name,
+        indexes=request.indexes,
         top_k=request.top_k,
         similarity_threshold=request.similarity_threshold,
         context_token_ratio=request.context_token_ratio,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -46,17 +47,21 @@ class Principal:
         """Whether the key reaches every index, including one whose name is not known."""
         return "*" in self.indexes
 
-    def require(self, role: Role, index: str | None = None) -> None:
-        """Raise :class:`ForbiddenError` unless this key may act as ``role`` (on ``index``)."""
+    def require(self, role: Role, index: str | Sequence[str] | None = None) -> None:
+        """Raise :class:`ForbiddenError` unless this key may act as ``role`` (on ``index``, or on
+        every one of several: the error names the first it does not reach)."""
         if self.role < role:
             raise ForbiddenError(
                 f"this API key has the {self.role.name.lower()} role; the operation needs {role.name.lower()}",
                 code="insufficient_role",
             )
-        if index is not None and not self.sees(index):
-            raise ForbiddenError(
-                f"this API key does not grant access to index '{index}'", param="index_name", code="index_not_allowed"
-            )
+        for name in () if index is None else (index,) if isinstance(index, str) else index:
+            if not self.sees(name):
+                raise ForbiddenError(
+                    f"this API key does not grant access to index '{name}'",
+                    param="index_name",
+                    code="index_not_allowed",
+                )
 
     def require_unscoped(self, role: Role, what: str) -> None:
         """Raise :class:`ForbiddenError` unless this key may act as ``role`` on every index: for data

@@ -42,7 +42,7 @@ from ragserve.api.openai import (
 )
 from ragserve.api.sampling import SamplingParams
 from ragserve.config import Settings
-from ragserve.errors import BadRequestError, NotFoundError, ServiceError
+from ragserve.errors import BadRequestError, ServiceError
 from ragserve.ports import LanguageModel, TextEmbedder
 from ragserve.rag.answerable import AnswerabilityRule, answerable, closest, not_covered_answer
 from ragserve.rag.citations import parse_citations, sources_footer
@@ -57,7 +57,7 @@ from ragserve.rag.followup import (
     refers_back,
     rewrite_messages,
 )
-from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan, unknown_index
+from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan
 from ragserve.rag.prompt import with_evidence
 from ragserve.service.documents import DocumentService
 from ragserve.service.retrieval import QUERY_EMBED_CHARS
@@ -153,12 +153,10 @@ class ChatService:
         # outcome that will not search (a bypass, a client error) asks the shards, and is decided
         # again knowing, so a missing index is a 404 in the same cases and order as before.
         decided = plan(request, lambda _name: True)
-        if (
-            request.index_name
-            and not isinstance(decided, RagPlan)
-            and not await self.documents.index_exists(request.index_name)
-        ):
-            decided = plan(request, lambda _name: False)
+        if request.index_name and not isinstance(decided, RagPlan):
+            missing = await self.documents.missing_index(request.indexes)
+            if missing is not None:
+                decided = plan(request, lambda name: name != missing)
         if isinstance(decided, ServiceError):
             raise decided
         if isinstance(decided, Passthrough):
@@ -169,7 +167,7 @@ class ChatService:
         """KAITO's ``/query``: retrieve, answer with the relevant nodes, return both."""
         threshold = self._threshold(req.similarity_threshold)
         nodes, _ = await self.documents.retrieve(
-            req.index_name, req.query, req.top_k, req.metadata_filter, req.retrieval_mode
+            req.indexes, req.query, req.top_k, req.metadata_filter, req.retrieval_mode
         )
         result = await self._fit(
             system=[],
@@ -182,13 +180,13 @@ class ChatService:
             max_tokens_param="llm_params.max_tokens",
         )
         used = result.nodes_used
-        assessment = await self._assess(req.index_name, req.query, used)
+        assessment = await self._assess(req.indexes, req.query, used)
         if used and not self._answerable(used, assessment):
             near = closest(used)
             return QueryResponse(
                 response=not_covered_answer(near),
                 source_nodes=near,
-                metadata={n.node_id: n.metadata for n in near},
+                metadata=_metadata_by_node(near, len(req.indexes) > 1),
                 evidence=[],
                 answerable=False,
             )
@@ -198,7 +196,7 @@ class ChatService:
         return QueryResponse(
             response=answer.text,
             source_nodes=used,
-            metadata={n.node_id: n.metadata for n in used},
+            metadata=_metadata_by_node(used, len(req.indexes) > 1),
             evidence=self._shown(assessment),
             answerable=True if used else None,
         )
@@ -207,7 +205,7 @@ class ChatService:
         """KAITO's ``/retrieve``: the best nodes, without generation; with ``similarity_threshold``
         only those that reach it. Also returns the stage timings."""
         nodes, timings = await self.documents.retrieve(
-            req.index_name, req.query, req.max_node_count, req.metadata_filter, req.retrieval_mode
+            req.indexes, req.query, req.max_node_count, req.metadata_filter, req.retrieval_mode
         )
         if req.similarity_threshold is not None:
             nodes = [n for n in nodes if passes_threshold(n, req.similarity_threshold)]
@@ -311,9 +309,7 @@ class ChatService:
             k = size.top_k
         threshold = self._threshold(p.params.similarity_threshold)
         try:
-            nodes, timings, rag = await self._retrieve_for_chat(p, k, threshold)
-        except NotFoundError as e:  # every shard said it has no such index
-            raise unknown_index(p.params.index_name) from e
+            nodes, timings, rag = await self._retrieve_for_chat(p, k, threshold)  # a missing index: its 404
         except BadRequestError as e:
             raise BadRequestError(e.message, param="metadata_filter") from e
         if not relevant(nodes, threshold):
@@ -334,7 +330,7 @@ class ChatService:
         )
         timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
         t_evidence = time.perf_counter()
-        assessment = await self._assess(p.params.index_name, rag.query, result.nodes_used, asked=p.query)
+        assessment = await self._assess(p.params.indexes, rag.query, result.nodes_used, asked=p.query)
         timings["evidence"] = time.perf_counter() - t_evidence
         if not self._answerable(result.nodes_used, assessment):
             return self._not_covered(closest(result.nodes_used), rag, request, timings)
@@ -419,7 +415,7 @@ class ChatService:
         return assessment.evidence[: self.options.evidence_passages]
 
     async def _assess(
-        self, index: str, query: str, nodes: list[NodeWithScore], asked: str | None = None
+        self, indexes: tuple[str, ...], query: str, nodes: list[NodeWithScore], asked: str | None = None
     ) -> Assessment | None:
         """The passages of ``nodes`` (numbered as sent in ``source_nodes``) that best support an
         answer to ``query``, best first, and how much of the question they mention
@@ -444,9 +440,9 @@ class ChatService:
             log.warning("evidence not computed, the embedder failed: %s", e.message)
             return None
         assessment = assess(query_vector, short, vectors, max(o.evidence_passages, 1))  # a few dozen numbers: inline
-        if assessment.missing:  # names the sources lack: the question is not covered only if the index lacks them too
+        if assessment.missing:  # names the sources lack: the question is not covered only if the indexes lack them too
             try:
-                held = await self.documents.mentioned(index, assessment.missing)
+                held = await self.documents.mentioned(indexes, assessment.missing)
             except ServiceError as e:
                 log.warning("could not look the question's names up in the index: %s", e.message)
                 held = set()
@@ -563,7 +559,7 @@ class ChatService:
         attempts.append((p.query, "message"))
         first: tuple[list[NodeWithScore], RagInfo] | None = None
         for query, source in attempts:
-            nodes, spent = await self.documents.retrieve(p.params.index_name, query, k, p.params.metadata_filter, mode)
+            nodes, spent = await self.documents.retrieve(p.params.indexes, query, k, p.params.metadata_filter, mode)
             for stage, seconds in spent.items():
                 timings[stage] = timings.get(stage, 0.0) + seconds
             info = RagInfo(query=query, query_source=source, retrieval_mode=mode)
@@ -662,6 +658,12 @@ def _stream_chunk(
         model=model,
         choices=[ChatCompletionChunkChoice(index=0, delta=delta, finish_reason=finish)],
     )
+
+
+def _metadata_by_node(nodes: list[NodeWithScore], several: bool) -> dict[str, Any]:
+    """``/query``'s ``metadata``: each node's metadata by its node id (KAITO's shape); by
+    ``index/node_id`` when several indexes were searched, where one node id may be in two."""
+    return {f"{n.index_name}/{n.node_id}" if several else n.node_id: n.metadata for n in nodes}
 
 
 def _shortlist(query: str, nodes: list[NodeWithScore], asked: str | None = None) -> Shortlist:

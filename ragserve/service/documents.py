@@ -33,6 +33,7 @@ from ragserve.api.documents import (
     NodeWithScore,
     UpdateDocument,
     UpdateDocumentsResponse,
+    index_names,
 )
 from ragserve.api.stats import IndexStats, ShardStats
 from ragserve.errors import BadRequestError, ConflictError, NotFoundError
@@ -114,14 +115,20 @@ class DocumentService:
 
     async def require_index(self, index: str) -> None:
         if not await self.index_exists(index):
-            raise NotFoundError(f"No such index: '{index}' exists.")
+            raise NotFoundError(f"No such index: '{index}' exists.", param="index_name", code="index_not_found")
 
-    async def mentioned(self, index: str, words: list[str]) -> set[str]:
-        """Those of ``words`` that some chunk of ``index`` holds, on any shard (lexical lookups)."""
+    async def missing_index(self, indexes: Sequence[str]) -> str | None:
+        """The first of ``indexes`` no shard holds, or None when every one exists (asked at once)."""
+        exists = await asyncio.gather(*(self.index_exists(name) for name in indexes))
+        return next((name for name, held in zip(indexes, exists, strict=True) if not held), None)
+
+    async def mentioned(self, indexes: str | Sequence[str], words: list[str]) -> set[str]:
+        """Those of ``words`` that some chunk of ``indexes`` (one, or any of several) holds, on any
+        shard (lexical lookups, one call per shard)."""
         if not words:
             return set()
         found: set[str] = set()
-        for part in await self.pool.call_all(ShardService.mentioned, index, words):
+        for part in await self.pool.call_all(ShardService.mentioned, indexes=list(index_names(indexes)), words=words):
             found.update(part)
         return found
 
@@ -317,6 +324,19 @@ class DocumentService:
             found.update(p)
         return found
 
+    async def get_document(self, index: str, doc_id: str, max_text_length: int | None = None) -> DocumentRecord:
+        """One document of ``index`` by id, its text cut to ``max_text_length`` characters when
+        given (``is_truncated`` says so); a 404 naming what is missing, the index or the document."""
+        found = (await self._get_documents(index, [doc_id])).get(doc_id)
+        if found is None:
+            await self.require_index(index)
+            raise NotFoundError(
+                f"No document '{doc_id}' in index '{index}'.", param="doc_id", code="document_not_found"
+            )
+        if max_text_length is not None and len(found.text) > max_text_length:
+            return _record(replace(found, text=found.text[:max_text_length]), True)
+        return _record(found)
+
     async def update_documents(self, index: str, docs: Sequence[UpdateDocument]) -> UpdateDocumentsResponse:
         """Re-chunk and re-embed only documents whose text or metadata changed. An omitted
         ``metadata`` keeps the stored one (``{}`` clears it). A doc_id given twice is a 400."""
@@ -437,10 +457,16 @@ class DocumentService:
 
     # --- search and snapshots (``Retriever``, ``Snapshots``) -----------------------------------
     async def retrieve(
-        self, index: str, query: str, k: int, metadata_filter: dict[str, Any] | None = None, mode: str | None = None
+        self,
+        indexes: str | Sequence[str],
+        query: str,
+        k: int,
+        metadata_filter: dict[str, Any] | None = None,
+        mode: str | None = None,
     ) -> tuple[list[NodeWithScore], dict[str, float]]:
-        """The top ``k`` nodes for ``query`` and the seconds spent (``Retriever.retrieve``)."""
-        return await self.retriever.retrieve(index, query, k, metadata_filter, mode)
+        """The top ``k`` nodes for ``query`` in one index or several as one ranking, and the seconds
+        spent (``Retriever.retrieve``)."""
+        return await self.retriever.retrieve(indexes, query, k, metadata_filter, mode)
 
     async def persist(self, index: str, path: str | None = None) -> str:
         """Write a snapshot of ``index`` (``Snapshots.persist``)."""

@@ -1,10 +1,10 @@
-"""Retrieval: the top ``k`` nodes of an index for a query, asked of every shard at once.
+"""Retrieval: the top ``k`` nodes of an index (or of several as one) for a query, asked of every shard at once.
 
 The query is embedded (``TextEmbedder.embed_query``: in the ingress for a small encoder, else the
 Embedder deployment) while its lexical form is parsed; then one call per shard
-(``ShardService.search_candidates``) returns that shard's dense (FAISS) and lexical (FTS5 BM25)
-candidates, which are fused here, across shards, by their scores (``ragserve.rag.fusion``,
-docs/quality.md). A reranker, when configured, reorders the fused
+(``ShardService.search_indexes``) returns that shard's dense (FAISS) and lexical (FTS5 BM25)
+candidates in each index searched, which are fused here, across shards and indexes, by their
+scores (``ragserve.rag.fusion``, docs/quality.md). A reranker, when configured, reorders the fused
 candidates. Nothing asks first whether the index exists: the search itself tells (every shard
 answers None), so a RAG request costs one call per shard (issue 13).
 
@@ -16,21 +16,25 @@ Like the document service this keeps no state of its own; it is the document ser
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ragserve.api.documents import NodeWithScore
+from ragserve.api.documents import NodeWithScore, index_names
 from ragserve.config import Settings
-from ragserve.errors import NotFoundError
 from ragserve.ports import Reranker, ShardPool, TextEmbedder
 from ragserve.rag.fusion import FusionOptions, fuse_candidates
+from ragserve.rag.plan import unknown_index
 from ragserve.rag.rerank import rerank
 from ragserve.service.shard_service import ShardService
 from ragserve.store.lexical import MAX_QUERY_CHARS, lexical_query
 
 #: The part of a query the query encoder is given (see ``Retriever.retrieve``).
 QUERY_EMBED_CHARS = 65_536
+#: Candidates fused on the event loop; more are fused on a worker thread.
+FUSE_INLINE_HITS = 2_000
 
 
 async def _no_tokens() -> int:
@@ -77,16 +81,24 @@ class Retriever:
         self.reranker = reranker
 
     async def retrieve(
-        self, index: str, query: str, k: int, metadata_filter: dict[str, Any] | None = None, mode: str | None = None
+        self,
+        indexes: str | Sequence[str],
+        query: str,
+        k: int,
+        metadata_filter: dict[str, Any] | None = None,
+        mode: str | None = None,
     ) -> tuple[list[NodeWithScore], dict[str, float]]:
-        """The top ``k`` nodes for ``query`` in ``mode`` (the server's ``retrieval_mode`` when None),
-        and the time spent embedding and searching (seconds).
+        """The top ``k`` nodes for ``query`` in ``mode`` (the server's ``retrieval_mode`` when None)
+        of one index or of several as one ranking, and the time spent embedding and searching
+        (seconds).
 
-        One call per shard returns its dense and its lexical candidates (in hybrid mode
-        ``retrieval_candidates`` of each, at least ``k``); they are fused here, across shards
+        One call per shard returns its dense and its lexical candidates in each index (in hybrid
+        mode ``retrieval_candidates`` of each, at least ``k``), so several indexes cost more work in
+        each shard call, never more calls; they are fused here, across shards and indexes
         (``fuse_candidates``); a reranker, when configured, reorders the fused candidates and the
-        best ``k`` are kept. The query is embedded in every mode: lexical hits carry their cosine
-        score too."""
+        best ``k`` are kept. The query is embedded once, in every mode: lexical hits carry their
+        cosine score too. An index no shard holds is a ``NotFoundError`` naming it."""
+        names = index_names(indexes)
         mode = mode or self.options.mode
         # how many tokens the lexical query holds (for keyword_match): parsed on a worker thread, as
         # everything that reads user text is, beside the embedding (the parser is linear and bounded)
@@ -103,8 +115,8 @@ class Retriever:
         wide = mode == "hybrid" or self.reranker is not None
         depth = max(k, self.options.candidates) if wide else k
         parts = await self.pool.call_all(
-            ShardService.search_candidates,
-            index=index,
+            ShardService.search_indexes,
+            indexes=list(names),
             vector=vector,
             text=query[: MAX_QUERY_CHARS + 1],  # all the lexical parser reads (the +1 tells a word cut at the end)
             k=depth,
@@ -113,16 +125,22 @@ class Retriever:
             min_match=self.options.min_match,
             max_postings=self.options.max_postings,
         )
-        if all(p is None for p in parts):
-            raise NotFoundError(f"No such index: '{index}' exists.")
-        found = [p for p in parts if p is not None]
-        nodes = fuse_candidates(
+        for i, name in enumerate(names):
+            if all(p[i] is None for p in parts):
+                raise unknown_index(name)
+        found = [c for p in parts for c in p if c is not None]
+        fuse = functools.partial(
+            fuse_candidates,
             [p.dense for p in found],
             [p.lexical for p in found],
             depth if self.reranker is not None else k,
             self.options.fusion,
             await query_tokens,
         )
+        # a few hundred candidates fuse in well under a millisecond; many indexes with a large k
+        # bring tens of thousands (k of each list of each index on each shard): off the event loop
+        hits = sum(len(p.dense) + len(p.lexical) for p in found)
+        nodes = await asyncio.to_thread(fuse) if hits > FUSE_INLINE_HITS else fuse()
         t2 = time.perf_counter()
         timings = {"embed": t1 - t0, "search": t2 - t1}
         if self.reranker is not None and nodes:

@@ -249,13 +249,17 @@ class ShardService:
         except IndexNotFoundError:
             return None
 
-    def mentioned(self, index: str, words: list[str]) -> list[str]:
-        """Those of ``words`` some chunk of ``index`` on this shard holds; none where it has no such
-        index."""
-        try:
-            return self._shard.mentioned(index, words)
-        except IndexNotFoundError:
-            return []
+    def mentioned(self, indexes: list[str] | str, words: list[str]) -> list[str]:
+        """Those of ``words`` some chunk of one of ``indexes`` on this shard holds (an index this
+        shard has no part of holds none). One name alone is what an ingress of the release before
+        several indexes per query sends, during a rolling upgrade."""
+        found: set[str] = set()
+        for index in [indexes] if isinstance(indexes, str) else indexes:
+            try:
+                found.update(self._shard.mentioned(index, words))
+            except IndexNotFoundError:
+                continue
+        return [w for w in words if w in found]
 
     def search_candidates(
         self,
@@ -268,21 +272,42 @@ class ShardService:
         min_match: float = 0.0,
         max_postings: int | None = None,
     ) -> SearchCandidates | None:
-        """A retrieval's dense and lexical candidates in one call (``Shard.search_candidates``), or
-        None when this shard has no such index."""
-        try:
-            return self._shard.search_candidates(
-                index,
-                vector,
-                text,
-                k,
-                mode=mode,
-                metadata_filter=metadata_filter,
-                min_match=min_match,
-                max_postings=max_postings,
-            )
-        except IndexNotFoundError:
-            return None
+        """``search_indexes`` of one index: what an ingress of the release before several indexes per
+        query calls, while a rolling upgrade has replaced the shards but not yet every ingress."""
+        return self.search_indexes([index], vector, text, k, mode, metadata_filter, min_match, max_postings)[0]
+
+    def search_indexes(
+        self,
+        indexes: list[str],
+        vector: np.ndarray,
+        text: str,
+        k: int,
+        mode: str = "hybrid",
+        metadata_filter: dict[str, Any] | None = None,
+        min_match: float = 0.0,
+        max_postings: int | None = None,
+    ) -> list[SearchCandidates | None]:
+        """A retrieval's dense and lexical candidates in each of ``indexes``
+        (``Shard.search_candidates``), in their order, in one call however many they are: None for
+        an index this shard has no part of. The filter applies in each."""
+        out: list[SearchCandidates | None] = []
+        for index in indexes:
+            try:
+                out.append(
+                    self._shard.search_candidates(
+                        index,
+                        vector,
+                        text,
+                        k,
+                        mode=mode,
+                        metadata_filter=metadata_filter,
+                        min_match=min_match,
+                        max_postings=max_postings,
+                    )
+                )
+            except IndexNotFoundError:
+                out.append(None)
+        return out
 
     # --- persistence --------------------------------------------------------------------------
     def export_part(self, index: str, dest_dir: str, tag: str = "") -> dict[str, Any]:

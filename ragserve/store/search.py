@@ -112,7 +112,7 @@ def dense_search(
         return []
     rows = chunk_rows(db, [i for i, _ in pairs])
     return [
-        SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]))
+        SearchHit(r[1], r[2], r[3], r[4], score, json.loads(r[5]), index=index)
         for i, score in pairs
         if (r := rows.get(i)) is not None
     ]
@@ -298,6 +298,7 @@ def candidates(
             lexical_scores.get(i),
             complete and len(held.get(i, ())) == len(searched.terms),
             coverage.get(i, None if terms is None else 0.0),  # nothing searched: holds none of it
+            index,
         )
 
     cosines = dict(dense_pairs)

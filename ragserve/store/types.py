@@ -49,7 +49,7 @@ class SearchHit:
     ``lexical_score`` is its BM25 score (higher is better) when the lexical search found it, and
     ``all_terms`` says that its text contains every term of the lexical query, and
     ``lexical_coverage`` what share of the query's information (its terms weighed by IDF) it holds
-    (None in dense mode)."""
+    (None in dense mode). ``index`` names the index it is from."""
 
     doc_id: str
     node_id: str
@@ -60,6 +60,7 @@ class SearchHit:
     lexical_score: float | None = None
     all_terms: bool = False
     lexical_coverage: float | None = None
+    index: str = ""  # the index it is from: one search may span several (a node id is unique only in its index)
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ FLOORS: list[set[str]] = [
     {"api"},  # every shape that crosses a boundary
     {"ports"},  # every seam (protocols over api shapes)
     {"ingest", "store"},  # documents to chunks; one shard's storage
-    # the pure steps of one RAG request; what loads weights (engines, encoders); durable ingestion jobs
-    {"rag", "models", "jobs"},
+    # the pure steps of one RAG request; what loads weights (engines, encoders); durable ingestion jobs;
+    # the MCP tools over a KnowledgeBase
+    {"rag", "models", "jobs", "agent"},
     {"config"},  # Settings, built into narrow options by the services
     {"service"},  # the logic behind each route, wiring (docs/architecture.md §12)
     {"http"},  # FastAPI routers over the services

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fastapi import Request
 
 from ragserve.api.documents import validate_index_name
@@ -19,8 +21,9 @@ def checked_index(name: str) -> str:
         raise BadRequestError(str(e), param="index_name") from e
 
 
-def allow(request: Request, role: Role, index: str | None = None) -> Principal:
-    """The caller's principal, once it is known to may act as ``role`` (on ``index``); else a 403."""
+def allow(request: Request, role: Role, index: str | Sequence[str] | None = None) -> Principal:
+    """The caller's principal, once it is known to may act as ``role`` (on ``index``, or on each of
+    several); else a 403 naming the first index it does not reach."""
     principal = principal_of(request.scope)
     principal.require(role, index)
     return principal

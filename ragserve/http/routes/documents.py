@@ -27,8 +27,10 @@ from ragserve.errors import BadRequestError
 from ragserve.http.errors import DOCUMENT_ERRORS
 from ragserve.http.json_body import CheckedJSONRoute
 from ragserve.http.routes.common import allow, checked_index, report_latencies
+from ragserve.http.security import principal_of
 from ragserve.http.server_timing import server_timing
 from ragserve.service.access import Role
+from ragserve.service.knowledge import ScopedKnowledge
 from ragserve.service.wiring import Services
 
 
@@ -45,11 +47,13 @@ def documents_router(services: Services) -> APIRouter:
         tel.indexed(len(records))
         return records
 
+    def knowledge(request: Request) -> ScopedKnowledge:
+        return ScopedKnowledge(chat, limits, principal_of(request.scope))
+
     @router.get("/indexes")
     async def list_indexes(request: Request) -> list[str]:
         """The index names this key may see."""
-        principal = allow(request, Role.READ)
-        return [name for name in await docs.list_indexes() if principal.sees(name)]
+        return await knowledge(request).list_indexes()
 
     @router.get("/indexes/{index_name}/documents")
     async def list_documents(
@@ -73,6 +77,16 @@ def documents_router(services: Services) -> APIRouter:
         return await docs.list_documents(
             name, limit=limit, offset=offset, max_text_length=max_text_length, metadata_filter=flt
         )
+
+    @router.get("/indexes/{index_name}/documents/{doc_id:path}")
+    async def get_document(
+        index_name: str,
+        doc_id: str,
+        request: Request,
+        max_text_length: int | None = Query(None, ge=1, description="Cut the text to this many characters."),
+    ) -> DocumentRecord:
+        """One document by id: its whole text (or its first `max_text_length` characters) and metadata."""
+        return await knowledge(request).get_document(checked_index(index_name), doc_id, max_text_length)
 
     @router.post("/indexes/{index_name}/documents")
     async def update_documents(
@@ -127,10 +141,9 @@ def documents_router(services: Services) -> APIRouter:
 
     @router.post("/retrieve")
     async def retrieve(body: RetrieveRequest, request: Request, response: Response) -> RetrieveResponse:
-        """Scored nodes only, no generation."""
-        allow(request, Role.READ, body.index_name)
-        limits.top_k(body.max_node_count, "max_node_count")
-        result, timings = await chat.retrieve(body)
+        """Scored nodes only, no generation: of one index, or of several as one ranking (`index_name`
+        a list; each node names its index)."""
+        result, timings = await knowledge(request).retrieve_timed(body)
         report_latencies(tel, timings)
         response.headers["Server-Timing"] = server_timing(timings)
         return result

@@ -73,10 +73,11 @@ class ShardPoolContract:
     async def test_search_candidates_cross_the_pool_in_one_call(self, pool: ShardPool[ShardService]) -> None:
         doc = write("d1", "the XR-7720 bracket", seed=3)
         await pool.call(0, ShardService.upsert_documents, index="kb", docs=[doc])
-        found = await pool.call(
+        await pool.call(0, ShardService.upsert_documents, index="kb2", docs=[doc])
+        found, other, absent = await pool.call(
             0,
-            ShardService.search_candidates,
-            index="kb",
+            ShardService.search_indexes,
+            indexes=["kb", "kb2", "nowhere"],
             vector=doc.chunks[0].vector,
             text="XR-7720",
             k=5,
@@ -85,16 +86,20 @@ class ShardPoolContract:
             min_match=0.5,
             max_postings=2000,
         )
-        assert isinstance(found, SearchCandidates)
+        assert isinstance(found, SearchCandidates) and isinstance(other, SearchCandidates) and absent is None
         assert [h.doc_id for h in found.dense] == ["d1"] and [h.doc_id for h in found.lexical] == ["d1"]
+        assert [h.index for h in found.dense + found.lexical] == ["kb", "kb"]
+        assert [h.index for h in other.dense + other.lexical] == ["kb2", "kb2"]  # each hit names its index
         lexical_score = found.lexical[0].lexical_score
         assert found.lexical[0].all_terms and lexical_score is not None and lexical_score > 0
         assert found.lexical[0].lexical_coverage == pytest.approx(1.0)
         assert found.lexical[0].score == pytest.approx(1.0, abs=1e-5)
         missing = await pool.call(
-            1, ShardService.search_candidates, index="kb", vector=doc.chunks[0].vector, text="XR-7720", k=5
+            1, ShardService.search_indexes, indexes=["kb"], vector=doc.chunks[0].vector, text="XR-7720", k=5
         )
-        assert missing is None
+        assert missing == [None]
+        held = await pool.call_all(ShardService.mentioned, indexes=["nowhere", "kb2"], words=["bracket", "gasket"])
+        assert held == [["bracket"], []]
 
     async def test_a_shard_error_reaches_the_caller_as_itself(self, pool: ShardPool[ShardService]) -> None:
         await pool.call(0, ShardService.upsert_documents, index="kb", docs=[write("d1", "four dimensions")])

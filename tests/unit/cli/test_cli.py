@@ -211,6 +211,15 @@ def test_chat_query_and_indexes(server: str, tmp_path: Path, capsys, monkeypatch
     assert "plant" in out and "documents" in out
     code, _, err = run(capsys, "query", "--index", "missing", "anything")
     assert code == 1 and "No such index: 'missing' exists." in err
+    # --index repeated: the indexes are searched as one, each source naming its index
+    (tmp_path / "lamps.md").write_text("# Lamps\n\nThe desk lamp of line 3 charges over USB-C.")
+    assert run(capsys, "ingest", str(tmp_path / "lamps.md"), "-i", "office", "--base", str(tmp_path), "-q")[0] == 0
+    code, out, _ = run(capsys, "--json", "query", "-i", "plant", "-i", "office", "-i", "plant", "pump lamp line 3")
+    assert code == 0 and {n["index_name"] for n in json.loads(out)["source_nodes"]} == {"plant", "office"}
+    code, out, _ = run(capsys, "chat", "-i", "plant", "-i", "office", "--json", "How does the lamp of line 3 charge?")
+    assert {s["index_name"] for s in json.loads(out)["sources"]} <= {"plant", "office"}
+    code, _, err = run(capsys, "query", "-i", "plant", "-i", "missing", "anything")
+    assert code == 1 and "No such index: 'missing' exists." in err
 
 
 def test_stats_route(server: str, tmp_path: Path) -> None:

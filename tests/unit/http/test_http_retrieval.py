@@ -222,6 +222,7 @@ def test_citations_name_the_supplied_sources_and_report_invented_ones(client: Te
             "marker": 1,
             "node_id": first["node_id"],
             "doc_id": first["doc_id"],
+            "index_name": "kb",
             "start": 0,
             "end": len("Place it on a flat stone [1]"),
         }

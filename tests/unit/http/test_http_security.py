@@ -130,6 +130,20 @@ def test_key_checker_compares_every_key() -> None:
         KeyChecker([])
 
 
+def test_a_key_must_reach_every_index_of_a_query_and_the_refusal_names_the_first_it_does_not() -> None:
+    from ragserve.service.access import ForbiddenError
+
+    team = Principal(Role.READ, ("team-a*", "shared"))
+    team.require(Role.READ, ["team-a-docs", "shared", "team-a-wiki"])
+    team.require(Role.READ, ())  # nothing named: the role alone
+    for names, refused in ((["team-a-docs", "team-b", "other"], "team-b"), (("shared", "x"), "x"), ("y", "y")):
+        with pytest.raises(ForbiddenError) as e:
+            team.require(Role.READ, names)
+        assert f"'{refused}'" in e.value.message and e.value.param == "index_name"
+    with pytest.raises(ForbiddenError, match="needs write"):  # the role first, whatever the indexes
+        team.require(Role.WRITE, ["team-a-docs"])
+
+
 def test_body_size_limit_is_413_declared_or_streamed(limited: TestClient) -> None:
     big = {"index_name": "kb", "documents": [{"text": "x" * 5000}]}
     r = limited.post("/index", json=big)
@@ -207,6 +221,7 @@ CHAT = {"messages": [{"role": "user", "content": "What runs models?"}]}
 # (method, path, body, role needed); {index} is the index the call is about
 SCOPED_ROUTES = [
     ("GET", "/indexes/{index}/documents", None, "read"),
+    ("GET", "/indexes/{index}/documents/d1", None, "read"),
     ("POST", "/retrieve", {"query": "models"}, "read"),
     ("POST", "/query", {"query": "models"}, "read"),
     ("POST", "/v1/chat/completions", CHAT, "read"),

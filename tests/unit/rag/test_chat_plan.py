@@ -115,7 +115,7 @@ def test_simple_query() -> None:
     assert result.query == "What is KAITO?"
     assert result.system == [{"role": "system", "content": "You are a helpful assistant."}]
     assert result.history == []
-    assert result.params.index_name == "docs_index"
+    assert result.params.indexes == ("docs_index",)
 
 
 def test_multi_turn() -> None:

@@ -16,8 +16,9 @@ from ragserve.models.tokenizers import (
     counter_for_model,
     load_tiktoken_encoding,
 )
+from ragserve.rag import fusion
 from ragserve.rag.context import relevant, select_context
-from ragserve.rag.fusion import FusionOptions, fuse_candidates, fused_scores
+from ragserve.rag.fusion import FusionOptions, fuse_candidates
 from ragserve.rag.prompt import build_rag_messages, context_system_message, format_context
 from ragserve.store.types import SearchHit
 
@@ -108,8 +109,15 @@ def test_select_context() -> None:
     assert [x.doc_id for x in selected] == ["doc3", "doc4"] and [x.doc_id for x in skipped] == ["doc2"]
 
 
-def hit(node: str, cosine: float, bm25: float | None = None, coverage: float | None = None) -> SearchHit:
-    return SearchHit(node[0], node, 0, node, cosine, {}, bm25, coverage == 1.0, coverage)
+def hit(
+    node: str, cosine: float, bm25: float | None = None, coverage: float | None = None, index: str = "kb"
+) -> SearchHit:
+    return SearchHit(node[0], node, 0, node, cosine, {}, bm25, coverage == 1.0, coverage, index)
+
+
+def fused_scores(dense: list[SearchHit], lexical: list[SearchHit], weight: float) -> dict[str, float]:
+    """``fusion.fused_scores`` by node id alone (every hit here is of one index)."""
+    return {node: s for (_, node), s in fusion.fused_scores(dense, lexical, weight).items()}
 
 
 def test_fusion_weighs_scaled_cosine_against_the_share_of_the_query_a_lexical_hit_holds() -> None:
@@ -139,6 +147,22 @@ def test_fused_candidates_merge_shards_mark_sources_and_keyword_matches() -> Non
     assert nodes[1].sources == ["dense"] and not nodes[1].keyword_match
     one_token = fuse_candidates([shard0[0]], [shard0[1]], 5, FusionOptions(0.6, 2), 1)
     assert [n.node_id for n in one_token] == ["a", "c"] and not one_token[1].keyword_match  # a 1-token query
+
+
+def test_fusion_across_indexes_keeps_a_node_id_once_per_index_and_names_each_index() -> None:
+    """Node ids are unique within an index: the same document in two indexes is two candidates,
+    scaled and ranked with the rest, each naming its index (a query over several indexes)."""
+    pumps = [hit("a", 0.9, index="pumps"), hit("s", 0.5, index="pumps")], [hit("s", 0.5, 4.0, 1.0, index="pumps")]
+    lamps = [hit("s", 0.5, index="lamps"), hit("b", 0.7, index="lamps")], [hit("s", 0.5, 4.0, 1.0, index="lamps")]
+    nodes = fuse_candidates([pumps[0], lamps[0]], [pumps[1], lamps[1]], 10, FusionOptions(0.6, 2), 2)
+    assert [(n.index_name, n.node_id) for n in nodes] == [
+        ("pumps", "a"),  # 0.6 x 1
+        ("pumps", "s"),  # 0.6 x 0 + 0.4 x 1: tied with lamps' s, which came later
+        ("lamps", "s"),
+        ("lamps", "b"),  # 0.6 x 0.5
+    ]
+    assert nodes[1].fused_score == nodes[2].fused_score == pytest.approx(0.4)
+    assert nodes[0].fused_score == pytest.approx(0.6) and nodes[3].fused_score == pytest.approx(0.3)
 
 
 def test_a_cosine_that_is_not_finite_ranks_last_and_leaves_the_others_in_order() -> None:

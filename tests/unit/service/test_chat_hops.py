@@ -68,8 +68,16 @@ def test_rag_request_calls_the_shards_once_each_to_search(services) -> None:
     pool.calls.clear()
     outcome = asyncio.run(svc.chat.complete(_request(index_name="kb")))
     assert outcome.mode == "rag"
-    assert pool.calls == ["search_candidates", "search_candidates"]  # no separate existence check before it
+    assert pool.calls == ["search_indexes", "search_indexes"]  # no separate existence check before it
     assert {"embed", "search", "fit", "generate"} <= outcome.timings.keys()
+
+
+def test_several_indexes_cost_one_search_call_per_shard(services) -> None:
+    svc, pool = services
+    pool.calls.clear()
+    outcome = asyncio.run(svc.chat.complete(_request(index_name=["kb", "kb", "kb"])))
+    assert outcome.mode == "rag"
+    assert pool.calls == ["search_indexes", "search_indexes"]
 
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
@@ -77,10 +85,11 @@ NO_QUERY = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "
 
 
 @pytest.mark.parametrize("extra", [{}, {"tools": TOOLS}, {"messages": NO_QUERY}])
-def test_missing_index_is_the_plans_404_whether_or_not_a_search_follows(services, extra: dict) -> None:
+@pytest.mark.parametrize("names", ["missing", ["kb", "missing"]])
+def test_missing_index_is_the_plans_404_whether_or_not_a_search_follows(services, extra: dict, names: Any) -> None:
     svc, _ = services
     with pytest.raises(NotFoundError) as e:
-        asyncio.run(svc.chat.complete(_request(index_name="missing", **extra)))
+        asyncio.run(svc.chat.complete(_request(index_name=names, **extra)))
     assert (e.value.message, e.value.param, e.value.code) == (
         "No such index: 'missing' exists.",
         "index_name",
