@@ -187,3 +187,41 @@ def test_files_vector_stores_and_jobs_run_through_the_ingestion_deployment(clien
             break
         time.sleep(0.1)
     assert job["status"] == "completed" and job["documents"]["indexed"] == 5, job
+
+
+def test_several_indexes_and_the_mcp_tools_through_serve(client: httpx.Client) -> None:
+    """On Ray: a query over two indexes fuses the shard actors' answers for each, and /mcp (stateless
+    streamable HTTP in the Ingress replica, behind Serve's proxy) answers the official client."""
+    import asyncio
+
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.types import CallToolResult
+
+    doc = {"doc_id": "ship", "text": "Orders ship from the Rotterdam warehouse within two days."}
+    assert client.post("/index", json={"index_name": "logistics", "documents": [doc]}).status_code == 200
+    r = client.post(
+        "/retrieve",
+        json={"index_name": ["kb", "logistics"], "query": "warranty years and where orders ship from", "top_k": 3},
+    )
+    assert r.status_code == 200, r.text
+    assert {n["index_name"] for n in r.json()["results"]} == {"kb", "logistics"}
+    missing = client.post("/retrieve", json={"index_name": ["kb", "nowhere"], "query": "warranty"})
+    assert missing.status_code == 404 and "'nowhere'" in missing.text
+
+    async def tools() -> list[CallToolResult]:
+        async with (
+            httpx2.AsyncClient(timeout=60) as http,
+            Client(streamable_http_client(f"{str(client.base_url).rstrip('/')}/mcp", http_client=http)) as mcp,
+        ):
+            return [
+                await mcp.call_tool("list_indexes", {}),
+                await mcp.call_tool("search", {"query": "where do orders ship from", "index_names": ["logistics"]}),
+                await mcp.call_tool("fetch_document", {"index_name": "logistics", "doc_id": "ship"}),
+            ]
+
+    listed, found, fetched = asyncio.run(tools())
+    assert {"kb", "logistics"} <= set(listed.structured_content["indexes"])
+    assert found.structured_content["results"][0]["doc_id"] == "ship"
+    assert "Rotterdam" in fetched.structured_content["text"]
