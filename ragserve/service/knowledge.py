@@ -9,16 +9,18 @@ from ragserve.api.documents import DocumentRecord, RetrieveRequest, RetrieveResp
 from ragserve.service.access import Principal, Role
 from ragserve.service.chat import ChatService
 from ragserve.service.limits import RequestLimits
+from ragserve.telemetry import Telemetry
 
 
 class ScopedKnowledge:
     """What ``principal`` may read of the indexes (``ragserve.ports.KnowledgeBase``)."""
 
-    def __init__(self, chat: ChatService, limits: RequestLimits, principal: Principal):
+    def __init__(self, chat: ChatService, limits: RequestLimits, principal: Principal, telemetry: Telemetry):
         self.chat = chat
         self.documents = chat.documents
         self.limits = limits
         self.principal = principal
+        self.telemetry = telemetry
 
     async def list_indexes(self) -> list[str]:
         """The index names this key may read, sorted."""
@@ -31,10 +33,14 @@ class ScopedKnowledge:
 
     async def retrieve_timed(self, request: RetrieveRequest) -> tuple[RetrieveResponse, dict[str, float]]:
         """``/retrieve``: the best nodes of one index or several (a 403 naming an index the key
-        does not reach, a 404 naming one that does not exist), with the stage timings."""
+        does not reach, a 404 naming one that does not exist), with the stage timings (reported to
+        the retrieval latency metrics, whichever way the caller came)."""
         self.principal.require(Role.READ, request.indexes)
         self.limits.top_k(request.max_node_count, "max_node_count")
-        return await self.chat.retrieve(request)
+        response, timings = await self.chat.retrieve(request)
+        for stage, seconds in timings.items():
+            self.telemetry.latency(stage, seconds)
+        return response, timings
 
     async def get_document(self, index: str, doc_id: str, max_text_length: int | None = None) -> DocumentRecord:
         self.principal.require(Role.READ, index)

@@ -26,7 +26,7 @@ from ragserve.api.values import parse_json
 from ragserve.errors import BadRequestError
 from ragserve.http.errors import DOCUMENT_ERRORS
 from ragserve.http.json_body import CheckedJSONRoute
-from ragserve.http.routes.common import allow, checked_index, report_latencies
+from ragserve.http.routes.common import allow, checked_index
 from ragserve.http.security import principal_of
 from ragserve.http.server_timing import server_timing
 from ragserve.service.access import Role
@@ -48,7 +48,7 @@ def documents_router(services: Services) -> APIRouter:
         return records
 
     def knowledge(request: Request) -> ScopedKnowledge:
-        return ScopedKnowledge(chat, limits, principal_of(request.scope))
+        return ScopedKnowledge(chat, limits, principal_of(request.scope), tel)
 
     @router.get("/indexes")
     async def list_indexes(request: Request) -> list[str]:
@@ -143,8 +143,7 @@ def documents_router(services: Services) -> APIRouter:
     async def retrieve(body: RetrieveRequest, request: Request, response: Response) -> RetrieveResponse:
         """Scored nodes only, no generation: of one index, or of several as one ranking (`index_name`
         a list; each node names its index)."""
-        result, timings = await knowledge(request).retrieve_timed(body)
-        report_latencies(tel, timings)
+        result, timings = await knowledge(request).retrieve_timed(body)  # reported to the latency metrics there
         response.headers["Server-Timing"] = server_timing(timings)
         return result
 

@@ -56,7 +56,7 @@ class McpEndpoint:
         def knowledge(request: Any) -> ScopedKnowledge:
             if request is None:  # every call here came in an HTTP request: no key is no access
                 raise ToolError("this call carried no HTTP request to read its API key from")
-            return ScopedKnowledge(services.chat, services.limits, principal_of(request.scope))
+            return ScopedKnowledge(services.chat, services.limits, principal_of(request.scope), services.telemetry)
 
         server = build_mcp_server(knowledge, version="0.1.0")
         open_server = not services.credentials() and not services.settings.allow_unauthenticated

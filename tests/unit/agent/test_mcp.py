@@ -175,6 +175,18 @@ def test_mcp_needs_a_key_where_keys_are_configured_and_takes_only_posts(server: 
         assert httpx.request(method, f"{server}/mcp", headers=auth, timeout=10).status_code == 405
 
 
+def test_an_mcp_search_counts_in_the_retrieval_latency_metrics(tmp_path: Path, embedding_model) -> None:
+    from ragserve.testing.embedder import InProcessEmbedder
+    from ragserve.testing.inprocess import RecordingTelemetry
+
+    tel = RecordingTelemetry()
+    with live_app(tmp_path, InProcessEmbedder(embedding_model), telemetry=tel) as (url, _):
+        assert httpx.post(f"{url}/index", json={"index_name": "pumps", "documents": DOCS["pumps"]}).status_code == 200
+        tel.latencies.clear()
+        (found,) = call(url, None, ("search", {"query": "pond pump"}))
+    assert not found.is_error and {"embed", "search"} <= tel.latencies.keys()
+
+
 def test_building_the_tools_leaves_the_processs_logging_alone() -> None:
     from ragserve.agent.server import build_mcp_server
 

@@ -4,6 +4,7 @@ over every index named, a missing index named in its 404, and one document fetch
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -182,6 +183,17 @@ def test_a_rag_chat_over_two_indexes_answers_from_both_within_one_budget(client,
     assert set(q.json()["metadata"]) == {f"{n['index_name']}/{n['node_id']}" for n in q.json()["source_nodes"]}
     one = client.post("/query", json={"index_name": "pumps", "query": SPANNING, "top_k": 2}).json()
     assert set(one["metadata"]) == {n["node_id"] for n in one["source_nodes"]}  # one index: KAITO's keys
+
+
+def test_a_streamed_chat_over_two_indexes_names_each_sources_index(client) -> None:
+    body = {"index_name": ["pumps", "lamps"], "top_k": 4, "stream": True}
+    with client.stream(
+        "POST", "/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": SPANNING}]}
+    ) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    sources = next(e["source_nodes"] for e in events if e.get("source_nodes"))
+    assert {("pumps", "zephyr"), ("lamps", "lumen")} <= {(n["index_name"], n["doc_id"]) for n in sources}
 
 
 def test_one_document_by_id(client) -> None:
