@@ -39,7 +39,7 @@ def validate_index_names(value: str | list[str]) -> str | list[str]:
     if isinstance(value, str):
         return validate_index_name(value)
     if not value:
-        raise ValueError("name at least one index: a name, or a list of 1 to 64 names")
+        raise ValueError(f"name at least one index: a name, or a list of 1 to {MAX_QUERY_INDEXES} names")
     if len(value) > MAX_QUERY_INDEXES:
         raise ValueError(f"{len(value)} indexes named: one query searches at most {MAX_QUERY_INDEXES}")
     return list(dict.fromkeys(validate_index_name(v) for v in value))

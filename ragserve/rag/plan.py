@@ -130,7 +130,8 @@ def split_messages(messages: list[ChatMessage]) -> tuple[str, list[dict[str, Any
 
 
 def unknown_index(name: str) -> NotFoundError:
-    """A chat request naming an index that does not exist: 404, whether the plan or the search finds out."""
+    """A request naming an index that does not exist: the one 404 for it, whether the plan, the search
+    or a lookup by name finds out."""
     return NotFoundError(f"No such index: '{name}' exists.", param="index_name", code="index_not_found")
 
 

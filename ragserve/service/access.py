@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
+from ragserve.api.documents import index_names
 from ragserve.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class Principal:
                 f"this API key has the {self.role.name.lower()} role; the operation needs {role.name.lower()}",
                 code="insufficient_role",
             )
-        for name in () if index is None else (index,) if isinstance(index, str) else index:
+        for name in () if index is None else index_names(index):
             if not self.sees(name):
                 raise ForbiddenError(
                     f"this API key does not grant access to index '{name}'",

@@ -39,6 +39,7 @@ from ragserve.api.stats import IndexStats, ShardStats
 from ragserve.errors import BadRequestError, ConflictError, NotFoundError
 from ragserve.ingest import ChunkingError, DocumentChunker, content_hash, node_id_for
 from ragserve.ports import ShardPool, TextEmbedder
+from ragserve.rag.plan import unknown_index
 from ragserve.service.access import FULL_ACCESS, Principal
 from ragserve.service.retrieval import Retriever
 from ragserve.service.routing import group_by_shard
@@ -115,7 +116,7 @@ class DocumentService:
 
     async def require_index(self, index: str) -> None:
         if not await self.index_exists(index):
-            raise NotFoundError(f"No such index: '{index}' exists.", param="index_name", code="index_not_found")
+            raise unknown_index(index)
 
     async def missing_index(self, indexes: Sequence[str]) -> str | None:
         """The first of ``indexes`` no shard holds, or None when every one exists (asked at once)."""
@@ -484,7 +485,7 @@ class DocumentService:
         holds it. Shards without a part of it are left out of ``shards``."""
         parts = [p for p in await self.pool.call_all(ShardService.index_stats, index) if p is not None]
         if not parts:
-            raise NotFoundError(f"No such index: '{index}' exists.")
+            raise unknown_index(index)
         shards = [ShardStats(**{k: p[k] for k in ShardStats.model_fields}) for p in parts]
         dims = {p["dimension"] for p in parts}
         kinds = {p["index_kind"] for p in parts}

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ragserve.api.documents import index_names
 from ragserve.errors import BadRequestError, ConflictError
 from ragserve.service.routing import shard_for
 from ragserve.store import DocumentWrite, SearchCandidates, SearchHit, Shard, StoredDocument, read_export
@@ -254,7 +255,7 @@ class ShardService:
         shard has no part of holds none). One name alone is what an ingress of the release before
         several indexes per query sends, during a rolling upgrade."""
         found: set[str] = set()
-        for index in [indexes] if isinstance(indexes, str) else indexes:
+        for index in index_names(indexes):
             try:
                 found.update(self._shard.mentioned(index, words))
             except IndexNotFoundError:
