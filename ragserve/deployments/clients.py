@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from ray.serve import metrics
 
+from ragserve import tracing
 from ragserve.api.generation import GenerationDelta, GenerationResult
 from ragserve.api.messages import Message
 from ragserve.api.openai import ChatCompletionChunk, ChatCompletionResponse
@@ -30,6 +31,14 @@ def _reraise(exc: BaseException) -> None:
     if isinstance(inner, ServiceError):
         raise inner from None
     raise exc
+
+
+def traced(**kwargs: Any) -> dict[str, Any]:
+    """``kwargs`` and, with tracing on, ``trace``: the caller's W3C context for the deployment's
+    span of the call (docs/architecture.md §7). Off, nothing is added."""
+    if tracing.ENABLED:
+        kwargs["trace"] = tracing.carrier()
+    return kwargs
 
 
 def query_cache_counters() -> Callable[[bool], None]:
@@ -63,10 +72,12 @@ class HandleEmbedder:
         self._on_lookup = on_lookup
 
     async def embed_documents(self, texts: list[str]) -> np.ndarray:
-        return await self._h.embed_documents.remote(texts)
+        return await self._h.embed_documents.remote(texts, **traced())
 
     async def embed_query(self, text: str) -> np.ndarray:
-        vec, hit = await self._cache.get_or_compute(normalise_query(text), lambda: self._h.embed_query.remote(text))
+        vec, hit = await self._cache.get_or_compute(
+            normalise_query(text), lambda: self._h.embed_query.remote(text, **traced())
+        )
         if self._on_lookup is not None:
             self._on_lookup(hit)
         return vec
@@ -129,14 +140,14 @@ class HandleGenerator:
 
     async def chat(self, messages: Sequence[Message], params: SamplingParams) -> GenerationResult:
         try:
-            return await self._h.chat.remote(list(messages), params)
+            return await self._h.chat.remote(list(messages), params, **traced())
         except Exception as e:
             _reraise(e)
             raise
 
     async def chat_stream(self, messages: Sequence[Message], params: SamplingParams) -> AsyncIterator[GenerationDelta]:
         try:
-            async for delta in self._h.options(stream=True).chat_stream.remote(list(messages), params):
+            async for delta in self._h.options(stream=True).chat_stream.remote(list(messages), params, **traced()):
                 yield delta
         except Exception as e:
             _reraise(e)
@@ -144,7 +155,7 @@ class HandleGenerator:
 
     async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse:
         try:
-            return await self._h.passthrough.remote(body, default_max_tokens)
+            return await self._h.passthrough.remote(body, default_max_tokens, **traced())
         except Exception as e:
             _reraise(e)
             raise
@@ -153,7 +164,9 @@ class HandleGenerator:
         self, body: dict[str, Any], default_max_tokens: int
     ) -> AsyncIterator[ChatCompletionChunk]:
         try:
-            async for chunk in self._h.options(stream=True).passthrough_stream.remote(body, default_max_tokens):
+            async for chunk in self._h.options(stream=True).passthrough_stream.remote(
+                body, default_max_tokens, **traced()
+            ):
                 yield chunk
         except Exception as e:
             _reraise(e)

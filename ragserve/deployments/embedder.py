@@ -10,12 +10,14 @@ them on a worker thread per core, a batch each (``embedding_workers``). Query ve
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 from ray import serve
 from ray.serve import metrics
 
+from ragserve import tracing
 from ragserve.config import Settings, secret
 from ragserve.deployments.common import as_settings, log
 from ragserve.hardware import release_free_memory
@@ -27,6 +29,7 @@ from ragserve.service.cache import TTLCache, normalise_query
 @serve.deployment(name="Embedder", max_ongoing_requests=128, ray_actor_options={"num_cpus": 1})
 class Embedder:
     def __init__(self, settings: Settings | dict[str, Any] | None = None):
+        tracing.configure("embedder")  # on when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
         s = as_settings(settings)
         if s.embedding_url:
             self.model: LocalEmbeddingModel | RemoteEmbeddingModel = RemoteEmbeddingModel(
@@ -64,9 +67,14 @@ class Embedder:
     async def _embed_query_batch(self, texts: list[str]) -> list[np.ndarray]:
         return list(await self._encode(texts, "query"))
 
-    async def embed_query(self, text: str) -> np.ndarray:
+    # ``trace``: the caller's W3C context (``HandleEmbedder``): the call is a span of this replica
+    # (docs/architecture.md §7).
+    async def embed_query(self, text: str, trace: Mapping[str, str] | None = None) -> np.ndarray:
         key = (self.model.model_id, normalise_query(text))
-        vec, hit = await self.cache.get_or_compute(key, lambda: self._encode_query(text))
+        with tracing.remote_span("embedder.embed_query", trace) as span:
+            vec, hit = await self.cache.get_or_compute(key, lambda: self._encode_query(text))
+            if tracing.ENABLED:
+                span.set_attribute("ragserve.cache_hit", hit)
         (self._hits if hit else self._misses).inc()
         return vec
 
@@ -80,8 +88,10 @@ class Embedder:
         finally:
             self._queries_in_flight -= 1
 
-    async def embed_documents(self, texts: list[str]) -> np.ndarray:
-        vecs = await self._encode(texts, "documents")
+    async def embed_documents(self, texts: list[str], trace: Mapping[str, str] | None = None) -> np.ndarray:
+        attributes = {"ragserve.texts": len(texts)} if tracing.ENABLED else None
+        with tracing.remote_span("embedder.embed_documents", trace, attributes):
+            vecs = await self._encode(texts, "documents")
         # a batch of long documents leaves its activations' pages in the C heap: give them back
         await self._workers.run(release_free_memory)
         return vecs

@@ -14,13 +14,14 @@ file's bytes are written by the ingress itself on the shared volume
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 from ray import serve
 
+from ragserve import tracing
 from ragserve.config import Settings
-from ragserve.deployments.clients import HandleEmbedder
+from ragserve.deployments.clients import HandleEmbedder, traced
 from ragserve.deployments.common import as_settings, log, unwrap_error
 from ragserve.deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
 from ragserve.errors import ServiceError
@@ -61,6 +62,7 @@ def check_call(target: str, method: str) -> None:
 )
 class Ingestion:
     async def __init__(self, embedder: Any, settings: Settings | dict[str, Any] | None = None):  # type: ignore[misc]
+        tracing.configure("ingestion")  # on when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
         s = as_settings(settings)
         info = await embedder.info.remote()
         tokenizer = await embedder.tokenizer.remote()
@@ -77,9 +79,14 @@ class Ingestion:
         await self.core.start()
         log.info("ingestion ready: job_concurrency=%d storage=%s", s.job_concurrency, s.storage_dir)
 
-    async def call(self, target: str, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def call(
+        self, target: str, method: str, *args: Any, trace: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> Any:
+        """``target.method(*args, **kwargs)``; ``trace``: the ingress's W3C context, for this call's
+        span (``ingestion.<target>.<method>``, docs/architecture.md §7)."""
         check_call(target, method)
-        return await getattr(getattr(self.core, target), method)(*args, **kwargs)
+        with tracing.remote_span(f"ingestion.{target}.{method}", trace):
+            return await getattr(getattr(self.core, target), method)(*args, **kwargs)
 
     async def check_health(self) -> None:
         runner = self.core.runner
@@ -104,7 +111,7 @@ class _Forward:
 
         async def forward(*args: Any, **kwargs: Any) -> Any:
             try:
-                return await self._handle.call.remote(self._target, method, *args, **kwargs)
+                return await self._handle.call.remote(self._target, method, *args, **traced(**kwargs))
             except Exception as e:
                 inner = unwrap_error(e)
                 if isinstance(inner, ServiceError):

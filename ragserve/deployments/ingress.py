@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from ray import serve
 
+from ragserve import tracing
 from ragserve.config import Settings
 from ragserve.deployments.clients import HandleEmbedder, HandleGenerator, query_cache_counters
 from ragserve.deployments.common import as_settings, log, proxy_host
@@ -37,6 +38,7 @@ class Ingress:
         settings: Settings | dict[str, Any] | None = None,
         ingestion: Any = None,
     ):
+        tracing.configure("ingress")  # on when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
         self.settings = s = as_settings(settings)
         check_exposure(await proxy_host(), bool(s.api_keys), s.allow_unauthenticated)
         info = await embedder.info.remote()

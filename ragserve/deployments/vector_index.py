@@ -18,17 +18,28 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import ray
 
+from ragserve import tracing
 from ragserve.config import Settings
 from ragserve.deployments.common import log
 from ragserve.deployments.shard_metrics import start_size_gauges
-from ragserve.service.shard_service import SHARD_CODE, ShardService, check_layout, shard_method_name, vector_options
+from ragserve.service.shard_service import (
+    SHARD_CODE,
+    ShardService,
+    check_layout,
+    shard_method_name,
+    traced_call,
+    vector_options,
+)
 
 SHARD_NAMESPACE = "ragserve"
+#: What a shard actor of this code answers as its ``code``: ``SHARD_CODE`` and the methods only the
+#: actor adds (an actor started before ``traced`` existed is replaced like one of another class).
+ACTOR_CODE = f"{SHARD_CODE}+node_id,traced"
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -38,11 +49,21 @@ class ShardActor(ShardService):
     """A shard in a Ray actor; adds what only Ray can tell."""
 
     def __init__(self, *args: Any, **kwargs: Any):
+        tracing.configure("shard")  # on when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
         super().__init__(*args, **kwargs)
         start_size_gauges(self)  # ray_ragserve_shard_documents/_chunks for the dashboard
 
+    def open_options(self) -> dict[str, Any]:
+        return {**super().open_options(), "code": ACTOR_CODE}
+
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
+
+    def traced(self, method: str, trace: Mapping[str, str] | None, *args: Any, **kwargs: Any) -> Any:
+        """The ``ShardService`` method named ``method`` in its span ``shard.<method>``, a child of the
+        caller's span (``trace``, its W3C carrier): what ``RayShardPool.call`` calls with tracing on
+        (docs/architecture.md §7)."""
+        return traced_call(self, method, trace, *args, **kwargs)
 
 
 def shard_actor_name(settings: Settings, index: int) -> str:
@@ -85,7 +106,7 @@ def get_or_create_shards(settings: Settings) -> list[Any]:
 async def reconcile_shards(settings: Settings, actors: list[Any], timeout_s: float = 60.0) -> list[Any]:
     """``actors`` with every shard opened under other vector options replaced by one opened under
     ``settings`` (killed, its name waited free, created again; it reopens the same files)."""
-    want = {**shard_open_options(settings), "code": SHARD_CODE}
+    want = {**shard_open_options(settings), "code": ACTOR_CODE}
     have = await asyncio.gather(*(a.open_options.remote() for a in actors))
     out = list(actors)
     for i, opened in enumerate(have):
@@ -126,7 +147,10 @@ class RayShardPool:
     async def call(
         self, shard: int, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> R:
-        return await getattr(self._actors[shard], shard_method_name(method)).remote(*args, **kwargs)
+        name = shard_method_name(method)
+        if tracing.ENABLED:  # the actor opens shard.<name> under the caller's span
+            return await self._actors[shard].traced.remote(name, tracing.carrier(), *args, **kwargs)
+        return await getattr(self._actors[shard], name).remote(*args, **kwargs)
 
     async def call_all(
         self, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs

@@ -24,6 +24,7 @@ from ragserve.http.routes.probes import probes_router
 from ragserve.http.routes.vector_stores import vector_stores_router
 from ragserve.http.security import ApiKeyMiddleware
 from ragserve.http.telemetry import RequestCountingMiddleware
+from ragserve.http.tracing import TracingMiddleware
 from ragserve.service.wiring import Services
 
 
@@ -58,7 +59,8 @@ def create_app(services: Services) -> FastAPI:
         app.add_middleware(
             ApiKeyMiddleware, keys=credentials, on_reject=lambda reason: tel.request("unauthenticated", 401, "", reason)
         )
-    app.add_middleware(RequestCountingMiddleware, telemetry=tel)  # outermost: sees every response
+    app.add_middleware(RequestCountingMiddleware, telemetry=tel)  # sees every response
+    app.add_middleware(TracingMiddleware)  # outermost: its span covers the others (docs/architecture.md §7)
     install_error_handlers(app, tel)
     app.include_router(openai_router(services))
     app.include_router(files_router(services))

@@ -23,10 +23,13 @@ import os
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
+from opentelemetry.trace import Span, SpanKind
 from pydantic import ValidationError
 
+from ragserve import tracing
 from ragserve.api.generation import GenerationDelta, GenerationResult
 from ragserve.api.messages import Message, message_text
 from ragserve.api.openai import ChatCompletionChunk, ChatCompletionResponse
@@ -280,13 +283,60 @@ class OpenAIEngine(GenerationEngine):
         message, type_, body = _error_message(status, reason, text)
         return EngineError(status, message, type_=type_ or "upstream_error", body=body)
 
+    def _client_span(self, body: dict[str, Any]) -> Span | None:
+        """The CLIENT span of one request to the upstream (GenAI and HTTP semantic conventions); its
+        ``traceparent`` goes with the request (docs/architecture.md §7). None with tracing off."""
+        if not tracing.ENABLED:
+            return None
+        model = tracing.bounded(str(body.get("model") or self.model_id))
+        url = urlsplit(self.base_url)
+        return tracing.start(
+            f"chat {model}",
+            {
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": model,
+                "gen_ai.request.max_tokens": body.get("max_completion_tokens") or body.get("max_tokens"),
+                "http.request.method": "POST",
+                "server.address": url.hostname or "",
+                "server.port": url.port or 0,
+                "ragserve.stream": bool(body.get("stream")),
+            },
+            SpanKind.CLIENT,
+        )
+
     async def _post_json(self, body: dict[str, Any]) -> dict[str, Any]:
+        span = self._client_span(body)
+        if span is None:
+            return await self._post_json_traced(body, None)
         try:
-            async with self._http().post(self._url("/chat/completions"), json=body) as response:
+            data = await self._post_json_traced(body, span)
+            usage = data["usage"] if isinstance(data.get("usage"), dict) else {}
+            tracing.set_attributes(
+                span,
+                {
+                    "gen_ai.response.model": tracing.bounded(str(data.get("model") or "")) or None,
+                    "gen_ai.usage.input_tokens": usage.get("prompt_tokens"),
+                    "gen_ai.usage.output_tokens": usage.get("completion_tokens"),
+                },
+            )
+            return data
+        except BaseException as e:
+            tracing.failed(span, e)
+            raise
+        finally:
+            span.end()
+
+    async def _post_json_traced(self, body: dict[str, Any], span: Span | None) -> dict[str, Any]:
+        try:
+            headers = tracing.carrier(span) if span is not None else None
+            async with self._http().post(self._url("/chat/completions"), json=body, headers=headers) as response:
                 raw = await response.read()
                 status, reason = response.status, response.reason
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._transport_error(exc) from exc
+        if span is not None:
+            span.set_attribute("http.response.status_code", status)
         text = raw.decode("utf-8", errors="replace")
         if status >= 400:
             raise self._http_error(status, reason, text)
@@ -304,8 +354,12 @@ class OpenAIEngine(GenerationEngine):
         """The upstream's SSE events as dicts, up to ``[DONE]``. Leaving early closes the response,
         which drops the connection, so the upstream stops generating."""
         finished = False
+        span = self._client_span(body)  # ended with the stream, in the finally below
         try:
-            async with self._http().post(self._url("/chat/completions"), json=body) as response:
+            headers = tracing.carrier(span) if span is not None else None
+            async with self._http().post(self._url("/chat/completions"), json=body, headers=headers) as response:
+                if span is not None:
+                    span.set_attribute("http.response.status_code", response.status)
                 if response.status >= 400:
                     text = (await response.read()).decode("utf-8", errors="replace")
                     raise self._http_error(response.status, response.reason, text)
@@ -327,6 +381,8 @@ class OpenAIEngine(GenerationEngine):
                             return
                         chunk = _parse_event(data)
                         finished = finished or _has_finish(chunk)
+                        if span is not None:
+                            _chunk_attributes(span, chunk)
                         yield chunk
                     done = True
                     if data_lines:  # a last event not followed by a blank line
@@ -340,7 +396,16 @@ class OpenAIEngine(GenerationEngine):
                     if not done:
                         response.close()
         except (aiohttp.ClientError, TimeoutError) as exc:
+            if span is not None:
+                tracing.failed(span, exc)
             raise self._transport_error(exc) from exc
+        except BaseException as e:
+            if span is not None:
+                tracing.failed(span, e)
+            raise
+        finally:
+            if span is not None:
+                span.end()
         if not finished:  # a server that omits [DONE] is tolerated once the answer has finished
             raise EngineError(502, "upstream LLM stream ended before the answer finished (no [DONE])")
 
@@ -417,6 +482,21 @@ class OpenAIEngine(GenerationEngine):
         async with contextlib.aclosing(self._stream_chunks(body)) as chunks:
             async for chunk in chunks:
                 yield _validated(ChatCompletionChunk, chunk)
+
+
+def _chunk_attributes(span: Span, chunk: dict[str, Any]) -> None:
+    """A streamed chunk's model and usage (the last chunk's, asked for with ``include_usage``)."""
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        tracing.set_attributes(
+            span,
+            {
+                "gen_ai.usage.input_tokens": usage.get("prompt_tokens"),
+                "gen_ai.usage.output_tokens": usage.get("completion_tokens"),
+            },
+        )
+    if chunk.get("choices") and any(isinstance(c, dict) and c.get("finish_reason") for c in chunk["choices"]):
+        tracing.set_attributes(span, {"gen_ai.response.model": tracing.bounded(str(chunk.get("model") or "")) or None})
 
 
 def body_model(params: SamplingParams, served: str) -> str:

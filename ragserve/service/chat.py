@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ragserve import tracing
 from ragserve.api.documents import (
     Evidence,
     NodeWithScore,
@@ -152,11 +153,14 @@ class ChatService:
         # reports a missing index itself (``_rag``), so the plan assumes the index exists. Only an
         # outcome that will not search (a bypass, a client error) asks the shards, and is decided
         # again knowing, so a missing index is a 404 in the same cases and order as before.
-        decided = plan(request, lambda _name: True)
-        if request.index_name and not isinstance(decided, RagPlan):
-            missing = await self.documents.missing_index(request.indexes)
-            if missing is not None:
-                decided = plan(request, lambda name: name != missing)
+        with tracing.span("rag.plan") as span:
+            decided = plan(request, lambda _name: True)
+            if request.index_name and not isinstance(decided, RagPlan):
+                missing = await self.documents.missing_index(request.indexes)
+                if missing is not None:
+                    decided = plan(request, lambda name: name != missing)
+            if tracing.ENABLED:
+                tracing.set_attributes(span, _plan_attributes(request, decided))
         if isinstance(decided, ServiceError):
             raise decided
         if isinstance(decided, Passthrough):
@@ -234,27 +238,49 @@ class ChatService:
         outcome = ChatOutcome(
             mode="passthrough", reason=reason.value, timings=dict(timings or {}), stats={"prompt_tokens": prompt_tokens}
         )
+        model = str(body.get("model") or self.llm.model_id)
         if stream:
-            outcome.stream = self._relay(self.llm.passthrough_stream(body, max_tokens), outcome)
+            outcome.stream = self._relay(body, max_tokens, model, outcome)
         else:
-            t0 = time.perf_counter()
-            outcome.response = await self.llm.passthrough(body, max_tokens)
-            outcome.timings["generate"] = time.perf_counter() - t0
+            attributes = _llm_attributes(model, max_tokens, stream=False) if tracing.ENABLED else None
+            with tracing.stage("generate", outcome.timings, attributes) as span:
+                outcome.response = await self.llm.passthrough(body, max_tokens)
+                if tracing.ENABLED:
+                    _usage_attributes(span, outcome.response.usage, outcome.response.model)
             _stamp(outcome.response, new_completion_id(), int(time.time()))
         return outcome
 
     async def _relay(
-        self, chunks: AsyncIterator[ChatCompletionChunk], outcome: ChatOutcome
+        self, body: dict[str, Any], max_tokens: int, model: str, outcome: ChatOutcome
     ) -> AsyncGenerator[ChatCompletionChunk, None]:
         t0 = time.perf_counter()
         cid, created = new_completion_id(), int(time.time())
+        # the stream's span is current only while the next chunk is awaited (tracing.within)
+        span = (
+            tracing.start("llm.generate", _llm_attributes(model, max_tokens, stream=True)) if tracing.ENABLED else None
+        )
+        chunks: AsyncIterator[ChatCompletionChunk] = self.llm.passthrough_stream(body, max_tokens)
+        if span is not None:
+            chunks = tracing.within(span, chunks)
+        first, usage = True, None
         try:
             async for chunk in chunks:
+                if first and span is not None:
+                    span.set_attribute(TTFT, time.perf_counter() - t0)
+                first = False
+                usage = chunk.usage or usage
                 _stamp(chunk, cid, created)
                 yield chunk
+        except BaseException as e:
+            if span is not None:
+                tracing.failed(span, e)
+            raise
         finally:
             outcome.timings["generate"] = time.perf_counter() - t0
             await _close(chunks)
+            if span is not None:
+                _usage_attributes(span, usage, None)
+                span.end()
 
     # --- RAG ----------------------------------------------------------------------------------
     def _threshold(self, requested: float | None) -> float:
@@ -316,22 +342,31 @@ class ChatService:
             return self._with_rag(
                 await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings), rag
             )
-        t_fit = time.perf_counter()
-        result = await self._fit(
-            system=p.system,
-            history=p.history,
-            query=p.query,
-            nodes=nodes,
-            requested=request.requested_max_tokens(),
-            threshold=threshold,
-            ratio=p.params.context_token_ratio,
-            max_tokens_param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
-            max_context_tokens=size.cap if size is not None else None,
-        )
-        timings["fit"] = time.perf_counter() - t_fit  # token counting and prompt assembly
-        t_evidence = time.perf_counter()
-        assessment = await self._assess(p.params.indexes, rag.query, result.nodes_used, asked=p.query)
-        timings["evidence"] = time.perf_counter() - t_evidence
+        with tracing.stage("fit", timings) as fit_span:  # token counting and prompt assembly
+            result = await self._fit(
+                system=p.system,
+                history=p.history,
+                query=p.query,
+                nodes=nodes,
+                requested=request.requested_max_tokens(),
+                threshold=threshold,
+                ratio=p.params.context_token_ratio,
+                max_tokens_param="max_completion_tokens" if request.max_completion_tokens else "max_tokens",
+                max_context_tokens=size.cap if size is not None else None,
+            )
+            if tracing.ENABLED:
+                tracing.set_attributes(
+                    fit_span,
+                    {
+                        "ragserve.nodes_used": len(result.nodes_used),
+                        "ragserve.context_tokens": result.context_tokens,
+                        "ragserve.history_tokens": result.history_tokens,
+                        "ragserve.history_dropped": result.history_dropped,
+                        "gen_ai.request.max_tokens": result.max_tokens,
+                    },
+                )
+        with tracing.stage("evidence", timings):
+            assessment = await self._assess(p.params.indexes, rag.query, result.nodes_used, asked=p.query)
         if not self._answerable(result.nodes_used, assessment):
             return self._not_covered(closest(result.nodes_used), rag, request, timings)
         shown = self._shown(assessment)
@@ -359,9 +394,11 @@ class ChatService:
                 result.messages, sampling, result.nodes_used, include_usage, outcome, footer
             )
             return outcome
-        t0 = time.perf_counter()
-        answer = await self.llm.chat(result.messages, sampling)
-        outcome.timings["generate"] = time.perf_counter() - t0
+        attributes = _llm_attributes(self.llm.model_id, sampling.max_tokens, stream=False) if tracing.ENABLED else None
+        with tracing.stage("generate", outcome.timings, attributes) as span:
+            answer = await self.llm.chat(result.messages, sampling)
+            if tracing.ENABLED:
+                _usage_attributes(span, UsageInfo.of(answer.prompt_tokens, answer.completion_tokens), answer.model)
         citations, invalid = parse_citations(answer.text, result.nodes_used)
         text = answer.text + (sources_footer(result.nodes_used, citations) if footer else "")
         outcome.response = ChatCompletionResponse(
@@ -547,9 +584,8 @@ class ChatService:
         # new topic often repeats the old one (docs/quality.md, "Follow-ups")
         refers = bool(previous) and await asyncio.to_thread(refers_back, p.query)
         if rewrite == "llm" and refers:
-            t0 = time.perf_counter()
-            rewritten = await self._rewrite(p)
-            timings["rewrite"] = time.perf_counter() - t0
+            with tracing.stage("rewrite", timings):
+                rewritten = await self._rewrite(p)
             if rewritten:
                 attempts.append((rewritten, "rewritten"))
         if refers:  # text work on a worker thread: earlier turns may be long
@@ -612,19 +648,29 @@ class ChatService:
             return out
 
         t0 = time.perf_counter()
+        # the stream's span is current only while the next delta is awaited (tracing.within)
+        span = (
+            tracing.start("llm.generate", _llm_attributes(model, sampling.max_tokens, stream=True))
+            if tracing.ENABLED
+            else None
+        )
         deltas = aiter(self.llm.chat_stream(messages, sampling))
+        if span is not None:
+            deltas = tracing.within(span, deltas)
         text: list[str] = []
+        usage = None
         try:
             # Wait for the model's first output before the first chunk: an upstream that fails at once
             # becomes an HTTP error status (as in passthrough), not a 200 with an error event.
             first = await anext(deltas, None)
+            if span is not None:
+                span.set_attribute(TTFT, time.perf_counter() - t0)
             model = (first.model if first is not None else None) or model
             head = _stream_chunk(cid, created, model, DeltaMessage(role="assistant", content=""))
             head.source_nodes = sources
             if outcome.rag is not None:
                 head.rag = outcome.rag
             yield head
-            usage = None
             closed = False
             async for d in _prepend(first, deltas):
                 usage = d.usage() or usage
@@ -642,9 +688,54 @@ class ChatService:
                 yield ChatCompletionChunk(
                     id=cid, object="chat.completion.chunk", created=created, model=model, choices=[], usage=usage
                 )
+        except BaseException as e:
+            if span is not None:
+                tracing.failed(span, e)
+            raise
         finally:
             outcome.timings["generate"] = time.perf_counter() - t0
             await _close(deltas)
+            if span is not None:
+                _usage_attributes(span, usage, model)
+                span.end()
+
+
+#: Seconds from the generation's start to its first output, on a stream's ``llm.generate`` span.
+TTFT = "gen_ai.server.time_to_first_token"
+
+
+def _plan_attributes(request: ChatCompletionRequest, decided: object) -> dict[str, Any]:
+    """What ``rag.plan`` decided, for its span: the indexes named (bounded), the mode and the reason
+    of a passthrough; the query itself only with content capture on."""
+    attributes: dict[str, Any] = {"ragserve.index_count": len(request.indexes)}
+    if request.indexes:
+        attributes["ragserve.index"] = tracing.names(request.indexes)
+    if isinstance(decided, Passthrough):
+        attributes["ragserve.rag_mode"] = "passthrough"
+        attributes["ragserve.passthrough_reason"] = decided.reason.value
+    elif isinstance(decided, RagPlan):
+        attributes["ragserve.rag_mode"] = "rag"
+        attributes["ragserve.query"] = tracing.content(decided.query)
+    return attributes
+
+
+def _llm_attributes(model: str, max_tokens: int | None, stream: bool) -> dict[str, Any]:
+    """The GenAI semantic conventions' request attributes of a chat generation."""
+    return {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.request.model": tracing.bounded(model),
+        "gen_ai.request.max_tokens": max_tokens,
+        "ragserve.stream": stream,
+    }
+
+
+def _usage_attributes(span: Any, usage: UsageInfo | None, model: str | None) -> None:
+    """The GenAI usage attributes (and the model that answered) once a generation is done."""
+    attributes: dict[str, Any] = {"gen_ai.response.model": tracing.bounded(model) if model else None}
+    if usage is not None:
+        attributes["gen_ai.usage.input_tokens"] = usage.prompt_tokens
+        attributes["gen_ai.usage.output_tokens"] = usage.completion_tokens
+    tracing.set_attributes(span, attributes)
 
 
 def _stream_chunk(

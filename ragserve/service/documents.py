@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ragserve import tracing
 from ragserve.api.documents import (
     DeleteDocumentsResponse,
     Document,
@@ -178,7 +179,7 @@ class DocumentService:
         """Embed every chunk of ``prepared`` in batches sent concurrently (replicas share the work)."""
         flat = [(p.doc_id, i, t) for p in prepared for i, t in enumerate(p.chunk_texts)]
         batches = [flat[i : i + self.embed_batch] for i in range(0, len(flat), self.embed_batch)]
-        vectors = await asyncio.gather(*(self.embedder.embed_documents([t for _, _, t in b]) for b in batches))
+        vectors = await asyncio.gather(*(self._embed_batch([t for _, _, t in b]) for b in batches))
         out: dict[str, list[ChunkWrite]] = {p.doc_id: [] for p in prepared}
         for batch, vecs in zip(batches, vectors, strict=True):
             for (doc_id, i, text), vec in zip(batch, vecs, strict=True):
@@ -191,6 +192,10 @@ class DocumentService:
                     )
                 )
         return out
+
+    async def _embed_batch(self, texts: list[str]) -> Any:
+        with tracing.span("embedding.documents", {"ragserve.texts": len(texts)} if tracing.ENABLED else None):
+            return await self.embedder.embed_documents(texts)
 
     @staticmethod
     def _as_write(p: _Prepared, chunks: list[ChunkWrite], doc_id: str | None = None) -> DocumentWrite:
@@ -272,9 +277,12 @@ class DocumentService:
         in the request is a 400."""
         self._reject_repeated_ids([d.doc_id for d in docs])
         hashes = [content_hash(d.text, d.metadata) for d in docs]
-        chunk_texts = await asyncio.to_thread(
-            lambda: [self._chunk(d.text, d.metadata, f"documents[{i}]", chunker) for i, d in enumerate(docs)]
-        )
+        with tracing.span("ingest.chunk", {"ragserve.documents": len(docs)} if tracing.ENABLED else None) as span:
+            chunk_texts = await asyncio.to_thread(
+                lambda: [self._chunk(d.text, d.metadata, f"documents[{i}]", chunker) for i, d in enumerate(docs)]
+            )
+            if tracing.ENABLED:
+                span.set_attribute("ragserve.chunks", sum(len(t) for t in chunk_texts))
         existing_by_hash: dict[str, str] = {}
         for part in await self.pool.call_all(ShardService.find_by_hash, index=index, hashes=sorted(set(hashes))):
             existing_by_hash.update(part)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import Concatenate, ParamSpec, TypeVar, cast
 
-from ragserve.service.shard_service import ShardService, shard_method_name
+from ragserve import tracing
+from ragserve.service.shard_service import ShardService, shard_method_name, traced_call
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -34,7 +35,10 @@ class LocalShardPool:
         # Checked and looked up by name on the shard, as the actor pool does across the process
         # boundary, so a pool accepts the same methods and a shard that overrides one behaves the
         # same here and under Ray.
-        bound: Callable[P, R] = getattr(self._shards[shard], shard_method_name(method))
+        name = shard_method_name(method)
+        if tracing.ENABLED:  # in its span shard.<name>, child of the caller's (the thread copies the context)
+            return cast(R, await asyncio.to_thread(traced_call, self._shards[shard], name, None, *args, **kwargs))
+        bound: Callable[P, R] = getattr(self._shards[shard], name)
         return await asyncio.to_thread(bound, *args, **kwargs)
 
     async def call_all(

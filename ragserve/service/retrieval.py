@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ragserve import tracing
 from ragserve.api.documents import NodeWithScore, index_names
 from ragserve.config import Settings
 from ragserve.ports import Reranker, ShardPool, TextEmbedder
@@ -105,45 +105,65 @@ class Retriever:
         query_tokens = asyncio.ensure_future(
             asyncio.to_thread(lambda: lexical_query(query).tokens) if mode != "dense" else _no_tokens()
         )
-        t0 = time.perf_counter()
+        timings: dict[str, float] = {}
         # the encoder reads its first max_seq_length tokens (256 for all-MiniLM-L6-v2; a few
         # thousand for the largest), which lie well inside QUERY_EMBED_CHARS characters; its
         # tokenizer would still split all of a pasted megabyte first (seconds of a worker thread)
-        vector = await self.embedder.embed_query(query[:QUERY_EMBED_CHARS])  # the search tells a missing index
-        t1 = time.perf_counter()
+        with tracing.stage("embed", timings, {"ragserve.query": tracing.content(query)} if tracing.ENABLED else None):
+            vector = await self.embedder.embed_query(query[:QUERY_EMBED_CHARS])  # the search tells a missing index
         # fusion and reranking choose among more than k; a single list, as is, needs only k
         wide = mode == "hybrid" or self.reranker is not None
         depth = max(k, self.options.candidates) if wide else k
-        parts = await self.pool.call_all(
-            ShardService.search_indexes,
-            indexes=list(names),
-            vector=vector,
-            text=query[: MAX_QUERY_CHARS + 1],  # all the lexical parser reads (the +1 tells a word cut at the end)
-            k=depth,
-            mode=mode,
-            metadata_filter=metadata_filter,
-            min_match=self.options.min_match,
-            max_postings=self.options.max_postings,
+        attributes = (
+            {
+                "ragserve.index": tracing.names(names),
+                "ragserve.retrieval_mode": mode,
+                "ragserve.top_k": k,
+                "ragserve.candidates": depth,
+                "ragserve.shards": self.pool.num_shards,
+            }
+            if tracing.ENABLED
+            else None
         )
-        for i, name in enumerate(names):
-            if all(p[i] is None for p in parts):
-                raise unknown_index(name)
-        found = [c for p in parts for c in p if c is not None]
-        fuse = functools.partial(
-            fuse_candidates,
-            [p.dense for p in found],
-            [p.lexical for p in found],
-            depth if self.reranker is not None else k,
-            self.options.fusion,
-            await query_tokens,
-        )
-        # a few hundred candidates fuse in well under a millisecond; many indexes with a large k
-        # bring tens of thousands (k of each list of each index on each shard): off the event loop
-        hits = sum(len(p.dense) + len(p.lexical) for p in found)
-        nodes = await asyncio.to_thread(fuse) if hits > FUSE_INLINE_HITS else fuse()
-        t2 = time.perf_counter()
-        timings = {"embed": t1 - t0, "search": t2 - t1}
+        with tracing.stage("search", timings, attributes) as span:  # the shards' spans are its children
+            parts = await self.pool.call_all(
+                ShardService.search_indexes,
+                indexes=list(names),
+                vector=vector,
+                text=query[: MAX_QUERY_CHARS + 1],  # all the lexical parser reads (the +1 tells a word cut at the end)
+                k=depth,
+                mode=mode,
+                metadata_filter=metadata_filter,
+                min_match=self.options.min_match,
+                max_postings=self.options.max_postings,
+            )
+            for i, name in enumerate(names):
+                if all(p[i] is None for p in parts):
+                    raise unknown_index(name)
+            found = [c for p in parts for c in p if c is not None]
+            fuse = functools.partial(
+                fuse_candidates,
+                [p.dense for p in found],
+                [p.lexical for p in found],
+                depth if self.reranker is not None else k,
+                self.options.fusion,
+                await query_tokens,
+            )
+            # a few hundred candidates fuse in well under a millisecond; many indexes with a large k
+            # bring tens of thousands (k of each list of each index on each shard): off the event loop
+            hits = sum(len(p.dense) + len(p.lexical) for p in found)
+            with tracing.span("retrieval.fuse", {"ragserve.candidates_fused": hits} if tracing.ENABLED else None):
+                nodes = await asyncio.to_thread(fuse) if hits > FUSE_INLINE_HITS else fuse()
+            if tracing.ENABLED:
+                tracing.set_attributes(span, _found_attributes(nodes))
         if self.reranker is not None and nodes:
-            nodes = (await rerank(self.reranker, query, nodes))[:k]
-            timings["rerank"] = time.perf_counter() - t2
+            with tracing.stage("rerank", timings) as span:
+                nodes = (await rerank(self.reranker, query, nodes))[:k]
+                if tracing.ENABLED:
+                    tracing.set_attributes(span, _found_attributes(nodes))
         return nodes, timings
+
+
+def _found_attributes(nodes: list[NodeWithScore]) -> dict[str, Any]:
+    """How many nodes a search returned and the best one's score, for its span."""
+    return {"ragserve.nodes_returned": len(nodes), "ragserve.top_score": nodes[0].score if nodes else None}

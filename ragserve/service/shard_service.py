@@ -18,12 +18,13 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ragserve import tracing
 from ragserve.api.documents import index_names
 from ragserve.errors import BadRequestError, ConflictError
 from ragserve.service.routing import shard_for
@@ -391,3 +392,26 @@ def shard_method_name(method: Callable[..., Any]) -> str:
     if not name or name.startswith("_") or getattr(ShardService, name, None) is not method:
         raise TypeError(f"{method!r} is not a ShardService method; pass one, e.g. ShardService.search")
     return name
+
+
+def traced_call(shard: ShardService, name: str, trace: Mapping[str, str] | None, *args: Any, **kwargs: Any) -> Any:
+    """``shard``'s method ``name`` (a public method of ``ShardService`` itself, checked by name as
+    ``shard_method_name`` checks a method) called in its span ``shard.<name>``: a child of ``trace``,
+    the caller's context carried across a process (a shard actor), or of the current span (a shard
+    in this process); docs/architecture.md §7. Only index names are attributes, bounded."""
+    if name.startswith("_") or not callable(getattr(ShardService, name, None)):
+        raise TypeError(f"{name!r} is not a ShardService method")
+    if not tracing.ENABLED:
+        return getattr(shard, name)(*args, **kwargs)
+    attributes: dict[str, Any] = {"ragserve.shard": shard.shard_index}
+    if isinstance(kwargs.get("index"), str):
+        attributes["ragserve.index"] = tracing.names([kwargs["index"]])
+    elif isinstance(kwargs.get("indexes"), list):
+        attributes["ragserve.index"] = tracing.names(kwargs["indexes"])
+    if isinstance(kwargs.get("docs"), list):
+        attributes["ragserve.documents"] = len(kwargs["docs"])
+    with tracing.remote_span(f"shard.{name}", trace, attributes) as span:
+        out = getattr(shard, name)(*args, **kwargs)
+        if name == "search_indexes":
+            span.set_attribute("ragserve.hits", sum(len(c.dense) + len(c.lexical) for c in out if c is not None))
+        return out

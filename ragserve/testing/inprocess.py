@@ -13,6 +13,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from ragserve import tracing
 from ragserve.config import Settings
 from ragserve.http import create_app
 from ragserve.models.engine import GenerationEngine
@@ -76,6 +77,7 @@ def inprocess_app(
             **settings,
         },
     )
+    tracing.configure("inprocess")  # on when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
     check_layout(s.storage_dir, s.num_shards)
     pool = LocalShardPool([ShardService(s.storage_dir, i, s.num_shards) for i in range(s.num_shards)])
     llm = EngineClient(engine or OpenAIEngine(str(s.llm_url), s.llm_model or "fake-model", None, s.llm_timeout_s))

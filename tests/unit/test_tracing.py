@@ -1,0 +1,130 @@
+"""``ragserve.tracing`` (docs/architecture.md §7, "Traces"): on only when an OTLP endpoint is set,
+the SDK's own environment handling (resource, sampler), propagation through a carrier, and an off
+path that costs next to nothing."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import INVALID_SPAN
+
+from ragserve import tracing
+
+OTEL_ENVS = (*tracing.ENDPOINT_ENVS, "OTEL_SDK_DISABLED", "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES")
+
+
+@pytest.fixture(autouse=True)
+def clean(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for k in (*OTEL_ENVS, "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", tracing.CONTENT_ENV):
+        monkeypatch.delenv(k, raising=False)
+    tracing.shutdown()
+    yield
+    tracing.shutdown()
+
+
+def test_off_without_an_endpoint_and_when_the_sdk_is_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert not tracing.configure("ingress") and not tracing.ENABLED
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert not tracing.configure("ingress")
+    monkeypatch.delenv("OTEL_SDK_DISABLED")
+    assert tracing.configure("ingress") and tracing.ENABLED
+    assert tracing.configure("shard") and tracing.process() == "ingress"  # idempotent: the first stays
+
+
+def test_either_endpoint_variable_turns_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    assert tracing.configure("generator")
+
+
+def test_resource_reads_the_standard_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    exporter = InMemorySpanExporter()
+    tracing.configure("shard", exporter)
+    with tracing.span("x"):
+        pass
+    resource = exporter.get_finished_spans()[0].resource.attributes
+    assert resource["service.name"] == "ragserve" and resource["ragserve.process"] == "shard"
+    assert isinstance(resource["process.pid"], int)
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "rag-prod")
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=staging")
+    exporter = InMemorySpanExporter()
+    tracing.configure("ingress", exporter)
+    with tracing.span("x"):
+        pass
+    resource = exporter.get_finished_spans()[0].resource.attributes
+    assert resource["service.name"] == "rag-prod" and resource["deployment.environment.name"] == "staging"
+
+
+def test_sampler_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    exporter = InMemorySpanExporter()
+    tracing.configure("ingress", exporter)
+    with tracing.span("x") as s:
+        assert not s.is_recording()
+    assert exporter.get_finished_spans() == ()
+
+
+def test_a_carrier_parents_the_remote_span() -> None:
+    exporter = InMemorySpanExporter()
+    tracing.configure("ingress", exporter)
+    with tracing.span("caller") as caller:
+        carried = tracing.carrier()
+    assert carried is not None and set(carried) == {"traceparent"}
+    with tracing.remote_span("callee", carried):
+        pass
+    callee = next(s for s in exporter.get_finished_spans() if s.name == "callee")
+    assert callee.parent is not None and callee.parent.span_id == caller.get_span_context().span_id
+    assert callee.context.trace_id == caller.get_span_context().trace_id
+
+
+def test_stage_times_the_stage_and_records_a_failure() -> None:
+    exporter = InMemorySpanExporter()
+    tracing.configure("ingress", exporter)
+    timings: dict[str, float] = {}
+    with pytest.raises(ValueError), tracing.stage("search", timings):
+        time.sleep(0.01)
+        raise ValueError("boom")
+    assert timings["search"] >= 0.01
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "retrieval.search" and not span.status.is_ok and span.events[0].name == "exception"
+
+
+def test_a_broken_exporter_setting_leaves_tracing_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://127.0.0.1:9/v1/traces")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "not-a-number")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "not-a-number")
+    tracing.configure("ingress")  # whatever the SDK makes of it, it does not raise
+    with tracing.stage("embed", {}):
+        pass
+
+
+def test_attributes_from_user_input_are_bounded() -> None:
+    assert len(tracing.names([f"index-{i}" * 40 for i in range(100)])) == tracing.MAX_NAMES
+    assert all(len(n) <= 64 for n in tracing.names(["x" * 1000]))
+    assert len(tracing.bounded("y" * 10_000)) == tracing.MAX_ATTRIBUTE_CHARS
+    assert tracing.content("secret question") is None  # capture is off by default
+
+
+def test_off_path_costs_microseconds() -> None:
+    """What a request pays with tracing off: the stages and spans it opens, a carrier per Ray hop
+    (none made), about 15 helper calls in all. Under a microsecond each here; the bound is loose
+    for a shared, noisy machine."""
+    assert not tracing.ENABLED
+    timings: dict[str, float] = {}
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        for stage in ("embed", "search", "fit", "evidence", "generate"):
+            with tracing.stage(stage, timings):
+                pass
+        for name in ("rag.plan", "retrieval.fuse"):
+            with tracing.span(name):
+                pass
+        for _ in range(4):
+            assert tracing.carrier() is None
+        assert tracing.start("llm.generate") is INVALID_SPAN
+    per_request_us = (time.perf_counter() - t0) / n * 1e6
+    assert per_request_us < 20, per_request_us
