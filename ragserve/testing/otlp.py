@@ -1,5 +1,6 @@
 """An OTLP/HTTP trace receiver for tests and benchmarks: what a collector at ``/v1/traces`` is
 told, parsed with the ``opentelemetry-proto`` messages, and a renderer of one trace as a tree.
+``python -m ragserve.testing.otlp PORT`` runs one in a process of its own.
 
 Point ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` at :attr:`OTLPReceiver.endpoint`; every export the
 processes send lands in :attr:`OTLPReceiver.spans` (one :class:`ReceivedSpan` per span, with its
@@ -9,6 +10,8 @@ resource's attributes, so which process made it is known).
 from __future__ import annotations
 
 import gzip
+import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -87,6 +90,7 @@ class OTLPReceiver:
     loopback port, in a thread; use as a context manager."""
 
     host: str = "127.0.0.1"
+    port: int = 0
     spans: list[ReceivedSpan] = field(default_factory=list)
     requests: int = 0
     _server: ThreadingHTTPServer | None = None
@@ -121,10 +125,19 @@ class OTLPReceiver:
                 self.end_headers()
                 self.wfile.write(reply)
 
+            def do_GET(self) -> None:  # the count of spans received, for a receiver in another process
+                with receiver._lock:
+                    body = json.dumps({"spans": len(receiver.spans), "requests": receiver.requests}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer((self.host, 0), Handler)
+        self._server = ThreadingHTTPServer((self.host, self.port), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
@@ -170,3 +183,15 @@ def render_tree(spans: list[ReceivedSpan]) -> str:
 
     walk("", 0)
     return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+    """``python -m ragserve.testing.otlp PORT``: a receiver in a process of its own (as a collector
+    would be), serving until killed; ``GET /`` answers how many spans it has received."""
+    with OTLPReceiver(port=int(argv[0])):
+        print("ready", flush=True)
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
