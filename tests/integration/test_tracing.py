@@ -186,3 +186,45 @@ def test_rag_chat_is_one_trace_across_ingress_shards_and_generator(
     text = " ".join(f"{v}" for s in spans for v in s.attributes.values())
     assert "warranty" not in text.lower() and "ragserve.query" not in {k for s in spans for k in s.attributes}
     assert all(s.resource["service.name"] == "ragserve-test" for s in spans)
+
+
+def test_streamed_chat_traces_the_generator_stream(
+    client: httpx.Client, receiver: OTLPReceiver, upstream: FakeOpenAI
+) -> None:
+    upstream.reset()
+    trace_id, span_id, header = client_traceparent()
+    body = {"messages": [{"role": "user", "content": QUESTION}], "index_name": "kb", "max_tokens": 32, "stream": True}
+    with client.stream("POST", "/v1/chat/completions", json=body, headers={"traceparent": header}) as r:
+        assert r.status_code == 200
+        assert r.headers["traceparent"].split("-")[1] == trace_id
+        text = "".join(r.iter_text())
+    assert text.rstrip().endswith("data: [DONE]")
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        return {"POST /v1/chat/completions", "generator.chat_stream", "chat upstream-model"} <= {s.name for s in spans}
+
+    spans = receiver.wait_for(trace_id, complete)
+    root = check_parented(spans, span_id)
+    ids = by_id(spans)
+    (generate,) = spans_named(spans, "llm.generate")
+    assert generate.parent_id == root.span_id and generate.attributes["ragserve.stream"] is True
+    assert 0 < generate.attributes["gen_ai.server.time_to_first_token"] <= generate.duration_ms / 1000
+    (replica,) = spans_named(spans, "generator.chat_stream")
+    assert replica.process == "generator" and replica.parent_id == generate.span_id
+    (upstream_call,) = spans_named(spans, "chat upstream-model")
+    assert ids[upstream_call.parent_id] is replica and upstream_call.end_ns <= replica.end_ns
+    assert upstream.request_headers[-1]["traceparent"].split("-")[2] == upstream_call.span_id
+
+
+def test_calls_of_the_ingestion_deployment_join_the_trace(client: httpx.Client, receiver: OTLPReceiver) -> None:
+    trace_id, span_id, header = client_traceparent()
+    r = client.get("/v1/vector_stores", headers={"traceparent": header})
+    assert r.status_code == 200, r.text
+
+    def complete(spans: list[ReceivedSpan]) -> bool:
+        return any(s.process == "ingestion" for s in spans) and any(s.name == "GET /v1/vector_stores" for s in spans)
+
+    spans = receiver.wait_for(trace_id, complete)
+    root = check_parented(spans, span_id)
+    (call,) = [s for s in spans if s.process == "ingestion"]
+    assert call.name.startswith("ingestion.vector_stores.") and call.parent_id == root.span_id

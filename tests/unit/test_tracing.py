@@ -128,3 +128,11 @@ def test_off_path_costs_microseconds() -> None:
         assert tracing.start("llm.generate") is INVALID_SPAN
     per_request_us = (time.perf_counter() - t0) / n * 1e6
     assert per_request_us < 20, per_request_us
+
+
+def test_content_capture_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    tracing.configure("ingress", InMemorySpanExporter())
+    assert not tracing.CONTENT and tracing.content("q") is None
+    monkeypatch.setenv(tracing.CONTENT_ENV, "true")
+    tracing.configure("ingress", InMemorySpanExporter())
+    assert tracing.CONTENT and tracing.content("q" * 5000) == "q" * 1023 + "…"
