@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from ragserve import tracing
 from ragserve.errors import BadRequestError, ConflictError, NotFoundError, ServiceError
 from ragserve.jobs.store import Job, JobItem, JobStore
 from ragserve.jobs.webhook import WebhookNotifier, set_from_any_thread
@@ -187,7 +188,10 @@ class JobRunner:
     async def _run(self, job: Job, item: JobItem) -> None:
         renewer = asyncio.create_task(self._renew(item))
         try:
-            result = await self._handler(job, item)
+            # each item's run is a trace of its own (docs/architecture.md §7): its chunking,
+            # embedding and shard writes are its children
+            with tracing.span("job.item", _span_attributes(job, item) if tracing.ENABLED else None):
+                result = await self._handler(job, item)
         except ServiceError as e:
             code = _text(str(e.code)) if e.code is not None else type(e).__name__
             await self._record(job, item, None, {"code": code or type(e).__name__, "message": _text(e.message)})
@@ -230,6 +234,16 @@ class JobRunner:
             if not held:
                 log.warning("job %s item %r: its lease was lost while it ran", item.job_id, item.key)
                 return
+
+
+def _span_attributes(job: Job, item: JobItem) -> dict[str, Any]:
+    return {
+        "ragserve.job_id": job.id,
+        "ragserve.job_kind": job.kind,
+        "ragserve.index": tracing.names([job.index]),
+        "ragserve.job_item": item.seq,
+        "ragserve.job_attempt": item.attempts,
+    }
 
 
 def _text(value: str) -> str:

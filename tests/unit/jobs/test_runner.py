@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from ragserve import tracing
 from ragserve.errors import BadRequestError, ServiceError
 from ragserve.jobs.runner import INTERNAL_MESSAGE, JobRunner
 from ragserve.jobs.store import Job, JobCounts, JobItem, JobStore
@@ -278,3 +279,36 @@ def test_a_runner_refuses_nonsense_settings(store: JobStore) -> None:
     for kwargs in ({"concurrency": 0}, {"lease_s": 0}, {"poll_s": -1}, {"max_attempts": 0}):
         with pytest.raises(ValueError):
             JobRunner(store, echo, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_each_item_run_is_a_trace_of_its_own(store: JobStore) -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    async def handler(job: Job, item: JobItem) -> Mapping[str, Any]:
+        with tracing.span("inner"):
+            if item.key == "f1":
+                raise NoSuchFile("no such file")
+        return {}
+
+    exporter = InMemorySpanExporter()
+    tracing.configure("ingestion", exporter)
+    try:
+        job = store.create("index_documents", "docs", keys(2))
+        runner = JobRunner(store, handler, poll_s=0.05)
+        await runner.start()
+        try:
+            await runner.wait(job.id, timeout_s=5)
+        finally:
+            await runner.stop()
+    finally:
+        tracing.shutdown()
+    spans = exporter.get_finished_spans()
+    items = [s for s in spans if s.name == "job.item"]
+    assert len(items) == 2 and all(s.parent is None for s in items)
+    assert len({s.context.trace_id for s in items}) == 2
+    assert {s.attributes["ragserve.job_id"] for s in items} == {job.id}
+    assert {s.attributes["ragserve.index"] for s in items} == {("docs",)}
+    failed = next(s for s in items if s.attributes["ragserve.job_item"] == 1)
+    assert not failed.status.is_ok
+    inner = [s for s in spans if s.name == "inner"]
+    assert {s.parent.span_id for s in inner} == {s.context.span_id for s in items}
