@@ -196,7 +196,11 @@ class ChatService:
             )
         result = await self._with_evidence_hint(result, assessment)
         sampling = req.llm_params.to_sampling_params(result.max_tokens, grounded=result.grounded)
-        answer = await self.llm.chat(result.messages, sampling)
+        attributes = _llm_attributes(self.llm.model_id, sampling.max_tokens, stream=False) if tracing.ENABLED else None
+        with tracing.stage("generate", None, attributes) as span:
+            answer = await self.llm.chat(result.messages, sampling)
+            if tracing.ENABLED:
+                _usage_attributes(span, UsageInfo.of(answer.prompt_tokens, answer.completion_tokens), answer.model)
         return QueryResponse(
             response=answer.text,
             source_nodes=used,

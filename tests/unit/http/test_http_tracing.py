@@ -215,3 +215,46 @@ def test_off_no_spans_no_header(tmp_path, embedder, fake: FakeOpenAI, monkeypatc
         assert r.status_code == 200 and "traceparent" not in r.headers
         assert "traceparent" not in fake.request_headers[-1]  # nothing forwarded either
     assert exporter.get_finished_spans() == ()
+
+
+def test_query_route_traces_retrieval_and_generation(client: TestClient, exporter: InMemorySpanExporter) -> None:
+    exporter.clear()
+    r = client.post("/query", json={"index_name": "kb", "query": QUESTION, "llm_params": {"max_tokens": 16}})
+    assert r.status_code == 200, r.text
+    spans = one_trace(exporter)
+    named = by_name(spans)
+    (root,) = [s for s in spans if s.parent is None]
+    assert root.name == "POST /query"
+    assert parent_of(named["retrieval.search"][0], spans) is root
+    generate = named["llm.generate"][0]
+    assert parent_of(generate, spans) is root and generate.attributes["gen_ai.usage.output_tokens"] > 0
+
+
+def test_an_upstream_failure_marks_the_spans_and_the_server_span_errs(
+    client: TestClient, exporter: InMemorySpanExporter, fake: FakeOpenAI
+) -> None:
+    exporter.clear()
+    fake.fail_next(500)
+    r = chat(client, index_name="kb", max_tokens=16)
+    assert r.status_code >= 500
+    named = by_name(one_trace(exporter))
+    (root,) = named["POST /v1/chat/completions"]
+    assert root.attributes["http.response.status_code"] == r.status_code and not root.status.is_ok
+    assert not named["llm.generate"][0].status.is_ok and not named["chat fake-model"][0].status.is_ok
+    assert named["chat fake-model"][0].attributes["http.response.status_code"] == 500
+
+
+class BrokenExporter(InMemorySpanExporter):
+    def export(self, spans: Any) -> Any:
+        raise RuntimeError("the collector is down")
+
+
+def test_a_failing_exporter_never_fails_a_request(tmp_path, embedder, fake: FakeOpenAI) -> None:
+    tracing.configure("inprocess", BrokenExporter())
+    try:
+        with serve(tmp_path, embedder, fake) as (app, _), TestClient(app) as c:
+            assert c.post("/index", json={"index_name": "kb", "documents": DOCS}).status_code == 200
+            r = chat(c, index_name="kb", max_tokens=16)
+            assert r.status_code == 200 and r.headers["traceparent"]
+    finally:
+        tracing.shutdown()
