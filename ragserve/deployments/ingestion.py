@@ -28,12 +28,18 @@ from ragserve.service.documents import DocumentService
 from ragserve.service.file_store import FILES_DIR, FileStore, SharedFileStore
 from ragserve.service.ingest_jobs import JobService
 from ragserve.service.limits import RequestLimits
+from ragserve.service.usage import UsageBackend, UsageService
 from ragserve.service.vector_stores import VectorStoreService
 from ragserve.service.wiring import Ingestion as IngestionServices
 from ragserve.service.wiring import build_documents, build_ingestion
 
 #: What the ingress may call, by target: the public coroutine methods of each service class.
-TARGETS: dict[str, type] = {"files": FileStore, "jobs": JobService, "vector_stores": VectorStoreService}
+TARGETS: dict[str, type] = {
+    "files": FileStore,
+    "jobs": JobService,
+    "vector_stores": VectorStoreService,
+    "usage": UsageService,  # the usage ledger and limiter: one count for every ingress replica
+}
 
 
 def served_methods(cls: type) -> frozenset[str]:
@@ -129,6 +135,7 @@ def remote_ingestion(handle: Any, settings: Settings) -> Callable[[DocumentServi
             files=SharedFileStore(Path(settings.storage_dir) / FILES_DIR, settings.max_file_bytes, records),
             jobs=cast(JobService, _Forward(handle, "jobs")),
             vector_stores=cast(VectorStoreService, _Forward(handle, "vector_stores")),
+            usage=cast(UsageBackend, _Forward(handle, "usage")),
             runner=None,
         )
 

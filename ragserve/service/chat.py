@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -119,6 +119,7 @@ class ChatOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     rag: RagInfo | None = None  # what retrieval searched with, when it ran
+    usage: UsageInfo | None = None  # a stream's token usage (the engine's), once it has ended
 
 
 def _stamp(body: ChatCompletionResponse | ChatCompletionChunk, cid: str, created: int) -> None:
@@ -163,8 +164,9 @@ class ChatService:
             return await self._passthrough(decided.body, decided.reason, request.stream)
         return await self._rag(decided, request)
 
-    async def query(self, req: QueryRequest) -> QueryResponse:
-        """KAITO's ``/query``: retrieve, answer with the relevant nodes, return both."""
+    async def query(self, req: QueryRequest, on_usage: Callable[[int, int], None] | None = None) -> QueryResponse:
+        """KAITO's ``/query``: retrieve, answer with the relevant nodes, return both. ``on_usage`` is
+        told the answer's prompt and completion tokens (the engine's count), when a model answered."""
         threshold = self._threshold(req.similarity_threshold)
         nodes, _ = await self.documents.retrieve(
             req.indexes, req.query, req.top_k, req.metadata_filter, req.retrieval_mode
@@ -193,6 +195,9 @@ class ChatService:
         result = await self._with_evidence_hint(result, assessment)
         sampling = req.llm_params.to_sampling_params(result.max_tokens, grounded=result.grounded)
         answer = await self.llm.chat(result.messages, sampling)
+        usage = answer.usage()
+        if on_usage is not None and usage is not None:
+            on_usage(usage.prompt_tokens, usage.completion_tokens)
         return QueryResponse(
             response=answer.text,
             source_nodes=used,
@@ -251,6 +256,7 @@ class ChatService:
         try:
             async for chunk in chunks:
                 _stamp(chunk, cid, created)
+                outcome.usage = chunk.usage or outcome.usage
                 yield chunk
         finally:
             outcome.timings["generate"] = time.perf_counter() - t0
@@ -628,6 +634,7 @@ class ChatService:
             closed = False
             async for d in _prepend(first, deltas):
                 usage = d.usage() or usage
+                outcome.usage = usage
                 if d.text:
                     text.append(d.text)
                     yield _stream_chunk(cid, created, model, DeltaMessage(content=d.text))

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragserve.http.telemetry import without_index_labels
+from ragserve.http.telemetry import without_data_labels
 from ragserve.testing.fake_openai import FakeOpenAI
 from ragserve.testing.inprocess import inprocess_app
 
@@ -45,7 +45,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def test_index_series_are_summed_over_the_index_and_the_rest_is_kept() -> None:
     text = node_metrics()
-    out = without_index_labels(text)
+    out = without_data_labels(text)
     assert SECRET not in out and "team-a-docs" not in out and "odd" not in out and 'index="' not in out
     got = samples(out)
     assert got[("ray_ragserve_shard_documents", (("shard", "0"),))] == 7
@@ -54,7 +54,7 @@ def test_index_series_are_summed_over_the_index_and_the_rest_is_kept() -> None:
     unindexed = {k: v for k, v in samples(text).items() if "shard_" not in k[0]}
     assert unindexed and all(got[k] == v for k, v in unindexed.items())  # everything else as it was
     assert "# TYPE ray_ragserve_shard_documents gauge" in out
-    assert without_index_labels(out) == out  # nothing left to sum: the text comes back as it is
+    assert without_data_labels(out) == out  # nothing left to sum: the text comes back as it is
 
 
 def test_a_large_scrape_is_filtered_quickly() -> None:
@@ -66,7 +66,7 @@ def test_a_large_scrape_is_filtered_quickly() -> None:
         gauge.labels(str(i % 4), f"index-{i}").set(i)
     text = generate_latest(registry).decode()
     t0 = time.thread_time()  # CPU time: the shared machine's load does not count
-    out = without_index_labels(text)
+    out = without_data_labels(text)
     assert time.thread_time() - t0 < 2.0
     assert len(samples(out)) == 4
 
@@ -129,5 +129,5 @@ def test_text_the_parser_cannot_read_still_names_no_index() -> None:
         "not a metric line {{{\n"
         'ragserve_y{shard="0"} 3\n'
     )
-    out = without_index_labels(text)
+    out = without_data_labels(text)
     assert "secret" not in out and "other" not in out and 'ragserve_y{shard="0"} 3' in out
