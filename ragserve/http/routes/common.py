@@ -69,11 +69,14 @@ def metered_chat(request: Request, outcome: ChatOutcome) -> None:
         record.query_texts.append(outcome.rag.query)
 
 
-def metered_query(request: Request, query: str) -> None:
-    """A search's query, whose embedding tokens the request used (counted after the response)."""
+def metered_query(request: Request, query: str, index: str | Sequence[str] | None = None) -> None:
+    """A search's query, whose embedding tokens the request used (counted after the response),
+    and the indexes it searched where no ``allow`` named them (the scope was checked elsewhere)."""
     record = usage_of(request)
     if record is not None:
         record.query_texts.append(query)
+        if index is not None:
+            record.indexes = index_names(index)
 
 
 def metered_documents(request: Request, texts: list[str], *, embedded: bool = True) -> None:

@@ -151,7 +151,7 @@ def documents_router(services: Services) -> APIRouter:
         """Scored nodes only, no generation: of one index, or of several as one ranking (`index_name`
         a list; each node names its index)."""
         result, timings = await knowledge(request).retrieve_timed(body)  # reported to the latency metrics there
-        metered_query(request, body.query)
+        metered_query(request, body.query, body.index_name)  # scope checked by ScopedKnowledge
         response.headers["Server-Timing"] = server_timing(timings)
         return result
 
