@@ -1,7 +1,7 @@
 """The Ingestion deployment: the one owner of uploaded files, ingestion jobs, vector stores and the
-usage ledger (``ragserve.service.wiring.Ingestion``), and the job runner (docs/architecture.md §8c,
-§7: every ingress replica admits its limited keys' requests and records usage here, so a rate limit
-is the server's, not a replica's).
+usage ledger (``ragserve.service.wiring.Ingestion``), and the job runner (docs/architecture.md §8c).
+Every ingress replica admits its limited keys' requests and records usage here, so a rate limit is
+the server's, not a replica's (docs/architecture.md §7).
 
 Why a deployment of its own: the ingress scales to many replicas on many nodes, but a job runner
 takes back, when it starts, what a stopped runner left running, and SQLite wants one writer on a

@@ -12,8 +12,6 @@ counting never delays a response and a stream is never cut off.
 
 from __future__ import annotations
 
-import asyncio
-
 from starlette.requests import Request
 
 from ragserve.http.asgi import ASGIApp, ASGIMessage, Receive, Scope, Send
@@ -36,7 +34,6 @@ class UsageMiddleware:
     def __init__(self, app: ASGIApp, meter: UsageMeter):
         self.app = app
         self.meter = meter
-        self._pending: set[asyncio.Task[None]] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = route_path(scope) if scope["type"] == "http" else ""
@@ -68,7 +65,4 @@ class UsageMiddleware:
         try:
             await self.app(scope, receive, metered_send)
         finally:
-            # counted after the response, on a task of its own (a disconnect cancels this one)
-            task = asyncio.get_running_loop().create_task(self.meter.finish(record, failed=not 0 < status < 400))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self.meter.finish_soon(record, failed=not 0 < status < 400)  # after the response

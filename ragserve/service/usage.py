@@ -2,7 +2,8 @@
 
 Three parts, pure (no Ray):
 
-- :class:`UsageLedger`, the durable record: one SQLite file (``<storage_dir>/usage.sqlite3``, WAL)
+- :class:`UsageLedger`, the durable record: one SQLite file (``<storage_dir>/usage.sqlite3``, WAL,
+  ``synchronous=NORMAL``)
   with hourly buckets ``(hour, key, index, metric) → value`` for ``GET /usage`` and the same
   buckets per key alone (``key_usage``: a request over several indexes counted once), which the
   token budget reads. Its limiter :meth:`UsageLedger.admit` counts a request of a limited key in its
@@ -163,6 +164,10 @@ class UsageLedger:
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._conn = connect(path)
+        # NORMAL, not the catalogs' FULL: in WAL mode a commit survives a crash of the process, and
+        # only a power loss may take the last ones back; usage already waits up to a second in the
+        # replicas' buffers, and an fsync per admission would cost a limited key milliseconds a request.
+        self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_DDL)
         self._lock = threading.Lock()
 
@@ -352,6 +357,7 @@ class UsageMeter:
         self._buffer: dict[tuple[str, tuple[str, ...]], Usage] = {}
         self._wake: asyncio.Event | None = None  # made by start, on the loop that serves
         self._task: asyncio.Task[None] | None = None
+        self._finishing: set[asyncio.Task[None]] = set()
 
     async def admit(self, key: str, limits: KeyLimits) -> Decision:
         decision = await self.backend.admit(key, limits)
@@ -368,6 +374,13 @@ class UsageMeter:
         if not failed and (request.query_texts or request.documents):
             await asyncio.to_thread(self._count_texts, request)
         self.add(u, urgent=request.limited)
+
+    def finish_soon(self, request: RequestUsage, *, failed: bool) -> None:
+        """:meth:`finish` on a task of its own (a response's end must not wait for it, and a client
+        that disconnects cancels the request's task, not this one); ``stop`` waits for it."""
+        task = asyncio.get_running_loop().create_task(self.finish(request, failed=failed))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
     def _count_texts(self, request: RequestUsage) -> None:
         u = request.usage
@@ -423,6 +436,8 @@ class UsageMeter:
             self._task = asyncio.get_running_loop().create_task(self._run(self._wake))
 
     async def stop(self) -> None:
+        if self._finishing:  # requests that ended but are not counted yet
+            await asyncio.gather(*self._finishing, return_exceptions=True)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
