@@ -21,6 +21,14 @@ from ragserve.jobs.webhook import validate_webhook_url, webhook_key
 LlmEngineName = Literal["transformers", "vllm", "openai"]
 
 
+#: A key's ``name`` (a metrics label and a ``GET /usage`` row, never the key itself).
+KEY_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+
+
+#: The names usage is metered under where a key has none ("unnamed") or no keys are configured.
+RESERVED_KEY_NAMES = frozenset({"anonymous", "unnamed"})
+
+
 class ScopedKey(BaseModel):
     """An API key limited to some indexes (glob patterns) and a role: ``read`` may retrieve, query,
     chat and list; ``write`` also changes documents; ``admin`` also drops, persists and loads indexes."""
@@ -29,6 +37,21 @@ class ScopedKey(BaseModel):
     key: SecretStr
     indexes: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     role: Literal["read", "write", "admin"] = "read"
+    name: str | None = Field(
+        default=None,
+        pattern=KEY_NAME_PATTERN,
+        description="What usage is metered and reported under (GET /usage, the ragserve_usage_* metrics): "
+        "1 to 64 of A-Z a-z 0-9 . _ -, unique among the keys. None: metered as 'unnamed'.",
+    )
+    requests_per_minute: int | None = Field(
+        default=None, ge=1, description="Requests admitted per UTC minute, across every ingress replica (429 past it)."
+    )
+    tokens_per_day: int | None = Field(
+        default=None,
+        ge=1,
+        description="Prompt, completion and embedding tokens per UTC day; a request is refused (429) once "
+        "what was recorded today reaches it. A request already admitted (a stream) is never cut off.",
+    )
 
 
 QueryEmbeddingSetting = Literal["ingress", "deployment", "auto"]
@@ -366,6 +389,13 @@ class Settings(BaseSettings):
     def _no_empty_keys(cls, keys: list[SecretStr | ScopedKey] | None) -> list[SecretStr | ScopedKey] | None:
         if keys is not None and any(not (k.key if isinstance(k, ScopedKey) else k).get_secret_value() for k in keys):
             raise ValueError("api_keys must not contain empty strings")
+        names = [k.name for k in keys or [] if isinstance(k, ScopedKey) and k.name is not None]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"api_keys: names must be unique (usage is reported by name); repeated: {repeated}")
+        reserved = sorted(set(names) & RESERVED_KEY_NAMES)
+        if reserved:
+            raise ValueError(f"api_keys: the names {reserved} are reserved for keys without a name or without keys")
         return keys or None
 
     @model_validator(mode="after")

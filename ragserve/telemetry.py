@@ -18,6 +18,15 @@ class Telemetry(Protocol):
 
     def upstream_error(self, kind: str) -> None: ...
 
+    def usage(self, key: str, index: str, metric: str, value: int) -> None:
+        """``value`` more of ``metric`` (requests, prompt_tokens, completion_tokens, embedding_tokens,
+        documents, bytes) used by the key named ``key`` on ``index`` ("" for none)."""
+        ...
+
+    def rate_limited(self, key: str, limit: str) -> None:
+        """A request of ``key`` refused (429) by its ``limit``: requests or tokens."""
+        ...
+
 
 class NullTelemetry:
     """Reports nowhere: the default of an application built outside Ray."""
@@ -35,4 +44,10 @@ class NullTelemetry:
         pass
 
     def upstream_error(self, kind: str) -> None:
+        pass
+
+    def usage(self, key: str, index: str, metric: str, value: int) -> None:
+        pass
+
+    def rate_limited(self, key: str, limit: str) -> None:
         pass

@@ -1,5 +1,7 @@
-"""The Ingestion deployment: the one owner of uploaded files, ingestion jobs and vector stores
-(``ragserve.service.wiring.Ingestion``), and the job runner (docs/architecture.md §8c).
+"""The Ingestion deployment: the one owner of uploaded files, ingestion jobs, vector stores and the
+usage ledger (``ragserve.service.wiring.Ingestion``), and the job runner (docs/architecture.md §8c).
+Every ingress replica admits its limited keys' requests and records usage here, so a rate limit is
+the server's, not a replica's (docs/architecture.md §7).
 
 Why a deployment of its own: the ingress scales to many replicas on many nodes, but a job runner
 takes back, when it starts, what a stopped runner left running, and SQLite wants one writer on a
@@ -29,12 +31,18 @@ from ragserve.service.documents import DocumentService
 from ragserve.service.file_store import FILES_DIR, FileStore, SharedFileStore
 from ragserve.service.ingest_jobs import JobService
 from ragserve.service.limits import RequestLimits
+from ragserve.service.usage import UsageBackend, UsageService
 from ragserve.service.vector_stores import VectorStoreService
 from ragserve.service.wiring import Ingestion as IngestionServices
 from ragserve.service.wiring import build_documents, build_ingestion
 
 #: What the ingress may call, by target: the public coroutine methods of each service class.
-TARGETS: dict[str, type] = {"files": FileStore, "jobs": JobService, "vector_stores": VectorStoreService}
+TARGETS: dict[str, type] = {
+    "files": FileStore,
+    "jobs": JobService,
+    "vector_stores": VectorStoreService,
+    "usage": UsageService,  # the usage ledger and limiter: one count for every ingress replica
+}
 
 
 def served_methods(cls: type) -> frozenset[str]:
@@ -136,6 +144,7 @@ def remote_ingestion(handle: Any, settings: Settings) -> Callable[[DocumentServi
             files=SharedFileStore(Path(settings.storage_dir) / FILES_DIR, settings.max_file_bytes, records),
             jobs=cast(JobService, _Forward(handle, "jobs")),
             vector_stores=cast(VectorStoreService, _Forward(handle, "vector_stores")),
+            usage=cast(UsageBackend, _Forward(handle, "usage")),
             runner=None,
         )
 

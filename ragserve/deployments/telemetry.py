@@ -32,6 +32,24 @@ class ServeTelemetry:
         self._dropped = metrics.Counter("ragserve_history_messages_dropped", "History messages cut by the budget.")
         self._indexed = metrics.Counter("ragserve_documents_indexed", "Documents acknowledged by POST /index.")
         self._upstream = metrics.Counter("ragserve_upstream_errors", "LLM upstream failures by kind.", **_tags("kind"))
+        # usage per API key (its name) and index (docs/architecture.md §7)
+        self._usage_requests = metrics.Counter(
+            "ragserve_usage_requests", "Requests per API key name and index.", **_tags("key", "index")
+        )
+        self._usage_tokens = metrics.Counter(
+            "ragserve_usage_tokens",
+            "Tokens per API key name, index and kind (prompt, completion, embedding).",
+            **_tags("key", "index", "kind"),
+        )
+        self._usage_documents = metrics.Counter(
+            "ragserve_usage_documents", "Documents ingested per API key name and index.", **_tags("key", "index")
+        )
+        self._usage_bytes = metrics.Counter(
+            "ragserve_usage_bytes", "Document text bytes ingested per API key name and index.", **_tags("key", "index")
+        )
+        self._rate_limited = metrics.Counter(
+            "ragserve_rate_limited", "Requests refused (429) per API key name and limit.", **_tags("key", "limit")
+        )
 
     def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None:
         self._requests.inc(tags={"route": route, "status": str(status), "mode": mode, "reason": reason})
@@ -50,3 +68,17 @@ class ServeTelemetry:
 
     def upstream_error(self, kind: str) -> None:
         self._upstream.inc(tags={"kind": kind or "unknown"})
+
+    def usage(self, key: str, index: str, metric: str, value: int) -> None:
+        tags = {"key": key, "index": index}
+        if metric == "requests":
+            self._usage_requests.inc(value, tags=tags)
+        elif metric.endswith("_tokens"):
+            self._usage_tokens.inc(value, tags={**tags, "kind": metric.removesuffix("_tokens")})
+        elif metric == "documents":
+            self._usage_documents.inc(value, tags=tags)
+        elif metric == "bytes":
+            self._usage_bytes.inc(value, tags=tags)
+
+    def rate_limited(self, key: str, limit: str) -> None:
+        self._rate_limited.inc(tags={"key": key, "limit": limit})

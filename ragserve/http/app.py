@@ -21,10 +21,12 @@ from ragserve.http.routes.mcp import mcp_route
 from ragserve.http.routes.openai import openai_router
 from ragserve.http.routes.playground import mount_playground_assets, playground_router
 from ragserve.http.routes.probes import probes_router
+from ragserve.http.routes.usage import usage_router
 from ragserve.http.routes.vector_stores import vector_stores_router
 from ragserve.http.security import ApiKeyMiddleware
 from ragserve.http.telemetry import RequestCountingMiddleware
 from ragserve.http.tracing import TracingMiddleware
+from ragserve.http.usage import UsageMiddleware
 from ragserve.service.wiring import Services
 
 
@@ -54,6 +56,8 @@ def create_app(services: Services) -> FastAPI:
         max_bytes=limits.max_request_bytes,
         path_limits={FILES_PATH: files_body_limit(limits.max_request_bytes, limits.max_file_bytes)},
     )
+    # usage: inside authentication (it meters the key), outside the size limit (a 413 counts too)
+    app.add_middleware(UsageMiddleware, meter=services.meter)
     credentials = services.credentials()
     if credentials:
         app.add_middleware(
@@ -68,6 +72,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(jobs_router(services.jobs))
     app.include_router(documents_router(services))
     app.include_router(probes_router(services))
+    app.include_router(usage_router(services))
     app.include_router(playground_router(services))
     app.router.routes.append(mcp)
     mount_playground_assets(app)

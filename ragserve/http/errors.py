@@ -10,6 +10,7 @@ their bodies with :func:`error_bytes`, so their shape is the same.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, MutableMapping
 from typing import Any
 
@@ -21,6 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ragserve.api.errors import DetailResponse, ErrorResponse, error_model, is_openai_path
 from ragserve.api.values import json_error_message
 from ragserve.errors import EngineError, ServiceError
+from ragserve.service.usage import Decision, RateLimitError
 from ragserve.telemetry import Telemetry
 
 #: What the OpenAPI document lists for the errors of each kind of route.
@@ -32,6 +34,7 @@ _ERRORS = {
     409: "Conflicts with the current state (an index that exists, a write racing a drop).",
     413: "The request is too large.",
     422: "The body or query does not match the schema.",
+    429: "Over the API key's requests_per_minute or tokens_per_day (Retry-After and x-ratelimit-* say until when).",
     500: "Internal error.",
     502: "The upstream LLM failed.",
     504: "The upstream LLM timed out.",
@@ -43,8 +46,8 @@ def _declared(model: type, codes: tuple[int, ...]) -> dict[int | str, dict[str, 
 
 
 #: What the OpenAPI document lists for the errors of each kind of route.
-OPENAI_ERRORS = _declared(ErrorResponse, (400, 401, 403, 404, 413, 500, 502, 504))
-DOCUMENT_ERRORS = _declared(DetailResponse, (400, 401, 403, 404, 409, 413, 422, 500))
+OPENAI_ERRORS = _declared(ErrorResponse, (400, 401, 403, 404, 413, 429, 500, 502, 504))
+DOCUMENT_ERRORS = _declared(DetailResponse, (400, 401, 403, 404, 409, 413, 422, 429, 500))
 
 
 def route_path(scope: MutableMapping[str, Any]) -> str:
@@ -64,9 +67,37 @@ def error_bytes(
 
 def error_response(request: Request, error: ServiceError) -> JSONResponse:
     body = error_model(route_path(request.scope), error.message, type_=error.type, param=error.param, code=error.code)
-    retry_after = getattr(error, "retry_after", None)  # ServiceUnavailableError
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
+    retry_after = getattr(error, "retry_after", None)  # ServiceUnavailableError, RateLimitError
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
+    if isinstance(error, RateLimitError):
+        headers.update((k.decode(), v.decode()) for k, v in ratelimit_headers(error.decision))
+    return JSONResponse(body.model_dump(), status_code=error.status, headers=headers or None)
+
+
+def reset_text(seconds: float) -> str:
+    """A time until a window resets as OpenAI writes it in ``x-ratelimit-reset-*``: ``250ms``,
+    ``17s``, ``6m0s``, ``1h30m0s`` (whole seconds, rounded up, from one second on)."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    total = math.ceil(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def ratelimit_headers(decision: Decision) -> list[tuple[bytes, bytes]]:
+    """OpenAI's ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` for the limits a key has."""
+    out = []
+    for kind, allowance in (("requests", decision.requests), ("tokens", decision.tokens)):
+        if allowance is not None:
+            out += [
+                (f"x-ratelimit-limit-{kind}".encode(), str(allowance.limit).encode()),
+                (f"x-ratelimit-remaining-{kind}".encode(), str(max(0, allowance.remaining)).encode()),
+                (f"x-ratelimit-reset-{kind}".encode(), reset_text(allowance.reset_s).encode()),
+            ]
+    return out
 
 
 def error_event(error: ServiceError) -> ErrorResponse:

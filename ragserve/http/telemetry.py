@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -13,9 +13,14 @@ from prometheus_client.samples import Sample
 
 from ragserve.telemetry import Telemetry
 
-#: The label that names an index (``ray_ragserve_shard_documents``/``_chunks``). Index names are
-#: data: the open ``/metrics`` sums their series over it; a key that reaches every index sees them.
+#: The label that names an index (``ray_ragserve_shard_documents``/``_chunks``, ``ray_ragserve_usage_*``).
+#: Index names are data: the open ``/metrics`` sums their series over it; a key that reaches every
+#: index sees them.
 INDEX_LABEL = "index"
+#: The label that names an API key (its ``name``: ``ray_ragserve_usage_*``, ``ray_ragserve_rate_limited``):
+#: which teams use the server is data too, summed away with the index names.
+KEY_LABEL = "key"
+DATA_LABELS = (INDEX_LABEL, KEY_LABEL)
 
 
 class _Families:
@@ -28,27 +33,29 @@ class _Families:
         return self._families
 
 
-def without_index_labels(text: str) -> str:
-    """The Prometheus text ``text`` with every series that carries an :data:`INDEX_LABEL` summed over
-    it (per shard, per stage...: the other labels are kept), so that it names no index. Text without
-    the label comes back unchanged."""
-    if f'{INDEX_LABEL}="' not in text:
+def without_data_labels(text: str, labels: Sequence[str] = DATA_LABELS) -> str:
+    """The Prometheus text ``text`` with every series that carries one of ``labels`` (by default an
+    index and a key's name) summed over them (per shard, per stage, per token kind...: the other
+    labels are kept), so that it names none of them. Text without them comes back unchanged."""
+    if not labels or not any(f'{label}="' in text for label in labels):
         return text
     try:
-        return _summed_over_index(text)
-    except ValueError:  # text the parser does not read: leave out every line naming an index
-        return "".join(line for line in text.splitlines(keepends=True) if f'{INDEX_LABEL}="' not in line)
+        return _summed_over(text, frozenset(labels))
+    except ValueError:  # text the parser does not read: leave out every line naming one
+        return "".join(
+            line for line in text.splitlines(keepends=True) if not any(f'{label}="' in line for label in labels)
+        )
 
 
-def _summed_over_index(text: str) -> str:
+def _summed_over(text: str, labels: frozenset[str]) -> str:
     families = []
     for family in text_string_to_metric_families(text):
-        if not any(INDEX_LABEL in s.labels for s in family.samples):
+        if not any(label in s.labels for s in family.samples for label in labels):
             families.append(family)
             continue
         merged: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         for s in family.samples:
-            key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != INDEX_LABEL)))
+            key = (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in labels)))
             if key not in merged:
                 merged[key] = s.value
             elif s.name.endswith("_created"):  # a creation time: the earliest, not a sum

@@ -35,10 +35,25 @@ class ForbiddenError(ServiceError):
     type = "permission_error"
 
 
+#: The usage label of requests where no keys are configured, and of a key without a ``name``.
+ANONYMOUS_NAME = "anonymous"
+UNNAMED = "unnamed"
+
+
 @dataclass(frozen=True)
 class Principal:
+    """What one key may do, and what its usage is metered under (``name``, never the key) with its
+    limits (``ragserve.service.usage``)."""
+
     role: Role
     indexes: tuple[str, ...] = ("*",)
+    name: str = ANONYMOUS_NAME
+    requests_per_minute: int | None = None
+    tokens_per_day: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self.requests_per_minute is not None or self.tokens_per_day is not None
 
     def sees(self, index: str) -> bool:
         return any(fnmatch.fnmatchcase(index, pattern) for pattern in self.indexes)

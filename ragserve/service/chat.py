@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -120,6 +120,7 @@ class ChatOutcome:
     timings: dict[str, float] = field(default_factory=dict)
     stats: dict[str, int] = field(default_factory=dict)
     rag: RagInfo | None = None  # what retrieval searched with, when it ran
+    usage: UsageInfo | None = None  # a stream's token usage (the engine's), once it has ended
 
 
 def _stamp(body: ChatCompletionResponse | ChatCompletionChunk, cid: str, created: int) -> None:
@@ -167,8 +168,9 @@ class ChatService:
             return await self._passthrough(decided.body, decided.reason, request.stream)
         return await self._rag(decided, request)
 
-    async def query(self, req: QueryRequest) -> QueryResponse:
-        """KAITO's ``/query``: retrieve, answer with the relevant nodes, return both."""
+    async def query(self, req: QueryRequest, on_usage: Callable[[int, int], None] | None = None) -> QueryResponse:
+        """KAITO's ``/query``: retrieve, answer with the relevant nodes, return both. ``on_usage`` is
+        told the answer's prompt and completion tokens (the engine's count), when a model answered."""
         threshold = self._threshold(req.similarity_threshold)
         nodes, _ = await self.documents.retrieve(
             req.indexes, req.query, req.top_k, req.metadata_filter, req.retrieval_mode
@@ -201,6 +203,9 @@ class ChatService:
             answer = await self.llm.chat(result.messages, sampling)
             if tracing.ENABLED:
                 _usage_attributes(span, UsageInfo.of(answer.prompt_tokens, answer.completion_tokens), answer.model)
+        usage = answer.usage()
+        if on_usage is not None and usage is not None:
+            on_usage(usage.prompt_tokens, usage.completion_tokens)
         return QueryResponse(
             response=answer.text,
             source_nodes=used,
@@ -274,6 +279,7 @@ class ChatService:
                 first = False
                 usage = chunk.usage or usage
                 _stamp(chunk, cid, created)
+                outcome.usage = usage
                 yield chunk
         except BaseException as e:
             if span is not None:
@@ -678,6 +684,7 @@ class ChatService:
             closed = False
             async for d in _prepend(first, deltas):
                 usage = d.usage() or usage
+                outcome.usage = usage
                 if d.text:
                     text.append(d.text)
                     yield _stream_chunk(cid, created, model, DeltaMessage(content=d.text))

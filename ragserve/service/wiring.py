@@ -9,7 +9,7 @@ differ (shard pool, embedder, language model: Ray handles or in-process objects)
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from ragserve.jobs.webhook import WebhookNotifier
 from ragserve.models.reranker import CrossEncoderReranker
 from ragserve.models.tokenizers import ApproxTokenCounter
 from ragserve.ports import LanguageModel, ShardPool, TextEmbedder
-from ragserve.service.access import FULL_ACCESS, Principal, Role
+from ragserve.service.access import FULL_ACCESS, UNNAMED, Principal, Role
 from ragserve.service.chat import ChatOptions, ChatService
 from ragserve.service.documents import DocumentService
 from ragserve.service.embeddings import EmbeddingService
@@ -30,6 +30,7 @@ from ragserve.service.ingest_jobs import DOCUMENTS_JOB, Handler, JobService, dis
 from ragserve.service.limits import RequestLimits
 from ragserve.service.retrieval import RetrievalOptions, Retriever
 from ragserve.service.shard_service import ShardService
+from ragserve.service.usage import USAGE_FILE, UsageBackend, UsageLedger, UsageMeter, UsageService
 from ragserve.service.vector_store_catalog import VectorStoreCatalog
 from ragserve.service.vector_stores import FILE_JOB, VectorStoreService
 from ragserve.telemetry import NullTelemetry, Telemetry
@@ -51,6 +52,7 @@ class Ingestion:
     files: FileStore
     jobs: JobService
     vector_stores: VectorStoreService
+    usage: UsageBackend
     runner: JobRunner | None = None
 
     async def start(self) -> None:
@@ -67,6 +69,8 @@ class Ingestion:
             self.files.close()
             self.jobs.store.close()
             self.vector_stores.catalog.close()
+            if isinstance(self.usage, UsageService):
+                self.usage.close()
 
 
 def build_ingestion(settings: Settings, documents: DocumentService, limits: RequestLimits) -> Ingestion:
@@ -106,7 +110,8 @@ def build_ingestion(settings: Settings, documents: DocumentService, limits: Requ
         wake=runner.wake,
     )
     handlers.update({DOCUMENTS_JOB: jobs.index_batch, FILE_JOB: vector_stores.index_file_item})
-    return Ingestion(files, jobs, vector_stores, runner)
+    usage = UsageService(UsageLedger(root / USAGE_FILE))
+    return Ingestion(files, jobs, vector_stores, usage, runner)
 
 
 @dataclass
@@ -119,6 +124,7 @@ class Services:
     embeddings: EmbeddingService
     limits: RequestLimits
     ingestion: Ingestion
+    meter: UsageMeter
     telemetry: Telemetry = field(default_factory=NullTelemetry)
     health: Callable[[], Awaitable[dict[str, Any]]] | None = None
     metrics_text: Callable[[], Awaitable[str]] | None = None
@@ -136,10 +142,13 @@ class Services:
         return self.ingestion.vector_stores
 
     async def start(self) -> None:
-        """What runs in the background while the application serves (the job runner, where it runs)."""
+        """What runs in the background while the application serves: the job runner (where it
+        runs), the usage meter's flushes."""
         await self.ingestion.start()
+        await self.meter.start()
 
     async def stop(self) -> None:
+        await self.meter.stop()  # what is buffered is recorded before the owner stops
         await self.ingestion.stop()
 
     def close(self) -> None:
@@ -151,9 +160,16 @@ class Services:
         out = []
         for k in self.settings.api_keys or []:
             if isinstance(k, ScopedKey):
-                out.append((k.key.get_secret_value(), Principal(Role[k.role.upper()], tuple(k.indexes))))
+                principal = Principal(
+                    Role[k.role.upper()],
+                    tuple(k.indexes),
+                    name=k.name or UNNAMED,
+                    requests_per_minute=k.requests_per_minute,
+                    tokens_per_day=k.tokens_per_day,
+                )
+                out.append((k.key.get_secret_value(), principal))
             else:
-                out.append((k.get_secret_value(), FULL_ACCESS))
+                out.append((k.get_secret_value(), replace(FULL_ACCESS, name=UNNAMED)))
         return out
 
 
@@ -212,16 +228,18 @@ def build_services(
         embedding_tokenizer=embedding_tokenizer,
     )
     limits = RequestLimits.from_settings(settings)
+    tel = telemetry or NullTelemetry()
+    owned = ingestion(documents, limits) if ingestion is not None else build_ingestion(settings, documents, limits)
     return Services(
         settings=settings,
         documents=documents,
         chat=ChatService(ChatOptions.from_settings(settings), documents, llm, embedder),
         embeddings=EmbeddingService(embedder.embed_documents, embedder.count_tokens, embedding_model),
         limits=limits,
-        ingestion=ingestion(documents, limits)
-        if ingestion is not None
-        else build_ingestion(settings, documents, limits),
-        telemetry=telemetry or NullTelemetry(),
+        ingestion=owned,
+        # usage goes to its owner (here, or the Ingestion deployment), counted in the embedding model's tokens
+        meter=UsageMeter(owned.usage, tel, documents.chunker.count_tokens),
+        telemetry=tel,
         health=health,
         metrics_text=metrics_text,
     )

@@ -33,6 +33,8 @@ class RecordingTelemetry:
         self.upstream: list[str] = []
         self.tokens: list[tuple[int, int, int]] = []
         self.indexed_docs = 0
+        self.usage_counts: dict[tuple[str, str, str], int] = {}
+        self.limited: list[tuple[str, str]] = []
 
     def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None:
         self.requests.append((route, status, mode, reason))
@@ -48,6 +50,12 @@ class RecordingTelemetry:
 
     def upstream_error(self, kind: str) -> None:
         self.upstream.append(kind)
+
+    def usage(self, key: str, index: str, metric: str, value: int) -> None:
+        self.usage_counts[(key, index, metric)] = self.usage_counts.get((key, index, metric), 0) + value
+
+    def rate_limited(self, key: str, limit: str) -> None:
+        self.limited.append((key, limit))
 
 
 @contextmanager

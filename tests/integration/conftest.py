@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -43,13 +44,15 @@ def ray_cluster() -> Iterator[int]:
     ray.shutdown()
 
 
-def deploy(settings_args: dict, name: str, port: int, timeout_s: float = 600) -> str:
-    """Run the application and wait until /health answers; returns its base URL."""
+def deploy(settings_args: dict, name: str, port: int, timeout_s: float = 600, application: Any = None) -> str:
+    """Run the application (``build_app(settings_args)``, or ``application`` as built) and wait until
+    /health answers; returns its base URL."""
     from ray import serve
 
     from ragserve.deployments.builder import build_app
 
-    serve.run(build_app(settings_args), name=name, route_prefix=f"/{name}", blocking=False)
+    app = application if application is not None else build_app(settings_args)
+    serve.run(app, name=name, route_prefix=f"/{name}", blocking=False)
     base = f"http://127.0.0.1:{port}/{name}"
     deadline = time.monotonic() + timeout_s
     last = None

@@ -6,10 +6,12 @@ from collections.abc import Sequence
 
 from fastapi import Request
 
-from ragserve.api.documents import validate_index_name
+from ragserve.api.documents import index_names, validate_index_name
 from ragserve.errors import BadRequestError
 from ragserve.http.security import principal_of
+from ragserve.http.usage import usage_of
 from ragserve.service.access import Principal, Role
+from ragserve.service.chat import ChatOutcome
 from ragserve.telemetry import Telemetry
 
 
@@ -26,6 +28,9 @@ def allow(request: Request, role: Role, index: str | Sequence[str] | None = None
     several); else a 403 naming the first index it does not reach."""
     principal = principal_of(request.scope)
     principal.require(role, index)
+    record = usage_of(request)
+    if record is not None and index is not None:  # the request's usage is the index's (or each one's)
+        record.indexes = index_names(index)
     return principal
 
 
@@ -47,3 +52,36 @@ def allow_files(request: Request) -> Principal:
 def report_latencies(telemetry: Telemetry, timings: dict[str, float]) -> None:
     for stage, seconds in timings.items():
         telemetry.latency(stage, seconds)
+
+
+def metered_chat(request: Request, outcome: ChatOutcome) -> None:
+    """Add a chat's tokens to the request's usage: the engine's or the upstream's count (a
+    stream's once it has ended), else the prompt as counted here; the query it retrieved with."""
+    record = usage_of(request)
+    if record is None:
+        return
+    usage = outcome.usage or (outcome.response.usage if outcome.response is not None else None)
+    if usage is not None:
+        record.chat(usage.prompt_tokens, usage.completion_tokens)
+    else:
+        record.chat(outcome.stats.get("prompt_tokens", 0), 0)
+    if outcome.rag is not None:
+        record.query_texts.append(outcome.rag.query)
+
+
+def metered_query(request: Request, query: str, index: str | Sequence[str] | None = None) -> None:
+    """A search's query, whose embedding tokens the request used (counted after the response),
+    and the indexes it searched where no ``allow`` named them (the scope was checked elsewhere)."""
+    record = usage_of(request)
+    if record is not None:
+        record.query_texts.append(query)
+        if index is not None:
+            record.indexes = index_names(index)
+
+
+def metered_documents(request: Request, texts: list[str], *, embedded: bool = True) -> None:
+    """Documents the request ingested (their count, bytes and, ``embedded`` here, embedding tokens)."""
+    record = usage_of(request)
+    if record is not None:
+        record.documents = texts
+        record.documents_embedded = embedded

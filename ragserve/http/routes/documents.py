@@ -26,9 +26,10 @@ from ragserve.api.values import parse_json
 from ragserve.errors import BadRequestError
 from ragserve.http.errors import DOCUMENT_ERRORS
 from ragserve.http.json_body import CheckedJSONRoute
-from ragserve.http.routes.common import allow, checked_index
+from ragserve.http.routes.common import allow, checked_index, metered_documents, metered_query
 from ragserve.http.security import principal_of
 from ragserve.http.server_timing import server_timing
+from ragserve.http.usage import usage_of
 from ragserve.service.access import Role
 from ragserve.service.knowledge import ScopedKnowledge
 from ragserve.service.wiring import Services
@@ -45,6 +46,7 @@ def documents_router(services: Services) -> APIRouter:
         limits.documents([d.text for d in body.documents])
         records = await docs.add_documents(body.index_name, body.documents)
         tel.indexed(len(records))
+        metered_documents(request, [d.text for d in body.documents])
         return records
 
     def knowledge(request: Request) -> ScopedKnowledge:
@@ -95,7 +97,9 @@ def documents_router(services: Services) -> APIRouter:
         """Re-chunk and re-embed the documents whose text or metadata changed."""
         allow(request, Role.WRITE, index_name)
         limits.documents([d.text for d in body.documents])
-        return await docs.update_documents(checked_index(index_name), body.documents)
+        result = await docs.update_documents(checked_index(index_name), body.documents)
+        metered_documents(request, [d.text for d in body.documents])
+        return result
 
     @router.post("/indexes/{index_name}/documents/delete")
     async def delete_documents(
@@ -137,13 +141,17 @@ def documents_router(services: Services) -> APIRouter:
         """Retrieve and answer (KAITO's shape): the answer and the nodes it was given."""
         allow(request, Role.READ, body.index_name)
         limits.top_k(body.top_k)
-        return await chat.query(body)
+        record = usage_of(request)
+        answer = await chat.query(body, record.chat if record is not None else None)
+        metered_query(request, body.query)
+        return answer
 
     @router.post("/retrieve")
     async def retrieve(body: RetrieveRequest, request: Request, response: Response) -> RetrieveResponse:
         """Scored nodes only, no generation: of one index, or of several as one ranking (`index_name`
         a list; each node names its index)."""
         result, timings = await knowledge(request).retrieve_timed(body)  # reported to the latency metrics there
+        metered_query(request, body.query, body.index_name)  # scope checked by ScopedKnowledge
         response.headers["Server-Timing"] = server_timing(timings)
         return result
 

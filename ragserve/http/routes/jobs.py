@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 from ragserve.api.jobs import IndexJobRequest, JobInfo, JobList, JobStatusName
 from ragserve.http.errors import DOCUMENT_ERRORS
 from ragserve.http.json_body import CheckedJSONRoute
-from ragserve.http.routes.common import allow, checked_index
+from ragserve.http.routes.common import allow, checked_index, metered_documents
 from ragserve.service.access import Role
 from ragserve.service.ingest_jobs import JobService
 
@@ -27,6 +27,8 @@ def jobs_router(jobs: JobService) -> APIRouter:
         survives a restart of the server. Poll ``GET /jobs/{id}`` (the ``Location`` header)."""
         allow(request, Role.WRITE, body.index_name)
         job = await jobs.submit(body)
+        # documents and bytes accepted; their tokens are embedded later by the runner, not metered here
+        metered_documents(request, [d.text for d in body.documents], embedded=False)
         response.headers["Location"] = f"jobs/{job.id}"
         return job
 

@@ -23,8 +23,9 @@ from ragserve.errors import EngineError, ServiceError
 from ragserve.http.errors import OPENAI_ERRORS, error_event
 from ragserve.http.headers import query_headers
 from ragserve.http.json_body import CheckedJSONRoute
-from ragserve.http.routes.common import allow, report_latencies
+from ragserve.http.routes.common import allow, metered_chat, report_latencies
 from ragserve.http.server_timing import server_timing
+from ragserve.http.usage import usage_of
 from ragserve.service.access import Role
 from ragserve.service.chat import ChatOutcome
 from ragserve.service.wiring import Services
@@ -76,6 +77,7 @@ def openai_router(services: Services) -> APIRouter:
         if outcome.stream is None:
             assert outcome.response is not None
             _report_chat(tel, outcome, time.perf_counter() - t0)
+            metered_chat(request, outcome)
             headers["Server-Timing"] = server_timing(outcome.timings)
             return Response(
                 outcome.response.model_dump_json(exclude_unset=True), media_type="application/json", headers=headers
@@ -86,7 +88,7 @@ def openai_router(services: Services) -> APIRouter:
         except StopAsyncIteration:
             first = None
         return StreamingResponse(
-            _relay(stream, first, outcome, t0),
+            _relay(stream, first, outcome, t0, request),
             media_type="text/event-stream",
             headers={**headers, "Cache-Control": "no-cache"},
         )
@@ -96,6 +98,7 @@ def openai_router(services: Services) -> APIRouter:
         first: ChatCompletionChunk | None,
         outcome: ChatOutcome,
         t0: float,
+        request: Request,
     ) -> AsyncIterator[str]:
         try:
             if first is not None:
@@ -113,6 +116,7 @@ def openai_router(services: Services) -> APIRouter:
         finally:
             await stream.aclose()
             _report_chat(tel, outcome, time.perf_counter() - t0)
+            metered_chat(request, outcome)  # the tokens the stream used, once it has ended
         yield "data: [DONE]\n\n"
 
     @router.get("/v1/models")
@@ -125,7 +129,11 @@ def openai_router(services: Services) -> APIRouter:
     async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
         allow(request, Role.READ)
         limits.documents(body.inputs(), "input")
-        return await services.embeddings.create(body)
+        response = await services.embeddings.create(body)
+        record = usage_of(request)
+        if record is not None:  # the embedding model's count, as the response reports it
+            record.usage.embedding_tokens += response.usage.prompt_tokens
+        return response
 
     return router
 

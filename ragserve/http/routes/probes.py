@@ -9,7 +9,8 @@ from fastapi.responses import PlainTextResponse
 
 from ragserve.api.documents import HealthResponse
 from ragserve.http.security import principal_of
-from ragserve.http.telemetry import without_index_labels
+from ragserve.http.telemetry import INDEX_LABEL, KEY_LABEL, without_data_labels
+from ragserve.service.access import Role
 from ragserve.service.wiring import Services
 
 
@@ -34,10 +35,14 @@ def probes_router(services: Services) -> APIRouter:
     )
     async def metrics(request: Request) -> PlainTextResponse:
         """The node's Ray metrics. Series labelled with an index are summed over it unless the
-        request carries a key that reaches every index (or no keys are configured)."""
+        request carries a key that reaches every index (or no keys are configured); series labelled
+        with an API key's name (usage) are summed over it unless that key is also an admin's."""
         text = await services.metrics_text() if services.metrics_text else ""
-        if not principal_of(request.scope).sees_all:
-            text = without_index_labels(text)
+        principal = principal_of(request.scope)
+        if not principal.sees_all:
+            text = without_data_labels(text, (INDEX_LABEL, KEY_LABEL))
+        elif principal.role < Role.ADMIN:
+            text = without_data_labels(text, (KEY_LABEL,))
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     return router

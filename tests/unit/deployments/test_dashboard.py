@@ -83,7 +83,21 @@ def test_every_query_names_an_exported_metric() -> None:
         "ragserve_documents_indexed",
         "ragserve_shard_documents",
         "ragserve_upstream_errors",
+        "ragserve_usage_requests",
+        "ragserve_usage_tokens",
+        "ragserve_usage_documents",
+        "ragserve_usage_bytes",
+        "ragserve_rate_limited",
     } <= used
+
+
+def test_usage_panels_are_per_key_and_index() -> None:
+    dash = json.loads(DASHBOARD.read_text())
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    assert {"key", "index"} <= variables
+    usage = [e for e in queries(dash) if "ragserve_usage_" in e and not e.startswith("label_values")]
+    assert usage and all('key=~"$key"' in e for e in usage)
+    assert any("by (key, index)" in e for e in usage) and any("kind" in e for e in usage)
 
 
 def test_dashboard_is_importable() -> None:

@@ -10,12 +10,13 @@ from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ragserve.http.telemetry import without_index_labels
+from ragserve.http.telemetry import without_data_labels
 from ragserve.testing.fake_openai import FakeOpenAI
 from ragserve.testing.inprocess import inprocess_app
 
 ADMIN, TEAM, READER = "sk-metrics-admin", "sk-metrics-team", "sk-metrics-reader"
 SECRET = "secret-merger-plans"
+TEAM_NAME = "acquisitions-team"  # an API key's name: usage series carry it
 
 
 def node_metrics() -> str:
@@ -31,6 +32,12 @@ def node_metrics() -> str:
     requests.labels("/indexes/{index_name}/documents", "200").inc(7)
     latency = Histogram("ray_ragserve_stage_latency_ms", "Latency.", ["stage"], buckets=[1, 10], registry=registry)
     latency.labels("embed").observe(4)
+    tokens = Counter("ray_ragserve_usage_tokens", "Tokens.", ["key", "index", "kind"], registry=registry)
+    tokens.labels(TEAM_NAME, SECRET, "prompt").inc(30)
+    tokens.labels(TEAM_NAME, "team-a-docs", "prompt").inc(5)
+    tokens.labels("ops", "team-a-docs", "completion").inc(7)
+    limited = Counter("ray_ragserve_rate_limited", "429s.", ["key", "limit"], registry=registry)
+    limited.labels(TEAM_NAME, "requests").inc(2)
     return generate_latest(registry).decode()
 
 
@@ -45,16 +52,16 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def test_index_series_are_summed_over_the_index_and_the_rest_is_kept() -> None:
     text = node_metrics()
-    out = without_index_labels(text)
+    out = without_data_labels(text)
     assert SECRET not in out and "team-a-docs" not in out and "odd" not in out and 'index="' not in out
     got = samples(out)
     assert got[("ray_ragserve_shard_documents", (("shard", "0"),))] == 7
     assert got[("ray_ragserve_shard_documents", (("shard", "1"),))] == 4
     assert got[("ray_ragserve_shard_chunks", (("shard", "0"),))] == 70
-    unindexed = {k: v for k, v in samples(text).items() if "shard_" not in k[0]}
+    unindexed = {k: v for k, v in samples(text).items() if not any(d in k[0] for d in ("shard_", "usage_", "rate_"))}
     assert unindexed and all(got[k] == v for k, v in unindexed.items())  # everything else as it was
     assert "# TYPE ray_ragserve_shard_documents gauge" in out
-    assert without_index_labels(out) == out  # nothing left to sum: the text comes back as it is
+    assert without_data_labels(out) == out  # nothing left to sum: the text comes back as it is
 
 
 def test_a_large_scrape_is_filtered_quickly() -> None:
@@ -66,7 +73,7 @@ def test_a_large_scrape_is_filtered_quickly() -> None:
         gauge.labels(str(i % 4), f"index-{i}").set(i)
     text = generate_latest(registry).decode()
     t0 = time.thread_time()  # CPU time: the shared machine's load does not count
-    out = without_index_labels(text)
+    out = without_data_labels(text)
     assert time.thread_time() - t0 < 2.0
     assert len(samples(out)) == 4
 
@@ -105,6 +112,27 @@ def test_metrics_name_indexes_only_to_a_key_that_reaches_every_index(
     assert (SECRET in r.text) is per_index
     assert ('index="team-a-docs"' in r.text) is per_index
     assert 'route="/indexes/{index_name}/documents"' in r.text  # route templates name no index
+    # key names (usage series) only to an admin key that reaches every index; summed for the rest
+    assert (TEAM_NAME in r.text) is (key == ADMIN)
+    got = samples(r.text)
+    if key != ADMIN:
+        assert 'key="' not in r.text
+        assert got[("ray_ragserve_rate_limited_total", (("limit", "requests"),))] == 2
+        if not per_index:
+            assert got[("ray_ragserve_usage_tokens_total", (("kind", "prompt"),))] == 35
+        else:
+            assert got[("ray_ragserve_usage_tokens_total", (("index", SECRET), ("kind", "prompt")))] == 30
+
+
+def test_key_labels_are_summed_like_index_labels() -> None:
+    text = node_metrics()
+    only_keys = without_data_labels(text, ("key",))
+    assert TEAM_NAME not in only_keys and SECRET in only_keys
+    got = samples(only_keys)
+    assert got[("ray_ragserve_usage_tokens_total", (("index", "team-a-docs"), ("kind", "prompt")))] == 5
+    assert got[("ray_ragserve_usage_tokens_total", (("index", "team-a-docs"), ("kind", "completion")))] == 7
+    both = samples(without_data_labels(text))
+    assert both[("ray_ragserve_usage_tokens_total", (("kind", "prompt"),))] == 35
 
 
 def test_metrics_of_a_server_without_keys_are_whole(tmp_path, embedder) -> None:
@@ -129,5 +157,5 @@ def test_text_the_parser_cannot_read_still_names_no_index() -> None:
         "not a metric line {{{\n"
         'ragserve_y{shard="0"} 3\n'
     )
-    out = without_index_labels(text)
+    out = without_data_labels(text)
     assert "secret" not in out and "other" not in out and 'ragserve_y{shard="0"} 3' in out
