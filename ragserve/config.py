@@ -53,6 +53,15 @@ class ScopedKey(BaseModel):
         "what was recorded today reaches it. A request already admitted (a stream) is never cut off.",
     )
 
+    @model_validator(mode="after")
+    def _limits_need_a_name(self) -> ScopedKey:
+        # a key's windows and budget are kept under its name: keys without one would share them
+        if (self.requests_per_minute is not None or self.tokens_per_day is not None) and self.name is None:
+            raise ValueError(
+                "a key with requests_per_minute or tokens_per_day needs a name: its limits are counted under it"
+            )
+        return self
+
 
 QueryEmbeddingSetting = Literal["ingress", "deployment", "auto"]
 

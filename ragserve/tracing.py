@@ -20,6 +20,7 @@ Nothing here raises into a request: a span that cannot be made is the API's inva
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -44,6 +45,8 @@ CONTENT = False
 MAX_ATTRIBUTE_CHARS = 256
 #: Index names listed on a span at most (the count is always given).
 MAX_NAMES = 8
+#: The longest ``traceparent``/``tracestate`` value taken from a request or a carrier.
+MAX_CARRIER_CHARS = 512
 CONTENT_ENV = "RAGSERVE_TRACE_CONTENT"
 ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
@@ -188,11 +191,23 @@ def span(
 
 
 def failed(s: Span, e: BaseException) -> None:
-    """Record ``e`` on ``s`` as its error (not a client's leaving: a cancelled stream is no error)."""
-    if s is INVALID_SPAN or isinstance(e, GeneratorExit):
+    """Record ``e`` on ``s`` as its error (not a client's leaving: a cancelled request or stream is
+    no error). Its type, and the code and status of a ServiceError; its message only with content
+    capture on (:data:`CONTENT`), since it may quote what capture keeps out."""
+    if s is INVALID_SPAN or isinstance(e, (GeneratorExit, asyncio.CancelledError)):
         return
     try:
-        s.record_exception(e)
+        if CONTENT:
+            s.record_exception(e)
+        else:  # an error's message may hold what content capture keeps out (a prompt, an upstream URL's credentials)
+            code = getattr(e, "code", None)
+            s.add_event(
+                "exception",
+                {"exception.type": type(e).__name__, **({"error.code": str(code)[:64]} if code else {})},
+            )
+            status = getattr(e, "status", None)
+            if isinstance(status, int):
+                s.set_attribute("error.status", status)
         s.set_status(Status(StatusCode.ERROR, type(e).__name__))
     except Exception:
         pass
@@ -264,6 +279,9 @@ def extract(headers: Mapping[str, str] | None) -> Any:
     """The context a carrier (or a request's headers) names; None without one."""
     if not headers:
         return None
+    # W3C bounds (a traceparent is 55 characters, a tracestate at most 32 members of ~256): longer is
+    # ignored here, so a client cannot make every request log the propagator's warning
+    headers = {k: v for k, v in headers.items() if len(v) <= MAX_CARRIER_CHARS}
     try:
         return _PROPAGATOR.extract(headers)
     except Exception:

@@ -59,14 +59,28 @@ def route_path(scope: MutableMapping[str, Any]) -> str:
 
 
 def error_bytes(
-    path: str, message: str, *, type_: str, param: str | None = None, code: str | int | None = None
+    path: str,
+    message: str,
+    *,
+    type_: str,
+    param: str | None = None,
+    code: str | int | None = None,
+    openai_too: bool = False,
 ) -> bytes:
     """A serialised error body for a request to ``path``."""
-    return error_model(path, message, type_=type_, param=param, code=code).model_dump_json().encode()
+    body = error_model(path, message, type_=type_, param=param, code=code, openai_too=openai_too)
+    return body.model_dump_json().encode()
 
 
 def error_response(request: Request, error: ServiceError) -> JSONResponse:
-    body = error_model(route_path(request.scope), error.message, type_=error.type, param=error.param, code=error.code)
+    body = error_model(
+        route_path(request.scope),
+        error.message,
+        type_=error.type,
+        param=error.param,
+        code=error.code,
+        openai_too=isinstance(error, RateLimitError),
+    )
     retry_after = getattr(error, "retry_after", None)  # ServiceUnavailableError, RateLimitError
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
     if isinstance(error, RateLimitError):

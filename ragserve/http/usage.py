@@ -12,12 +12,16 @@ counting never delays a response and a stream is never cut off.
 
 from __future__ import annotations
 
+import logging
+
 from starlette.requests import Request
 
 from ragserve.http.asgi import ASGIApp, ASGIMessage, Receive, Scope, Send
 from ragserve.http.errors import error_bytes, ratelimit_headers, route_path, send_error
 from ragserve.http.security import OPEN_PATHS, OPEN_PREFIXES, principal_of
 from ragserve.service.usage import KeyLimits, RateLimitError, RequestUsage, UsageMeter
+
+log = logging.getLogger(__name__)
 
 USAGE = "ragserve.usage"  # where the request's RequestUsage is kept in the request state
 
@@ -44,11 +48,22 @@ class UsageMiddleware:
         record = RequestUsage(principal.name, principal.limited)
         extra: list[tuple[bytes, bytes]] = []
         if principal.limited:
-            decision = await self.meter.admit(principal.name, KeyLimits.of(principal))
+            try:
+                decision = await self.meter.admit(principal.name, KeyLimits.of(principal))
+            except Exception:  # the ledger's owner cannot answer: refused, not let through uncounted
+                log.exception("could not admit a request of key %r", principal.name)
+                body = error_bytes(
+                    path,
+                    "The usage ledger that enforces this key's limits is not reachable; try again shortly.",
+                    type_="server_error",
+                    code="usage_unavailable",
+                )
+                await send_error(send, 503, body, [(b"retry-after", b"1")])
+                return
             extra = ratelimit_headers(decision)
             if not decision.allowed:
                 err = RateLimitError(principal.name, decision)
-                body = error_bytes(path, err.message, type_=err.type, code=err.code)
+                body = error_bytes(path, err.message, type_=err.type, code=err.code, openai_too=True)
                 await send_error(send, 429, body, [(b"retry-after", str(err.retry_after).encode()), *extra])
                 return
         scope.setdefault("state", {})[USAGE] = record

@@ -47,6 +47,14 @@ UNKNOWN_MODEL = "unknown"
 KEEPALIVE_S = 4.0
 
 
+def redacted_url(url: str) -> str:
+    """``url`` without the user and password it may carry (``http://user:pass@host`` → ``http://host``)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+
+
 def normalise_base_url(url: str) -> str:
     """The ``.../v1`` root of an OpenAI-compatible API, whichever form the URL was given in.
 
@@ -133,6 +141,8 @@ class OpenAIEngine(GenerationEngine):
         self, base_url: str, model: str | None, api_key: str | None, timeout_s: float, context_window: int | None = None
     ):
         self.base_url = normalise_base_url(base_url)
+        #: the URL as messages and logs show it: without credentials given in it (``user:pass@``)
+        self.shown_url = redacted_url(self.base_url)
         self._configured_model = model
         self.model_id = model or UNKNOWN_MODEL
         self._api_key = api_key
@@ -183,7 +193,7 @@ class OpenAIEngine(GenerationEngine):
             cards = [c for c in listed.get("data", []) if isinstance(c, dict)]
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError) as exc:
             log.warning(
-                "could not list models at %s/models (%s); continuing with model=%s", self.base_url, exc, self.model_id
+                "could not list models at %s/models (%s); continuing with model=%s", self.shown_url, exc, self.model_id
             )
             cards = []
         if self._configured_model is None and cards:
@@ -194,14 +204,14 @@ class OpenAIEngine(GenerationEngine):
         elif cards:
             log.warning(
                 "upstream %s does not list model %r (it lists %s)",
-                self.base_url,
+                self.shown_url,
                 self.model_id,
                 [c.get("id") for c in cards],
             )
         self._counter = await asyncio.to_thread(self._make_counter)
         log.info(
             "openai engine: upstream %s model=%s window=%s tokens counted by %s (exact=%s)",
-            self.base_url,
+            self.shown_url,
             self.model_id,
             self._window,
             self._counter.name,
@@ -271,12 +281,12 @@ class OpenAIEngine(GenerationEngine):
         if isinstance(exc, TimeoutError):  # aiohttp's own timeouts derive from it
             return EngineError(
                 504,
-                f"upstream LLM at {self.base_url} timed out ({type(exc).__name__}, timeout {self._timeout_s:g}s)",
+                f"upstream LLM at {self.shown_url} timed out ({type(exc).__name__}, timeout {self._timeout_s:g}s)",
                 type_="timeout",
             )
         if isinstance(exc, aiohttp.ClientConnectorError):
-            return EngineError(502, f"cannot connect to upstream LLM at {self.base_url}: {exc}")
-        return EngineError(502, f"upstream LLM at {self.base_url} failed: {type(exc).__name__}: {exc}")
+            return EngineError(502, f"cannot connect to upstream LLM at {self.shown_url}: {exc}")
+        return EngineError(502, f"upstream LLM at {self.shown_url} failed: {type(exc).__name__}: {exc}")
 
     @staticmethod
     def _http_error(status: int, reason: str | None, text: str) -> EngineError:

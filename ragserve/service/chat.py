@@ -44,7 +44,7 @@ from ragserve.api.openai import (
 from ragserve.api.sampling import SamplingParams
 from ragserve.config import Settings
 from ragserve.errors import BadRequestError, ServiceError
-from ragserve.ports import LanguageModel, TextEmbedder
+from ragserve.ports import LanguageModel, TextEmbedder, TokenCounter
 from ragserve.rag.answerable import AnswerabilityRule, answerable, closest, not_covered_answer
 from ragserve.rag.citations import parse_citations, sources_footer
 from ragserve.rag.context import passes_threshold, relevant
@@ -121,6 +121,10 @@ class ChatOutcome:
     stats: dict[str, int] = field(default_factory=dict)
     rag: RagInfo | None = None  # what retrieval searched with, when it ran
     usage: UsageInfo | None = None  # a stream's token usage (the engine's), once it has ended
+    # what a stream relayed so far and the model's counter, for the tokens of one that ends without
+    # the engine's usage (a client that left; an upstream that sends none): usage metering counts it
+    relayed: list[str] = field(default_factory=list)
+    counter: TokenCounter | None = None
 
 
 def _stamp(body: ChatCompletionResponse | ChatCompletionChunk, cid: str, created: int) -> None:
@@ -249,6 +253,7 @@ class ChatService:
         )
         model = str(body.get("model") or self.llm.model_id)
         if stream:
+            outcome.counter = counter
             outcome.stream = self._relay(body, max_tokens, model, outcome)
         else:
             attributes = _llm_attributes(model, max_tokens, stream=False) if tracing.ENABLED else None
@@ -278,6 +283,7 @@ class ChatService:
                     span.set_attribute(TTFT, time.perf_counter() - t0)
                 first = False
                 usage = chunk.usage or usage
+                outcome.relayed.extend(c.delta.content for c in chunk.choices if c.index == 0 and c.delta.content)
                 _stamp(chunk, cid, created)
                 outcome.usage = usage
                 yield chunk
@@ -400,6 +406,7 @@ class ChatService:
         )
         if request.stream:
             include_usage = bool((request.stream_options or {}).get("include_usage"))
+            outcome.counter = await self.llm.token_counter()
             outcome.stream = self._rag_stream(
                 result.messages, sampling, result.nodes_used, include_usage, outcome, footer
             )
@@ -687,6 +694,7 @@ class ChatService:
                 outcome.usage = usage
                 if d.text:
                     text.append(d.text)
+                    outcome.relayed.append(d.text)
                     yield _stream_chunk(cid, created, model, DeltaMessage(content=d.text))
                 if d.finish_reason and not closed:
                     closed = True

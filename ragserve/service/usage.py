@@ -42,6 +42,7 @@ from typing import Protocol
 
 from ragserve.api.usage import USAGE_METRICS, UsageReport, UsageRow, UsageTotal
 from ragserve.errors import ServiceError
+from ragserve.ports import TokenCounter
 from ragserve.service.access import Principal
 from ragserve.store.schema import connect, write_transaction
 from ragserve.telemetry import Telemetry
@@ -330,6 +331,7 @@ class RequestUsage:
     query_texts: list[str] = field(default_factory=list)  # embedded for a search (embedding tokens)
     documents: Sequence[str] = ()  # ingested texts (documents, bytes, embedding tokens)
     documents_embedded: bool = True  # False: accepted for a job; tokens counted when the job embeds them
+    completions: list[tuple[TokenCounter, str]] = field(default_factory=list)  # answers the engine did not count
 
     def __post_init__(self) -> None:
         self.usage = Usage(self.key)
@@ -371,7 +373,7 @@ class UsageMeter:
         u = request.usage
         u.requests += 1
         u.indexes = () if failed else request.indexes
-        if not failed and (request.query_texts or request.documents):
+        if not failed and (request.query_texts or request.documents or request.completions):
             await asyncio.to_thread(self._count_texts, request)
         self.add(u, urgent=request.limited)
 
@@ -385,6 +387,7 @@ class UsageMeter:
     def _count_texts(self, request: RequestUsage) -> None:
         u = request.usage
         u.embedding_tokens += sum(self.count_tokens(t) for t in request.query_texts)
+        u.completion_tokens += sum(counter.count_text(t) for counter, t in request.completions)
         if request.documents:
             u.documents += len(request.documents)
             u.bytes += sum(len(t.encode("utf-8", "surrogatepass")) for t in request.documents)
@@ -411,10 +414,13 @@ class UsageMeter:
         batch, self._buffer = list(self._buffer.values()), {}
         try:
             await self.backend.record(batch)
-        except Exception:
-            log.exception("could not record usage (%d rows kept for the next flush)", len(batch))
+        except BaseException as e:  # cancelled too (stop, a client leaving GET /usage): kept, not lost
+            if isinstance(e, Exception):
+                log.exception("could not record usage (%d rows kept for the next flush)", len(batch))
             for u in batch:
                 self.add_back(u)
+            if not isinstance(e, Exception):
+                raise
 
     def add_back(self, usage: Usage) -> None:
         slot = self._buffer.get((usage.key, usage.indexes))

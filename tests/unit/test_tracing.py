@@ -136,3 +136,49 @@ def test_content_capture_is_read_from_the_environment(monkeypatch: pytest.Monkey
     monkeypatch.setenv(tracing.CONTENT_ENV, "true")
     tracing.configure("ingress", InMemorySpanExporter())
     assert tracing.CONTENT and tracing.content("q" * 5000) == "q" * 1023 + "…"
+
+
+def test_a_failure_names_its_type_and_code_but_not_its_message_unless_content_is_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ragserve.errors import EngineError
+
+    exporter = InMemorySpanExporter()
+    tracing.configure("ingress", exporter)
+    secret = "cannot connect to upstream LLM at http://alice:s3cret@llm/v1 about 'my private question'"
+    with pytest.raises(EngineError), tracing.stage("generate"):
+        raise EngineError(502, secret)
+    (span,) = exporter.get_finished_spans()
+    event = span.events[0]
+    assert event.name == "exception" and event.attributes["exception.type"] == "EngineError"
+    assert span.attributes["error.status"] == 502 and not span.status.is_ok
+    assert "s3cret" not in repr(span.to_json()) and "private question" not in repr(span.to_json())
+
+    monkeypatch.setenv(tracing.CONTENT_ENV, "true")
+    exporter = InMemorySpanExporter()  # the first one was shut down with its provider
+    tracing.configure("ingress", exporter)
+    with pytest.raises(EngineError), tracing.stage("generate"):
+        raise EngineError(502, "with content capture on, the message is kept")
+    (span,) = exporter.get_finished_spans()
+    assert "the message is kept" in span.events[0].attributes["exception.message"]
+
+
+def test_an_oversized_traceparent_or_tracestate_is_ignored() -> None:
+    tracing.configure("ingress", InMemorySpanExporter())
+    good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert tracing.extract({"traceparent": good}) is not None
+    ctx = tracing.extract({"traceparent": good, "tracestate": "a=" + "b" * 1_000_000})
+    span = tracing.start("child", parent=ctx)
+    assert format(span.get_span_context().trace_id, "032x") == good[3:35]  # the parent kept, the state dropped
+    span.end()
+    ctx = tracing.extract({"traceparent": good + "-" + "0" * 1_000_000})
+    span = tracing.start("root", parent=ctx)
+    assert format(span.get_span_context().trace_id, "032x") != good[3:35]  # ignored: a trace of its own
+    span.end()
+
+
+def test_an_upstream_url_is_shown_without_its_credentials() -> None:
+    from ragserve.models.openai_engine import redacted_url
+
+    assert redacted_url("http://alice:s3cret@llm.example:8000/v1") == "http://llm.example:8000/v1"
+    assert redacted_url("https://llm.example/v1") == "https://llm.example/v1"

@@ -63,8 +63,14 @@ def metered_chat(request: Request, outcome: ChatOutcome) -> None:
     usage = outcome.usage or (outcome.response.usage if outcome.response is not None else None)
     if usage is not None:
         record.chat(usage.prompt_tokens, usage.completion_tokens)
-    else:
+    else:  # no count from the engine (a client that left mid-stream; an upstream that sends none):
+        # the prompt as counted here, and what was relayed in the model's tokens (on a worker thread)
         record.chat(outcome.stats.get("prompt_tokens", 0), 0)
+        text = "".join(outcome.relayed)
+        if outcome.response is not None and outcome.response.choices:
+            text = outcome.response.choices[0].message.content or ""
+        if text and outcome.counter is not None:
+            record.completions.append((outcome.counter, text))
     if outcome.rag is not None:
         record.query_texts.append(outcome.rag.query)
 

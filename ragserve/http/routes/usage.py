@@ -65,10 +65,13 @@ def usage_router(services: Services) -> APIRouter:
         start = parse_time(since, "since") if since is not None else now // DAY_S * DAY_S
         end = parse_time(until, "until") if until is not None else now
         if end < start:
+            future = until is None  # only since was sent, and it is after now
             raise ServiceError(
-                "until is before since: send a later until (or none, for now)",
+                "since is in the future: send a time before now"
+                if future
+                else "until is before since: send a later until (or none, for now)",
                 status=422,
-                param="until",
+                param="since" if future else "until",
                 type_="invalid_request_error",
             )
         await services.meter.flush()  # what this replica still holds is counted too

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from ragserve.config import Settings
 from ragserve.http.errors import reset_text
 from ragserve.ingest import hf_token_counter
+from ragserve.models.tokenizers import counter_for_model
 from ragserve.testing.fake_openai import FakeOpenAI
 from ragserve.testing.inprocess import inprocess_app
 
@@ -170,6 +171,7 @@ def test_requests_per_minute_answers_429_with_openais_headers(app) -> None:
     # the document API: the same status and headers in its own shape
     other = app.post("/retrieve", json={"index_name": "pumps", "query": "pump"}, headers=bearer(RPM))
     assert other.status_code == 429 and "requests per minute" in other.json()["detail"]
+    assert other.json()["error"]["code"] == "rate_limit_exceeded"  # and OpenAI's object beside it
     assert "retry-after" in other.headers
     # other keys are not limited by it, and the probes are never limited
     assert app.get("/v1/models", headers=bearer(TEAM_A)).status_code == 200
@@ -239,6 +241,34 @@ def test_a_bad_since_is_a_422_saying_what_to_send(app, since: str) -> None:
 def test_until_before_since_is_a_422(app) -> None:
     r = app.get("/usage", params={"since": "2026-02-01", "until": "2026-01-01"}, headers=bearer(ADMIN))
     assert r.status_code == 422 and "until" in r.json()["detail"]
+    r = app.get("/usage", params={"since": "9999-12-31"}, headers=bearer(ADMIN))
+    assert r.status_code == 422 and "since is in the future" in r.json()["detail"]
+
+
+def test_a_streamed_passthrough_without_the_upstreams_usage_counts_what_was_relayed(app, fake) -> None:
+    # no index and no include_usage: the upstream sends no usage; the answer relayed is counted
+    body = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "say something"}]}
+    r = app.post("/v1/chat/completions", json=body, headers=bearer(TEAM_A))
+    assert r.status_code == 200 and r.headers["x-rag-mode"] == "passthrough", r.text
+    assert r.text.rstrip().endswith("data: [DONE]") and '"usage"' not in r.text
+    row = settled(app, ("team-a", ""), "completion_tokens", 1)
+    assert row["completion_tokens"] == counter_for_model("fake-model").count_text(ANSWER) > 0
+    assert row["prompt_tokens"] > 0
+
+
+def test_a_limited_key_is_refused_with_a_503_when_the_ledger_cannot_answer(tmp_path, embedder, fake) -> None:
+    keys = [{"key": RPM, "name": "rpm", "requests_per_minute": 100}, BARE]
+    with inprocess_app(tmp_path, embedder, fake.url, api_keys=keys) as (application, _), TestClient(application) as c:
+        meter = next(m.kwargs["meter"] for m in application.user_middleware if "meter" in m.kwargs)
+
+        async def unreachable(*_: Any) -> None:
+            raise ConnectionError("owner unreachable")
+
+        meter.admit = unreachable
+        r = c.get("/v1/models", headers=bearer(RPM))
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "usage_unavailable"
+        assert c.get("/v1/models", headers=bearer(BARE)).status_code == 200  # keys without limits never ask
 
 
 def test_usage_and_windows_are_kept_across_a_restart(tmp_path, embedder, fake) -> None:
@@ -276,6 +306,8 @@ def test_without_keys_usage_is_anonymous(tmp_path, embedder, fake) -> None:
         ([{"key": "a", "name": "anonymous"}], "reserved"),
         ([{"key": "a", "requests_per_minute": 0}], "greater than or equal to 1"),
         ([{"key": "a", "tokens_per_day": -1}], "greater than or equal to 1"),
+        ([{"key": "a", "requests_per_minute": 5}], "needs a name"),  # unnamed keys would share a window
+        ([{"key": "a", "tokens_per_day": 5}], "needs a name"),
     ],
 )
 def test_key_names_and_limits_are_validated(tmp_path, keys: list[dict[str, Any]], what: str) -> None:

@@ -195,3 +195,36 @@ def test_the_meter_buffers_merges_and_keeps_what_it_could_not_send(tmp_path) -> 
     assert (rows[("k", "docs")].prompt_tokens, rows[("k", "docs")].embedding_tokens) == (30, 9)
     assert rows[("k", "")].requests == 1
     assert backend.calls == 2
+
+
+class StalledBackend(FlakyBackend):
+    """An owner whose record call never answers (until it is cancelled)."""
+
+    async def record(self, batch: list[Usage]) -> None:
+        self.calls += 1
+        if self.fail:
+            await asyncio.Event().wait()
+        await self.service.record(batch)
+
+
+def test_a_flush_cancelled_mid_way_keeps_its_rows_for_the_next(tmp_path) -> None:
+    service = UsageService(UsageLedger(tmp_path / "u.sqlite3"))
+    backend = StalledBackend(service)
+    meter = UsageMeter(backend, NullTelemetry(), lambda text: len(text.split()), interval_s=30)
+
+    async def run() -> None:
+        r = RequestUsage("k")
+        r.indexes = ("docs",)
+        r.chat(7, 3)
+        await meter.finish(r, failed=False)
+        flushing = asyncio.create_task(meter.flush())
+        await asyncio.sleep(0.05)
+        flushing.cancel()  # e.g. the replica stopping, or a client leaving GET /usage during its flush
+        with pytest.raises(asyncio.CancelledError):
+            await flushing
+        backend.fail = False
+        await meter.flush()
+
+    asyncio.run(run())
+    (row,) = service.ledger.report(0, 4e9).data
+    assert (row.requests, row.prompt_tokens, row.completion_tokens) == (1, 7, 3)
