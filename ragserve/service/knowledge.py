@@ -5,6 +5,8 @@ limits are checked in one place whichever way the caller came."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from ragserve.api.documents import DocumentRecord, RetrieveRequest, RetrieveResponse
 from ragserve.service.access import Principal, Role
 from ragserve.service.chat import ChatService
@@ -15,12 +17,20 @@ from ragserve.telemetry import Telemetry
 class ScopedKnowledge:
     """What ``principal`` may read of the indexes (``ragserve.ports.KnowledgeBase``)."""
 
-    def __init__(self, chat: ChatService, limits: RequestLimits, principal: Principal, telemetry: Telemetry):
+    def __init__(
+        self,
+        chat: ChatService,
+        limits: RequestLimits,
+        principal: Principal,
+        telemetry: Telemetry,
+        on_search: Callable[[str, Sequence[str]], None] | None = None,
+    ):
         self.chat = chat
         self.documents = chat.documents
         self.limits = limits
         self.principal = principal
         self.telemetry = telemetry
+        self.on_search = on_search  # told each search's query and indexes (usage metering)
 
     async def list_indexes(self) -> list[str]:
         """The index names this key may read, sorted."""
@@ -40,6 +50,8 @@ class ScopedKnowledge:
         response, timings = await self.chat.retrieve(request)
         for stage, seconds in timings.items():
             self.telemetry.latency(stage, seconds)
+        if self.on_search is not None:
+            self.on_search(request.query, request.indexes)
         return response, timings
 
     async def get_document(self, index: str, doc_id: str, max_text_length: int | None = None) -> DocumentRecord:

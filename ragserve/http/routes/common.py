@@ -8,10 +8,13 @@ from fastapi import Request
 
 from ragserve.api.documents import index_names, validate_index_name
 from ragserve.errors import BadRequestError
+from ragserve.http.asgi import Scope
 from ragserve.http.security import principal_of
 from ragserve.http.usage import usage_of
 from ragserve.service.access import Principal, Role
-from ragserve.service.chat import ChatOutcome
+from ragserve.service.chat import ChatOutcome, ChatService
+from ragserve.service.knowledge import ScopedKnowledge
+from ragserve.service.limits import RequestLimits
 from ragserve.telemetry import Telemetry
 
 
@@ -75,7 +78,7 @@ def metered_chat(request: Request, outcome: ChatOutcome) -> None:
         record.query_texts.append(outcome.rag.query)
 
 
-def metered_query(request: Request, query: str, index: str | Sequence[str] | None = None) -> None:
+def metered_query(request: Request | Scope, query: str, index: str | Sequence[str] | None = None) -> None:
     """A search's query, whose embedding tokens the request used (counted after the response),
     and the indexes it searched where no ``allow`` named them (the scope was checked elsewhere)."""
     record = usage_of(request)
@@ -91,3 +94,16 @@ def metered_documents(request: Request, texts: list[str], *, embedded: bool = Tr
     if record is not None:
         record.documents = texts
         record.documents_embedded = embedded
+
+
+def scoped_knowledge(
+    request: Request | Scope, chat: ChatService, limits: RequestLimits, telemetry: Telemetry
+) -> ScopedKnowledge:
+    """What the request's key may read (``/retrieve``, the document route, the MCP tools): its
+    searches metered as the request's (the query's embedding tokens, the indexes)."""
+    scope = request.scope if isinstance(request, Request) else request
+
+    def on_search(query: str, indexes: Sequence[str]) -> None:
+        metered_query(scope, query, indexes)
+
+    return ScopedKnowledge(chat, limits, principal_of(scope), telemetry, on_search)

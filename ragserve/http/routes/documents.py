@@ -26,8 +26,7 @@ from ragserve.api.values import parse_json
 from ragserve.errors import BadRequestError
 from ragserve.http.errors import DOCUMENT_ERRORS
 from ragserve.http.json_body import CheckedJSONRoute
-from ragserve.http.routes.common import allow, checked_index, metered_documents, metered_query
-from ragserve.http.security import principal_of
+from ragserve.http.routes.common import allow, checked_index, metered_documents, metered_query, scoped_knowledge
 from ragserve.http.server_timing import server_timing
 from ragserve.http.usage import usage_of
 from ragserve.service.access import Role
@@ -50,7 +49,7 @@ def documents_router(services: Services) -> APIRouter:
         return records
 
     def knowledge(request: Request) -> ScopedKnowledge:
-        return ScopedKnowledge(chat, limits, principal_of(request.scope), tel)
+        return scoped_knowledge(request, chat, limits, tel)
 
     @router.get("/indexes")
     async def list_indexes(request: Request) -> list[str]:
@@ -151,7 +150,6 @@ def documents_router(services: Services) -> APIRouter:
         """Scored nodes only, no generation: of one index, or of several as one ranking (`index_name`
         a list; each node names its index)."""
         result, timings = await knowledge(request).retrieve_timed(body)  # reported to the latency metrics there
-        metered_query(request, body.query, body.index_name)  # scope checked by ScopedKnowledge
         response.headers["Server-Timing"] = server_timing(timings)
         return result
 

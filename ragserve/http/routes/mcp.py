@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ragserve.agent.server import build_mcp_server
-from ragserve.http.security import principal_of
+from ragserve.http.routes.common import scoped_knowledge
 from ragserve.service.knowledge import ScopedKnowledge
 from ragserve.service.wiring import Services
 
@@ -56,7 +56,7 @@ class McpEndpoint:
         def knowledge(request: Any) -> ScopedKnowledge:
             if request is None:  # every call here came in an HTTP request: no key is no access
                 raise ToolError("this call carried no HTTP request to read its API key from")
-            return ScopedKnowledge(services.chat, services.limits, principal_of(request.scope), services.telemetry)
+            return scoped_knowledge(request, services.chat, services.limits, services.telemetry)
 
         server = build_mcp_server(knowledge, version="0.1.0")
         open_server = not services.credentials() and not services.settings.allow_unauthenticated

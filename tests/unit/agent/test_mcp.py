@@ -232,3 +232,21 @@ def test_ragserve_mcp_serves_the_same_tools_on_stdio(server: str) -> None:
     assert listed.structured_content == {"indexes": ["pumps"], "count": 1}  # the key's scope, through HTTP
     assert searched.structured_content["results"][0]["doc_id"] == "manuals/zephyr.md"
     assert refused.is_error and "'lamps'" in text_of(refused)
+
+
+def test_an_mcp_search_is_metered_on_its_indexes_with_its_query_tokens(server: str) -> None:
+    import time
+
+    def lamps_row() -> dict[str, Any]:
+        r = httpx.get(f"{server}/usage", headers={"Authorization": f"Bearer {ADMIN}"})
+        assert r.status_code == 200, r.text
+        return next((row for row in r.json()["data"] if row["index"] == "lamps"), {"requests": 0})
+
+    before = lamps_row()
+    (result,) = call(server, ADMIN, ("search", {"query": "how long does the lamp charge", "index_names": ["lamps"]}))
+    assert not result.is_error, text_of(result)
+    deadline = time.monotonic() + 5
+    while (after := lamps_row())["requests"] == before["requests"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert after["requests"] == before["requests"] + 1
+    assert after["embedding_tokens"] > before.get("embedding_tokens", 0)
