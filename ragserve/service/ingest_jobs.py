@@ -22,6 +22,7 @@ from ragserve.api.jobs import DocumentError, DocumentProgress, IndexJobRequest, 
 from ragserve.errors import NotFoundError, PayloadTooLargeError, ServiceError
 from ragserve.jobs.store import Job, JobItem, JobStore
 from ragserve.service.documents import DocumentService
+from ragserve.service.usage import Usage, UsageBackend
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,10 @@ def dispatch(handlers: Mapping[str, Handler]) -> Handler:
     return handle
 
 
+#: The job's ``meta`` entry naming the key that submitted it (``_``: not shown in the job's info).
+USAGE_KEY = "_usage_key"
+
+
 class JobService:
     def __init__(
         self,
@@ -56,8 +61,10 @@ class JobService:
         max_document_chars: int,
         wake: Callable[[], None] | None = None,
         webhook_configured: bool = False,
+        usage: UsageBackend | None = None,
     ):
         self.store = store
+        self.usage = usage  # where the embedding tokens of each batch go, under the key that submitted the job
         self.documents = documents
         self.batch_documents = batch_documents
         self.max_documents = max_documents
@@ -66,8 +73,9 @@ class JobService:
         self.webhook_configured = webhook_configured
 
     # --- the API --------------------------------------------------------------------------------
-    async def submit(self, req: IndexJobRequest) -> JobInfo:
-        """Store the job whole (one transaction) and return it, queued; the runner starts it."""
+    async def submit(self, req: IndexJobRequest, usage_key: str | None = None) -> JobInfo:
+        """Store the job whole (one transaction) and return it, queued; the runner starts it.
+        ``usage_key``: the name of the key that submits it, whose usage its batches' embedding is."""
         docs = req.documents
         if len(docs) > self.max_documents:
             raise PayloadTooLargeError(
@@ -96,7 +104,7 @@ class JobService:
             DOCUMENTS_JOB,
             req.index_name,
             items,
-            {"documents": len(docs), "batch_documents": n},
+            {"documents": len(docs), "batch_documents": n, **({USAGE_KEY: usage_key} if usage_key else {})},
             req.webhook and self.webhook_configured,
         )
         if self._wake is not None:
@@ -196,7 +204,7 @@ class JobService:
             documents=progress,
             errors=sorted(errors, key=lambda e: e.index)[:ERROR_LIMIT],
             error=job.error,
-            meta=job.meta,
+            meta={k: v for k, v in job.meta.items() if not k.startswith("_")},  # "_": the server's own
         )
 
     def _all_items(self, job_id: str) -> list[JobItem]:
@@ -218,6 +226,7 @@ class JobService:
         docs = [Document(**d) for d in item.payload.get("documents", [])]
         try:
             records = await self.documents.add_documents(job.index, docs)
+            await self._metered(job, docs)
             return {"doc_ids": [r.doc_id for r in records], "errors": []}
         except ServiceError as e:
             if not 400 <= e.status < 500:
@@ -230,11 +239,25 @@ class JobService:
             try:
                 (rec,) = await self.documents.add_documents(job.index, [d])
                 doc_ids.append(rec.doc_id)
+                await self._metered(job, [d])
             except ServiceError as e:
                 if not 400 <= e.status < 500:
                     raise  # the server's trouble, not the document's
                 errors.append(_doc_error(first + j, d, e))
         return {"doc_ids": doc_ids, "errors": errors}
+
+    async def _metered(self, job: Job, docs: list[Document]) -> None:
+        """Record the embedding tokens of ``docs``, indexed for ``job``, as its submitter's usage
+        (in the embedding model's tokens, as ``/index`` counts them); a failure is logged, not the item's."""
+        key = job.meta.get(USAGE_KEY)
+        if self.usage is None or not isinstance(key, str):
+            return
+        count = self.documents.chunker.count_tokens
+        try:
+            tokens = await asyncio.to_thread(lambda: sum(count(d.text) for d in docs))
+            await self.usage.record([Usage(key, (job.index,), embedding_tokens=tokens)])
+        except Exception:
+            log.exception("could not record the usage of job %s", job.id)
 
 
 def _doc_error(index: int, doc: Document, e: ServiceError) -> dict[str, Any]:

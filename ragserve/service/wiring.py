@@ -91,6 +91,7 @@ def build_ingestion(settings: Settings, documents: DocumentService, limits: Requ
         lease_s=settings.job_lease_s,
         notifier=notifier,
     )
+    usage = UsageService(UsageLedger(root / USAGE_FILE))
     jobs = JobService(
         store,
         documents,
@@ -99,6 +100,7 @@ def build_ingestion(settings: Settings, documents: DocumentService, limits: Requ
         max_document_chars=settings.max_document_chars,
         wake=runner.wake,
         webhook_configured=notifier is not None,
+        usage=usage,
     )
     vector_stores = VectorStoreService(
         VectorStoreCatalog(root / VECTOR_STORES_FILE),
@@ -110,7 +112,6 @@ def build_ingestion(settings: Settings, documents: DocumentService, limits: Requ
         wake=runner.wake,
     )
     handlers.update({DOCUMENTS_JOB: jobs.index_batch, FILE_JOB: vector_stores.index_file_item})
-    usage = UsageService(UsageLedger(root / USAGE_FILE))
     return Ingestion(files, jobs, vector_stores, usage, runner)
 
 

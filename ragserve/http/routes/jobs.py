@@ -25,9 +25,9 @@ def jobs_router(jobs: JobService) -> APIRouter:
     async def submit_job(body: IndexJobRequest, request: Request, response: Response) -> JobInfo:
         """Index documents in the background: accepted at once (202) with the job's id; the job
         survives a restart of the server. Poll ``GET /jobs/{id}`` (the ``Location`` header)."""
-        allow(request, Role.WRITE, body.index_name)
-        job = await jobs.submit(body)
-        # documents and bytes accepted; their tokens are embedded later by the runner, not metered here
+        principal = allow(request, Role.WRITE, body.index_name)
+        job = await jobs.submit(body, usage_key=principal.name)
+        # documents and bytes accepted; their tokens are recorded by the runner as it embeds them
         metered_documents(request, [d.text for d in body.documents], embedded=False)
         response.headers["Location"] = f"jobs/{job.id}"
         return job

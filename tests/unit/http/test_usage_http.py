@@ -146,8 +146,15 @@ def test_embeddings_index_and_jobs_are_metered(app, embedder) -> None:
 
     job = app.post("/jobs", json={"index_name": "lamps", "documents": docs[:1]}, headers=bearer(TEAM_A))
     assert job.status_code == 202
+    assert "_usage_key" not in job.text  # the submitter's name is the server's, not shown in the job
     row = settled(app, ("team-a", "lamps"), "requests", 2)
-    assert row["documents"] == 3 and row["embedding_tokens"] == sum(count(d["text"]) for d in docs)  # job: not yet
+    assert row["documents"] == 3
+    # the job's tokens are recorded by the runner as it embeds its batch
+    want = sum(count(d["text"]) for d in docs) + count(docs[0]["text"])
+    row = settled(app, ("team-a", "lamps"), "embedding_tokens", want)
+    assert row["embedding_tokens"] == want and row["requests"] == 2
+    done = app.get(f"/jobs/{job.json()['id']}", headers=bearer(TEAM_A)).json()
+    assert done["status"] == "completed" and "_usage_key" not in done["meta"]
 
 
 def test_requests_per_minute_answers_429_with_openais_headers(app) -> None:
