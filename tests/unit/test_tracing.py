@@ -109,14 +109,20 @@ def test_attributes_from_user_input_are_bounded() -> None:
     assert tracing.content("secret question") is None  # capture is off by default
 
 
-def test_off_path_costs_microseconds() -> None:
-    """What a request pays with tracing off: the stages and spans it opens, a carrier per Ray hop
-    (none made), about 15 helper calls in all (``bench_tracing.off_path_us``, which the benchmark
-    reports too). Under a microsecond each here; the bound is loose for a shared, noisy machine."""
+def test_off_makes_nothing() -> None:
+    """With tracing off the helpers a request calls make no span, carrier or context: a stage only
+    times itself. (What that costs, ~8 µs a RAG chat, is printed by ``bench_tracing``, which runs
+    ``off_path_us``: speed is measured there, not asserted here.)"""
     assert not tracing.ENABLED
+    timings: dict[str, float] = {}
+    with tracing.stage("search", timings) as s:
+        assert s is INVALID_SPAN
+    assert timings["search"] >= 0
+    with tracing.span("rag.plan") as s:
+        assert s is INVALID_SPAN
     assert tracing.carrier() is None and tracing.start("llm.generate") is INVALID_SPAN
-    per_request_us = off_path_us(2000)
-    assert per_request_us < 20, per_request_us
+    assert tracing.traceparent(INVALID_SPAN) is None
+    assert off_path_us(10) > 0  # the benchmark's loop runs the same helpers without error
 
 
 def test_content_capture_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
