@@ -276,16 +276,15 @@ class ChatService:
         chunks: AsyncIterator[ChatCompletionChunk] = self.llm.passthrough_stream(body, max_tokens)
         if span is not None:
             chunks = tracing.within(span, chunks)
-        first, usage = True, None
+        first = True
         try:
             async for chunk in chunks:
                 if first and span is not None:
                     span.set_attribute(TTFT, time.perf_counter() - t0)
                 first = False
-                usage = chunk.usage or usage
+                outcome.usage = chunk.usage or outcome.usage
                 outcome.relayed.extend(c.delta.content for c in chunk.choices if c.index == 0 and c.delta.content)
                 _stamp(chunk, cid, created)
-                outcome.usage = usage
                 yield chunk
         except BaseException as e:
             if span is not None:
@@ -295,7 +294,7 @@ class ChatService:
             outcome.timings["generate"] = time.perf_counter() - t0
             await _close(chunks)
             if span is not None:
-                _usage_attributes(span, usage, None)
+                _usage_attributes(span, outcome.usage, None)
                 span.end()
 
     # --- RAG ----------------------------------------------------------------------------------

@@ -399,11 +399,7 @@ class UsageMeter:
             for metric, value in usage.counts().items():
                 if value:
                     self.telemetry.usage(usage.key, idx, metric, value)
-        slot = self._buffer.get((usage.key, usage.indexes))
-        if slot is None:
-            self._buffer[(usage.key, usage.indexes)] = Usage(usage.key, usage.indexes, **usage.counts())
-        else:
-            slot.merge(usage)
+        self.add_back(Usage(usage.key, usage.indexes, **usage.counts()))  # a copy: the buffer merges into it
         if urgent and self._wake is not None:
             self._wake.set()
 
