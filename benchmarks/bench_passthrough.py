@@ -67,8 +67,11 @@ BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "Say hel
 
 
 def deploy_floor(port: int) -> str:
-    """A Serve deployment that answers a constant chat completion: what Serve itself costs."""
+    """A Serve deployment that answers at once with a constant body: what Serve itself costs. It has
+    the routes the benchmarks compare with: a chat completion (an SSE stream of three events when the
+    body asks for one, found without parsing it), ``/retrieve`` and ``/health``."""
     from fastapi import FastAPI
+    from fastapi.responses import Response, StreamingResponse
     from ray import serve
 
     api = FastAPI()
@@ -80,17 +83,40 @@ def deploy_floor(port: int) -> str:
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
     }
+    events = [
+        b'data: {"id":"x","object":"chat.completion.chunk","created":0,"model":"floor","choices":[{"index":0,'
+        + part
+        + b"}]}\n\n"
+        for part in (
+            b'"delta":{"role":"assistant","content":""},"finish_reason":null',
+            b'"delta":{"content":"hello"},"finish_reason":null',
+            b'"delta":{},"finish_reason":"stop"',
+        )
+    ] + [b"data: [DONE]\n\n"]
+    retrieved = {"query": "q", "results": [], "count": 0}
 
     @serve.deployment(ray_actor_options={"num_cpus": 0.1})
     @serve.ingress(api)
     class Floor:
         @api.post("/v1/chat/completions")
-        async def chat(self) -> dict:
+        async def chat(self, request: Request) -> Any:
+            assert isinstance(request, Request)  # (a global the pickled class must carry for FastAPI)
+            if b'"stream": true' in await request.body():
+
+                async def sse() -> Any:
+                    for event in events:
+                        yield event
+
+                return StreamingResponse(sse(), media_type="text/event-stream")
             return answer
 
+        @api.post("/retrieve")
+        async def retrieve(self) -> dict:
+            return retrieved
+
         @api.get("/health")
-        async def health(self) -> dict:
-            return {"status": "ok"}
+        async def health(self) -> Response:
+            return Response(b'{"status":"ok"}', media_type="application/json")
 
     serve.run(as_deployment(Floor).bind(), name="floor", route_prefix="/floor", blocking=False)
     base = f"http://127.0.0.1:{port}/floor"

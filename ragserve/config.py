@@ -123,6 +123,13 @@ class Settings(BaseSettings):
     embedding_batch_wait_s: float = Field(default=0.005, ge=0)
     embedding_cache_size: int = Field(default=10_000, ge=0)
     embedding_cache_ttl_s: float = Field(default=24 * 3600.0, gt=0)
+    passage_cache_size: int = Field(
+        default=20_000,
+        ge=0,
+        description="Vectors of evidence passages kept in each ingress replica, by text (0: none). A RAG "
+        "chat embeds a dozen or more sentences of its sources to find its evidence; the same documents "
+        "answer many questions, so their windows come back. About 1.5 KiB each for a 384-d model.",
+    )
     query_embedding: QueryEmbeddingSetting = Field(
         default="auto",
         description="Where queries are embedded: in each ingress replica (a model copy per "

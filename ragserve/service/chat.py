@@ -60,6 +60,7 @@ from ragserve.rag.followup import (
 )
 from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan
 from ragserve.rag.prompt import with_evidence
+from ragserve.service.cache import PassageVectors
 from ragserve.service.documents import DocumentService
 from ragserve.service.retrieval import QUERY_EMBED_CHARS
 
@@ -98,6 +99,7 @@ class ChatOptions:
     sources_in_content: bool
     evidence_passages: int
     evidence_in_prompt: int
+    passage_cache_size: int
     answerability: bool
     answerable_threshold: float
     answerable_coverage: float
@@ -151,6 +153,10 @@ class ChatService:
         self.documents = documents
         self.llm = llm
         self.embedder = embedder
+        #: the evidence windows' vectors, by text: the same sources come back for many questions
+        self.passages = (
+            PassageVectors(embedder.embed_documents, options.passage_cache_size) if embedder is not None else None
+        )
 
     # --- entry points -------------------------------------------------------------------------
     async def complete(self, request: ChatCompletionRequest) -> ChatOutcome:
@@ -474,20 +480,21 @@ class ChatService:
         answer to ``query``, best first, and how much of the question they mention
         (``ragserve.rag.evidence``): the sentences are cut and shortlisted by the query's terms on a
         worker thread, the shortlisted ones embedded in one small batch beside the query (whose
-        vector retrieval has just computed: a cache hit where queries are cached), then scored.
+        vector retrieval has just computed: a cache hit where queries are cached; the windows'
+        vectors come from ``PassageVectors``, which embeds only those it has not seen), then scored.
         None when neither evidence nor answerability is asked for, or the embedder failed (the
         answer then goes on without them). ``asked``: the newest turn, whose coverage and names the
         rule reads when ``query`` joins earlier turns to it."""
         o = self.options
-        embedder = self.embedder
-        if embedder is None or not nodes or (o.evidence_passages == 0 and not o.answerability):
+        embedder, passages = self.embedder, self.passages
+        if embedder is None or passages is None or not nodes or (o.evidence_passages == 0 and not o.answerability):
             return None
         short = await asyncio.to_thread(_shortlist, query, nodes, asked)
         texts = [embed_text(short.found[i]) for i in short.to_embed]
         try:
             query_vector, vectors = await asyncio.gather(
                 embedder.embed_query(query[:QUERY_EMBED_CHARS]),
-                embedder.embed_documents(texts) if texts else _no_vectors(),
+                passages.embed(texts) if texts else _no_vectors(),
             )
         except ServiceError as e:
             log.warning("evidence not computed, the embedder failed: %s", e.message)

@@ -314,3 +314,28 @@ def test_the_repeated_passage_keeps_the_margin_of_estimated_counts(build) -> Non
             hinted += 1
             assert outcome.stats["prompt_tokens"] - fixed <= int((window - fixed - 16) * 0.8), window
     assert hinted  # a window large enough takes it
+
+
+def test_a_second_question_over_the_same_sources_embeds_no_window_again(build) -> None:
+    """The evidence windows' vectors are cached by text (``PassageVectors``): the same sources
+    answering another question cost no embedding, and the evidence found is the same as the
+    first time (the vectors are the windows' own, not the first question's)."""
+    svc, _ = build()
+    first = asyncio.run(svc.chat.complete(request(ANSWERED))).response
+    passages = svc.chat.passages
+    assert passages is not None and len(passages) > 0 and passages.hits == 0
+    embedded = passages.misses
+    again = asyncio.run(svc.chat.complete(request(ANSWERED.upper()))).response
+    assert passages.misses == embedded and passages.hits == embedded  # every window found, none embedded
+    assert first is not None and again is not None and first.rag is not None and again.rag is not None
+    assert [e.text for e in again.rag.evidence or []] == [e.text for e in first.rag.evidence or []]
+
+
+def test_passage_cache_size_zero_embeds_every_time_with_the_same_evidence(build) -> None:
+    svc, _ = build(passage_cache_size=0)
+    first = asyncio.run(svc.chat.complete(request(ANSWERED))).response
+    again = asyncio.run(svc.chat.complete(request(ANSWERED))).response
+    passages = svc.chat.passages
+    assert passages is not None and len(passages) == 0 and passages.hits == 0 and passages.misses > 0
+    assert first is not None and again is not None and first.rag is not None and again.rag is not None
+    assert [e.text for e in again.rag.evidence or []] == [e.text for e in first.rag.evidence or []]
