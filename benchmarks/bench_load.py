@@ -266,8 +266,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.docs, args.concurrency, args.duration, args.warmup = 60, "1,2", 1.5, 0.5
-        args.rates, args.ingest_docs = "5", 64
+        args.docs, args.concurrency, args.duration, args.warmup = 60, "1,2", 1.0, 0.3
+        args.paths, args.open_paths, args.rates, args.ingest_docs = "retrieve,chat,stream", "retrieve", "5", 64
     import json
 
     concurrency = [int(c) for c in args.concurrency.split(",")]
