@@ -4,7 +4,7 @@ measured in the same run with the same client.
 
     python -m benchmarks.bench_load [--docs 2000] [--concurrency 1,4,16,64] [--duration 15]
         [--rates 25,50,100,200] [--paths retrieve,retrieve-warm,chat,chat-warm,passthrough,stream]
-        [--ingest-docs 2000] [--peer-url URL] [--mode high-throughput]
+        [--ingest-docs 2000] [--peer-url URL] [--ingress-replicas 1] [--mode high-throughput]
         [--json out.json] [--out docs/img/load.png] [--smoke]
 
 What runs: a private Ray in Serve's high-throughput mode (as ``make run``), the real application
@@ -258,6 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--paths", default=",".join(PATHS))
     ap.add_argument("--ingest-docs", type=int, default=2000, help="0: no queries-during-ingestion run")
     ap.add_argument("--peer-url", default=None, help="a server of KAITO RAGEngine's API, measured alike")
+    ap.add_argument("--ingress-replicas", type=int, default=1)
     ap.add_argument("--mode", default="high-throughput", help="MODE[:QUERY_EMBEDDING] (benchmarks.common)")
     ap.add_argument("--answer-cache", action="store_true", help="let RAG chats use the answer cache")
     ap.add_argument("--settings", default="{}", help="more application settings, as JSON")
@@ -295,7 +296,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ray_serve(high_throughput=high_throughput) as port,
     ):
         floor = deploy_floor(port)
-        base = deploy_ragserve(port, "rag", {**settings, "llm_url": fake.url})
+        ingress = {"num_replicas": args.ingress_replicas}
+        base = deploy_ragserve(port, "rag", {**settings, "llm_url": fake.url}, {"Ingress": ingress})
         t0 = time.perf_counter()
         result["index_docs_per_s"] = index_docs(base, texts)
         print(f"indexed {len(texts)} documents in {time.perf_counter() - t0:.1f}s", flush=True)

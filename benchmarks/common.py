@@ -243,14 +243,17 @@ def ray_serve(num_cpus: int = 4, high_throughput: bool | None = None) -> Iterato
         ray.shutdown()
 
 
-def deploy_ragserve(port: int, name: str, settings: dict[str, Any]) -> str:
-    """Run the real application (``ragserve.deployments.builder:build_app``) under ``/name``; its base URL."""
+def deploy_ragserve(
+    port: int, name: str, settings: dict[str, Any], options: dict[str, dict[str, Any]] | None = None
+) -> str:
+    """Run the real application (``ragserve.deployments.builder:build_app``) under ``/name``; its base
+    URL. ``options``: deployment options by name, as a serve config's ``deployments:`` sets them."""
     from ray import serve
 
     from ragserve.deployments.builder import build_app
 
     serve.run(
-        build_app({"model_cache_dir": str(MODEL_CACHE), "shard_num_cpus": 0.1, **settings}),
+        build_app({"model_cache_dir": str(MODEL_CACHE), "shard_num_cpus": 0.1, **settings}, options),
         name=name,
         route_prefix=f"/{name}",
         blocking=False,

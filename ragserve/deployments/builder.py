@@ -16,14 +16,27 @@ from ragserve.deployments.ingestion import Ingestion
 from ragserve.deployments.ingress import Ingress
 
 
-def build_app(args: dict[str, Any] | Settings | None = None) -> Application:
+def build_app(
+    args: dict[str, Any] | Settings | None = None, options: dict[str, dict[str, Any]] | None = None
+) -> Application:
+    """``options``: deployment options by deployment name (``{"Ingress": {"num_replicas": 2}}``), what a
+    serve config's ``deployments:`` list sets, for code that deploys without one (benchmarks, tests)."""
     settings = args if isinstance(args, Settings) else Settings(**(args or {}))
-    embedder = as_deployment(Embedder).bind(settings)
+    opts = dict(options or {})
+    unknown = sorted(set(opts) - {"Embedder", "Generator", "Ingestion", "Ingress"})
+    if unknown:
+        raise ValueError(f"no deployment named {unknown}; the deployments are Embedder, Generator, Ingestion, Ingress")
+
+    def deployment(cls: object, name: str) -> Deployment:
+        d = as_deployment(cls)
+        return d.options(**opts[name]) if name in opts else d
+
+    embedder = deployment(Embedder, "Embedder").bind(settings)
     # A remote LLM is only an HTTP client: the ingress calls it itself, one actor hop less.
-    generator = None if settings.llm_in_ingress else as_deployment(Generator).bind(settings)
+    generator = None if settings.llm_in_ingress else deployment(Generator, "Generator").bind(settings)
     # files, jobs and vector stores: one owner of their catalogs and the job runner (one replica)
-    ingestion = as_deployment(Ingestion).bind(embedder, settings)
-    return as_deployment(Ingress).bind(embedder, generator, settings, ingestion)
+    ingestion = deployment(Ingestion, "Ingestion").bind(embedder, settings)
+    return deployment(Ingress, "Ingress").bind(embedder, generator, settings, ingestion)
 
 
 def as_deployment(cls: object) -> Deployment:
