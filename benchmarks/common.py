@@ -252,8 +252,9 @@ def deploy_ragserve(
 
     from ragserve.deployments.builder import build_app
 
+    args = {"model_cache_dir": str(MODEL_CACHE), "shard_num_cpus": 0.1, **settings}
     serve.run(
-        build_app({"model_cache_dir": str(MODEL_CACHE), "shard_num_cpus": 0.1, **settings}, options),
+        build_app(args, options) if options else build_app(args),
         name=name,
         route_prefix=f"/{name}",
         blocking=False,
