@@ -252,7 +252,7 @@ def serve_failure(name: str) -> str | None:
     from ray import serve
 
     app = serve.status().applications.get(name)
-    if app is None or str(app.status) != "DEPLOY_FAILED":
+    if app is None or app.status != "DEPLOY_FAILED":  # a str enum: str() of it is "ApplicationStatus.…"
         return None
     reasons = [app.message] + [f"{d}: {s.message}" for d, s in app.deployments.items() if s.message]
     return "; ".join(r for r in reasons if r) or "DEPLOY_FAILED"

@@ -436,3 +436,29 @@ async def test_vllm_alone_generates_from_each_chats_rebuilt_prompt_with_the_appl
         (len(PIECES), len(ids), False),  # the chat said another length: not the same prompt
     ]
     assert all(0 < g.ttft_s <= g.last_s for g, _ in out)
+
+
+def test_a_deployment_serve_gave_up_on_stops_the_wait_with_serves_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``deploy_ragserve`` waits for health unless Serve says the application failed (vLLM that cannot
+    start fails every replica's constructor): then at once, with Serve's messages."""
+    from ray import serve
+    from ray.serve.schema import ApplicationStatus
+
+    from benchmarks.common import serve_failure, wait_healthy
+
+    def status(app_status: ApplicationStatus) -> Any:
+        generator = SimpleNamespace(message="ValueError: Free memory on device (2.1 GiB) is too little")
+        app = SimpleNamespace(
+            status=app_status, message="Deploying app 'gpu' failed.", deployments={"Generator": generator}
+        )
+        return SimpleNamespace(applications={"gpu": app})
+
+    monkeypatch.setattr(serve, "status", lambda: status(ApplicationStatus.DEPLOYING))
+    assert serve_failure("gpu") is None and serve_failure("other") is None
+    monkeypatch.setattr(serve, "status", lambda: status(ApplicationStatus.DEPLOY_FAILED))
+    reason = serve_failure("gpu")
+    assert reason == "Deploying app 'gpu' failed.; Generator: ValueError: Free memory on device (2.1 GiB) is too little"
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="will not become healthy: Deploying app 'gpu' failed"):
+        wait_healthy("http://127.0.0.1:9", timeout_s=60, failed=lambda: serve_failure("gpu"))
+    assert time.monotonic() - started < 5
