@@ -1,6 +1,7 @@
 # ragserve: two commands do everything on a fresh machine.
 #   make run   - create .venv, install what serving needs, serve the application on the embedded CPU models
 #   make test  - also install the test tools (and Chromium), lint and run the whole test suite
+#   make gpu-check - on an NVIDIA GPU machine: the gpu extra in .venv-gpu, the application on vLLM and CUDA
 # Each installs through its own stamp: `make run` after `make test` installs nothing, `make test`
 # after `make run` adds only the test extras; a change to pyproject.toml re-installs both.
 PYTHON ?= python3
@@ -10,7 +11,14 @@ RUN_STAMP  := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 CONFIG ?= configs/local.yaml
 
-.PHONY: install run test test-fast lint typecheck clean
+# make gpu-check: the GPU extra in a venv of its own (vLLM pins a CUDA torch where .[cpu] pins a CPU one,
+# and faiss-gpu and faiss-cpu write the same package), installed once behind its stamp.
+GPU_VENV   ?= .venv-gpu
+GPU_BIN    := $(GPU_VENV)/bin
+GPU_STAMP  := $(GPU_VENV)/.installed-gpu
+GPU_CHECK_ARGS ?=
+
+.PHONY: install run test test-fast lint typecheck clean gpu-check gpu-preflight
 
 $(RUN_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -49,5 +57,19 @@ test: lint typecheck
 test-fast: $(TEST_STAMP)
 	$(BIN)/python -m pytest tests/unit -q -m "not slow"
 
+# GPU readiness in one command (benchmarks/gpu_check.py, README "GPU check"): the machine first (any
+# python3, no install: a CPU machine stops here in a second), then the gpu extra, then the application
+# on vLLM, faiss-gpu and CUDA against its parts alone. GPU_CHECK_ARGS="--quick --json out.json".
+gpu-preflight:
+	$(PYTHON) -m benchmarks.gpu_check preflight --venv $(GPU_VENV)
+
+$(GPU_STAMP): pyproject.toml | gpu-preflight
+	test -x $(GPU_BIN)/python || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_BIN)/python -m benchmarks.gpu_check install
+	touch $(GPU_STAMP)
+
+gpu-check: gpu-preflight $(GPU_STAMP)
+	PYTHONUNBUFFERED=1 $(GPU_BIN)/python -m benchmarks.gpu_check run $(GPU_CHECK_ARGS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .coverage
+	rm -rf $(VENV) $(GPU_VENV) .pytest_cache .ruff_cache .coverage

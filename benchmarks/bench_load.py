@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ):
         floor = deploy_floor(port)
         options = {"Ingress": {"num_replicas": args.ingress_replicas}} if args.ingress_replicas != 1 else None
-        base = deploy_ragserve(port, "rag", {**settings, "llm_url": fake.url}, options)
+        base = deploy_ragserve(port, "rag", {**settings, "llm_url": fake.url}, options=options)
         t0 = time.perf_counter()
         result["index_docs_per_s"] = index_docs(base, texts)
         print(f"indexed {len(texts)} documents in {time.perf_counter() - t0:.1f}s", flush=True)

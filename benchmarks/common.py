@@ -15,7 +15,7 @@ import socket
 import statistics
 import textwrap
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -194,9 +194,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(base: str, timeout_s: float = 600) -> None:
+def wait_healthy(base: str, timeout_s: float = 600, failed: Callable[[], str | None] | None = None) -> None:
+    """Until ``base``/health answers 200; ``failed``, asked between tries, gives a reason to stop waiting."""
     deadline, last = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
+        reason = failed() if failed is not None else None
+        if reason:
+            raise RuntimeError(f"{base} will not become healthy: {reason}")
         try:
             r = httpx.get(f"{base}/health", timeout=5)
             if r.status_code == 200:
@@ -243,11 +247,27 @@ def ray_serve(num_cpus: int = 4, high_throughput: bool | None = None) -> Iterato
         ray.shutdown()
 
 
+def serve_failure(name: str) -> str | None:
+    """Why Serve gave up deploying application ``name`` (a replica's constructor kept failing), else None."""
+    from ray import serve
+
+    app = serve.status().applications.get(name)
+    if app is None or app.status != "DEPLOY_FAILED":  # a str enum: str() of it is "ApplicationStatus.…"
+        return None
+    reasons = [app.message] + [f"{d}: {s.message}" for d, s in app.deployments.items() if s.message]
+    return "; ".join(r for r in reasons if r) or "DEPLOY_FAILED"
+
+
 def deploy_ragserve(
-    port: int, name: str, settings: dict[str, Any], options: dict[str, dict[str, Any]] | None = None
+    port: int,
+    name: str,
+    settings: dict[str, Any],
+    timeout_s: float = 600,
+    options: dict[str, dict[str, Any]] | None = None,
 ) -> str:
     """Run the real application (``ragserve.deployments.builder:build_app``) under ``/name``; its base
-    URL. ``options``: deployment options by name, as a serve config's ``deployments:`` sets them."""
+    URL once healthy (a deployment Serve gave up on raises at once, with Serve's reason).
+    ``options``: deployment options by name, as a serve config's ``deployments:`` sets them."""
     from ray import serve
 
     from ragserve.deployments.builder import build_app
@@ -260,7 +280,7 @@ def deploy_ragserve(
         blocking=False,
     )
     base = f"http://127.0.0.1:{port}/{name}"
-    wait_healthy(base)
+    wait_healthy(base, timeout_s, failed=lambda: serve_failure(name))
     return base
 
 
@@ -338,17 +358,17 @@ def actor_call_floor(n: int, pause_s: float, actors: int = 2) -> dict[str, float
             ray.kill(h)
 
 
-def cached_embeddings(texts: list[str], tag: str) -> np.ndarray:
-    """MiniLM embeddings of ``texts``, computed once and kept under ``CACHE``. ``tag`` must name the
-    text generator's parameters: a cache of more texts with the same tag is a prefix-compatible
-    superset (the generator is sequential), so it is sliced instead of recomputed."""
+def cached_embeddings(texts: list[str], tag: str, device: str = "cpu", batch_size: int = 64) -> np.ndarray:
+    """MiniLM embeddings of ``texts``, computed once (on ``device``) and kept under ``CACHE``. ``tag``
+    must name the text generator's parameters: a cache of more texts with the same tag is a
+    prefix-compatible superset (the generator is sequential), so it is sliced instead of recomputed."""
     CACHE.mkdir(parents=True, exist_ok=True)
     for path in sorted(CACHE.glob(f"{tag}-*.npy"), key=lambda p: int(p.stem.rsplit("-", 1)[1])):
         if int(path.stem.rsplit("-", 1)[1]) >= len(texts):
             return np.load(path, mmap_mode="r")[: len(texts)].copy()
     from ragserve.models.embeddings import LocalEmbeddingModel
 
-    vecs = LocalEmbeddingModel(None, device="cpu").encode(texts, batch_size=64)
+    vecs = LocalEmbeddingModel(None, device=device).encode(texts, batch_size=batch_size)
     np.save(CACHE / f"{tag}-{len(texts)}.npy", vecs)
     return vecs
 
@@ -413,10 +433,16 @@ _ROLES = [
     ("ServeController", "Serve controller"),
     ("ProxyActor", "Serve HTTP proxy"),
     ("Generator", "generator replica"),
+    ("EngineCore", "vLLM engine core (the generator's)"),  # its process title: VLLM::EngineCore
     ("raylet", "Ray system (raylet, GCS, agents)"),
     ("gcs_server", "Ray system (raylet, GCS, agents)"),
     ("ray/", "Ray system (raylet, GCS, agents)"),
 ]
+
+
+def role_of(cmdline: str) -> str | None:
+    """Which part of the running application a process is, by its command line (None: not one)."""
+    return next((role for key, role in _ROLES if key in cmdline), None)
 
 
 def cpu_by_role() -> dict[str, float]:
@@ -434,11 +460,7 @@ def cpu_by_role() -> dict[str, float]:
             continue
         if times is None:
             continue
-        role = (
-            "benchmark process (client, fake upstream)"
-            if p.info["pid"] == me
-            else next((r for key, r in _ROLES if key in cmd), None)
-        )
+        role = "benchmark process (client, fake upstream)" if p.info["pid"] == me else role_of(cmd)
         if role is None:
             continue
         out[role] = out.get(role, 0.0) + times.user + times.system

@@ -107,6 +107,12 @@ class Settings(BaseSettings):
     )
     embedding_url: str | None = None
     embedding_api_key: SecretStr | None = None
+    embedding_device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description="Where the Embedder deployment runs the local model: auto: CUDA when torch sees a "
+        "GPU, else the CPU; cuda: on the GPU or not at all (the Embedder fails to start, saying why, rather "
+        "than fall back to the CPU). The ingress's own query copy (query_embedding) is always on the CPU.",
+    )
     embedding_threads: int | None = Field(
         default=None,
         ge=1,

@@ -36,7 +36,8 @@ class Embedder:
                 s.embedding_url, s.embedding_model, secret(s.embedding_api_key)
             )
         else:
-            self.model = LocalEmbeddingModel(s.embedding_model, threads=s.embedding_threads)
+            device = None if s.embedding_device == "auto" else s.embedding_device
+            self.model = LocalEmbeddingModel(s.embedding_model, device=device, threads=s.embedding_threads)
         self.batch_size = s.embedding_batch_size
         batcher: Any = self._embed_query_batch  # @serve.batch added the setters
         batcher.set_max_batch_size(s.embedding_batch_size)

@@ -181,6 +181,12 @@ class LocalEmbeddingModel:
         self._tokenizer_lock = threading.Lock()
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif device.startswith("cuda") and not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU build"
+            raise RuntimeError(
+                f"the embedding model cannot run on {device}: torch {torch.__version__} ({build}) sees no GPU; "
+                "install a CUDA build of torch on a machine with an NVIDIA GPU, or set embedding_device to auto or cpu"
+            )
         self.device = device
         self.pooling = plain_pooling(path) if plain else None
         if self.pooling is not None:

@@ -207,3 +207,31 @@ def test_doc_quality_smoke_asks_through_the_sdk_and_judges(embedding_model, tmp_
     assert port["evidence_has_fact"] in (True, False, None)  # None (n/a) until the server sends evidence
     assert results["kubernetes"]["not_covered"] in (True, False, None)
     assert out["summary"]["correct"] == {"yes": 1, "of": 1} and out["summary"]["p50_s"] > 0
+
+
+def test_gpu_check_times_a_streamed_rag_chat_and_rebuilds_the_prompt_it_sent(tmp_path: Path, embedding_model) -> None:
+    """What `make gpu-check` measures a RAG chat with, against the real application on the CPU (the
+    fake upstream in vLLM's place): the client-side timings, the sources the stream carries, and,
+    under the check's settings (``RAG_AS_BUILT``), ``build_rag_messages`` of those sources is exactly
+    what the model was sent, which is what vLLM alone is given."""
+    from benchmarks.gpu_check import RAG_AS_BUILT, chat_body, stream_rag_chat
+    from ragserve.api.documents import NodeWithScore
+    from ragserve.cli.client import RagClient
+    from ragserve.rag.prompt import build_rag_messages
+    from ragserve.testing.embedder import InProcessEmbedder
+    from ragserve.testing.live import serve
+
+    docs = [f"Pump {i} on line {i % 4} was serviced in week {20 + i}; its seals were replaced." for i in range(12)]
+    with (
+        FakeOpenAI(answer="Pump 3 was serviced in week 23 [1].", model="fake-model", max_model_len=4096) as fake,
+        inprocess_app(tmp_path, InProcessEmbedder(embedding_model), fake.url, **RAG_AS_BUILT) as (app, _),
+        serve(app) as base,
+        RagClient(url=base, timeout=60) as client,
+    ):
+        client.request("POST", "/index", json={"index_name": "kb", "documents": [{"text": t} for t in docs]})
+        question = "When was pump 3 serviced?"
+        gen, sources = stream_rag_chat(client, chat_body(question, 32, index="kb", top_k=3))
+        sent = fake.requests[-1]["messages"]
+    assert 0 < gen.ttft_s <= gen.last_s and gen.completion_tokens > 0 and gen.prompt_tokens > 0
+    assert len(sources) == 3 and all(s["text"] in docs for s in sources)
+    assert build_rag_messages([], [], question, [NodeWithScore.model_validate(s) for s in sources]) == sent
