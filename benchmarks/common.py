@@ -270,11 +270,11 @@ def deploy_ragserve(
     ``options``: deployment options by name, as a serve config's ``deployments:`` sets them."""
     from ray import serve
 
-    from ragserve.deployments.builder import build_app
+    from ragserve.deployments import builder
 
     args = {"model_cache_dir": str(MODEL_CACHE), "shard_num_cpus": 0.1, **settings}
     serve.run(
-        build_app(args, options) if options else build_app(args),
+        builder.build_app_with(args, options) if options else builder.build_app(args),
         name=name,
         route_prefix=f"/{name}",
         blocking=False,

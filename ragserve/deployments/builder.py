@@ -16,11 +16,17 @@ from ragserve.deployments.ingestion import Ingestion
 from ragserve.deployments.ingress import Ingress
 
 
-def build_app(
+def build_app(args: dict[str, Any] | Settings | None = None) -> Application:
+    """What a serve config's ``import_path`` names: Serve calls it with the config's ``args`` (and a
+    builder must take exactly that one parameter)."""
+    return build_app_with(args)
+
+
+def build_app_with(
     args: dict[str, Any] | Settings | None = None, options: dict[str, dict[str, Any]] | None = None
 ) -> Application:
-    """``options``: deployment options by deployment name (``{"Ingress": {"num_replicas": 2}}``), what a
-    serve config's ``deployments:`` list sets, for code that deploys without one (benchmarks, tests)."""
+    """``build_app`` with deployment options by deployment name (``{"Ingress": {"num_replicas": 2}}``),
+    what a serve config's ``deployments:`` list sets, for code that deploys without one (benchmarks)."""
     settings = args if isinstance(args, Settings) else Settings(**(args or {}))
     opts = dict(options or {})
     unknown = sorted(set(opts) - {"Embedder", "Generator", "Ingestion", "Ingress"})
