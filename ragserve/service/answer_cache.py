@@ -59,8 +59,10 @@ EVICTION, INVALIDATION = "eviction", "invalidation"
 #: Entries of the same rest-of-key compared with a question in the near-duplicate lookup (the most
 #: recently kept first): bounds its cost whatever the cache holds.
 SIMILAR_SCAN = 256
-#: Bytes an entry takes beyond its answer and vector: its key, versions and bookkeeping (an estimate).
+#: Bytes an entry takes beyond its answer and vector: its key and bookkeeping, and each of its
+#: versions (one per index and shard), estimated.
 ENTRY_OVERHEAD = 512
+VERSION_BYTES = 120
 #: A request whose messages hold more characters than this is keyed on a worker thread.
 INLINE_KEY_CHARS = 32_768
 #: Request fields that change how an answer is delivered, or who asked, not what it says.
@@ -135,10 +137,28 @@ class AnswerKey:
     rest: str
 
 
-def key_size(plan: RagPlan) -> int:
-    """About how many characters :func:`answer_key` serialises (to key a large request off the loop)."""
-    messages = [*plan.system, *plan.history]
-    return len(plan.query) + sum(len(str(m.get("content") or "")) for m in messages)
+def large_key(plan: RagPlan, limit: int = INLINE_KEY_CHARS) -> bool:
+    """Whether :func:`answer_key` would serialise more than about ``limit`` characters (then it runs
+    on a worker thread): the question, messages and forwarded fields are walked only until that
+    much is counted, so a huge request costs no more than a small one to tell."""
+    total = 0
+    todo: list[Any] = [plan.query, plan.system, plan.history, plan.body]
+    while todo:
+        value = todo.pop()
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, dict):
+            total += len(value)
+            todo.extend(value.keys())
+            todo.extend(value.values())
+        elif isinstance(value, list | tuple):
+            total += len(value)
+            todo.extend(value)
+        else:
+            total += 1
+        if total > limit:
+            return True
+    return False
 
 
 def answer_key(plan: RagPlan, server: Mapping[str, Any]) -> AnswerKey:
@@ -284,7 +304,7 @@ class AnswerCache:
             vector = None
         elif vector is not None:
             vector = _unit(vector)
-        size = len(body) + (vector.nbytes if vector is not None else 0) + ENTRY_OVERHEAD
+        size = len(body) + (vector.nbytes if vector is not None else 0) + ENTRY_OVERHEAD + VERSION_BYTES * len(versions)
         if size > self.options.answer_cache_max_bytes:
             return False
         if key.key in self._entries:

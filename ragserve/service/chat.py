@@ -63,7 +63,6 @@ from ragserve.rag.prompt import with_evidence
 from ragserve.service.answer_cache import (
     BYPASS,
     HIT,
-    INLINE_KEY_CHARS,
     MISS,
     NO_CACHE,
     AnswerCache,
@@ -73,7 +72,7 @@ from ragserve.service.answer_cache import (
     Versions,
     answer_key,
     cache_policy,
-    key_size,
+    large_key,
     replay_pieces,
 )
 from ragserve.service.documents import DocumentService
@@ -524,7 +523,7 @@ class ChatService:
             "window": await self.llm.context_window(),
             "context": None if size is None else [size.top_k, size.cap],
         }
-        if key_size(p) > INLINE_KEY_CHARS:
+        if large_key(p):
             return await asyncio.to_thread(answer_key, p, server)
         return answer_key(p, server)
 

@@ -29,6 +29,7 @@ from ragserve.service.answer_cache import (
     StreamRecorder,
     answer_key,
     cache_policy,
+    large_key,
     normalise_question,
     replay_pieces,
 )
@@ -122,6 +123,14 @@ def test_system_messages_history_and_server_decisions_are_keyed() -> None:
     p = rag_plan()
     assert answer_key(p, SERVER) != answer_key(p, {**SERVER, "window": 8192})
     assert answer_key(p, SERVER).rest == answer_key(rag_plan("Something else?"), SERVER).rest
+
+
+def test_a_large_request_is_told_without_reading_all_of_it() -> None:
+    assert not large_key(rag_plan(logit_bias={"1": 2}))
+    assert large_key(rag_plan("x" * 40_000))
+    assert large_key(rag_plan(some_field="y" * 40_000))  # any forwarded field counts
+    assert large_key(rag_plan(some_field=[[1] * 100] * 400))  # many small values too
+    assert not large_key(rag_plan(some_field="y" * 40_000), limit=10**9)
 
 
 # --- the rules --------------------------------------------------------------------------------
