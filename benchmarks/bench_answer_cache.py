@@ -34,6 +34,7 @@ import httpx
 import numpy as np
 
 from benchmarks.common import bar_plot, machine, pct, table, write_json
+from ragserve.http.server_timing import parse_server_timing
 from ragserve.models.embeddings import LocalEmbeddingModel
 from ragserve.service.query_embedding import InProcessQueryEmbedder
 from ragserve.testing.embedder import InProcessEmbedder
@@ -93,6 +94,7 @@ async def run_phase(
     todo = iter(sequence)
     latencies: list[float] = []
     outcomes: list[str] = []
+    lookups: list[float] = []  # the cache stage of Server-Timing (ms): key, version read, lookup
 
     async def one_client() -> None:
         for q in todo:  # a shared iterator: each client takes the next question when it is free
@@ -109,11 +111,12 @@ async def run_phase(
             if r.status_code != 200 or r.headers.get("x-rag-mode") != "rag":
                 raise RuntimeError(f"{r.status_code} {r.headers.get('x-rag-mode')}: {r.text[:300]}")
             outcomes.append(r.headers.get("x-rag-cache", "none"))
+            lookups.append(parse_server_timing(r.headers.get("server-timing", "")).get("cache", float("nan")))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(one_client() for _ in range(clients)))
     wall = time.perf_counter() - t0
-    return {"latencies": latencies, "outcomes": outcomes, "wall_s": wall}
+    return {"latencies": latencies, "outcomes": outcomes, "lookups": lookups, "wall_s": wall}
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -202,6 +205,13 @@ def main(argv: list[str] | None = None) -> None:
                         "p50_ms": pct(part, 50),
                         "p99_ms": pct(part, 99),
                     }
+    on_run = results["cache on"]
+    stage = {
+        outcome: [ms for ms, o in zip(on_run["lookups"], on_run["outcomes"], strict=True) if o == outcome]
+        for outcome in ("hit", "miss")
+    }
+    stage = {"hits": stage["hit"], "misses": stage["miss"]}
+    summary["cache stage ms"] = {o: {"p50": pct(xs, 50), "p99": pct(xs, 99)} for o, xs in stage.items() if xs}
     off, on = summary["cache off"], summary["cache on"]
     print(
         f"{machine()}; RAG chat, in-process app, {results['docs']} documents ({args.questions} questions) on "
@@ -212,7 +222,9 @@ def main(argv: list[str] | None = None) -> None:
     print(table(["variant", "requests", "hit ratio", "model calls", "req/s", "p50 ms", "p99 ms"], rows))
     print(
         f"cache on vs off: throughput x{on['req_per_s'] / off['req_per_s']:.2f}, "
-        f"p50 x{on['p50_ms'] / off['p50_ms']:.2f}, p99 x{on['p99_ms'] / off['p99_ms']:.2f}"
+        f"p50 x{on['p50_ms'] / off['p50_ms']:.2f}, p99 x{on['p99_ms'] / off['p99_ms']:.2f}; the cache stage "
+        "(key, version read, lookup) p50/p99: "
+        + ", ".join(f"{v['p50']:.1f}/{v['p99']:.1f} ms on {k}" for k, v in summary["cache stage ms"].items())
     )
     bar_plot(
         args.out,

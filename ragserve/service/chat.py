@@ -174,14 +174,17 @@ class ChatService:
         self.llm = llm
         self.embedder = embedder
         self.cache = cache
-        # what the server decides that answers depend on and that never changes in a process
-        retrieval = documents.retriever
-        self._fixed_key = {
-            "chat": asdict(options),
-            "retrieval": asdict(retrieval.options),
-            "reranker": type(retrieval.reranker).__qualname__ if retrieval.reranker is not None else None,
-            "embedding_model": documents.embedding_model,
-        }
+        # what the server decides that answers depend on and that never changes in a process (the
+        # answer cache's key; read only with a cache, so a test's stand-in documents need no retriever)
+        self._fixed_key: dict[str, Any] = {}
+        if cache is not None:
+            retrieval = documents.retriever
+            self._fixed_key = {
+                "chat": asdict(options),
+                "retrieval": asdict(retrieval.options),
+                "reranker": type(retrieval.reranker).__qualname__ if retrieval.reranker is not None else None,
+                "embedding_model": documents.embedding_model,
+            }
 
     # --- entry points -------------------------------------------------------------------------
     async def complete(self, request: ChatCompletionRequest, cache_control: str | None = None) -> ChatOutcome:

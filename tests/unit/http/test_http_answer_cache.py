@@ -222,3 +222,14 @@ def test_a_bad_cache_field_is_a_400_naming_it(env) -> None:
         json={"index_name": "kb", "messages": [{"role": "user", "content": QUESTION}], "cache": "sometimes"},
     )
     assert r.status_code == 400 and "cache" in r.text
+
+
+def test_a_not_covered_answer_is_kept_with_its_reason(env, fake: FakeOpenAI) -> None:
+    client, _ = env
+    question = "Does the KAITO operator automate PostgreSQL backups?"  # a name no document mentions
+    first = ask(client, question)
+    assert first.headers["x-rag-reason"] == "not_covered" and first.headers["x-rag-cache"] == "miss"
+    second = ask(client, question)
+    assert second.headers["x-rag-reason"] == "not_covered" and second.headers["x-rag-cache"] == "hit"
+    assert second.json()["rag"]["answerable"] is False and second.json()["choices"] == first.json()["choices"]
+    assert len(fake.requests) == 0  # neither called the model

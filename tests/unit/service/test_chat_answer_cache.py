@@ -300,3 +300,16 @@ async def test_near_duplicates_are_hits_only_with_the_setting(tmp_path: Path, em
         assert after.cache == "miss" and "alpha" not in doc_ids(after)
     finally:
         pool.close()
+
+
+async def test_a_write_to_any_index_searched_invalidates_and_one_to_another_index_does_not(env) -> None:
+    one, _, _, fake = env
+    await add(one, "alpha", "other")
+    await one.documents.add_documents("kb2", [Document(doc_id="beta", text=DOCS["beta"])])
+    await one.documents.add_documents("elsewhere", [Document(doc_id="x", text="Unrelated text about bread.")])
+    await cached_then(one, fake, index_name=["kb", "kb2"])
+    await one.documents.add_documents("elsewhere", [Document(doc_id="y", text="More unrelated text.")])
+    assert (await one.ask(index_name=["kb2", "kb"])).cache == "hit"  # not searched: still valid
+    await one.documents.delete_documents("kb2", ["beta"])
+    after = await recomputed(one, fake, index_name=["kb", "kb2"])
+    assert "beta" not in doc_ids(after) and "ZX-BETA" not in text(after)
