@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smoke", action="store_true", help="a few documents and requests: does it run")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.questions, args.requests, args.clients, args.latency_ms = 40, 24, 4, 20.0
+        args.questions, args.requests, args.clients, args.latency_ms = 24, 16, 4, 20.0
     results = asyncio.run(measure(args))
     rows: list[list[Any]] = []
     summary: dict[str, Any] = {}
