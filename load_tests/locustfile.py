@@ -47,6 +47,13 @@ def _env(name: str, default: str) -> str:
 def _options(parser: Any) -> None:
     parser.add_argument("--index-name", default=_env("index_name", "locust"), help="index the users query")
     parser.add_argument("--max-tokens", type=int, default=int(_env("max_tokens", "32")))
+    parser.add_argument(
+        "--cached-answers",
+        action="store_true",
+        default=_env("cached_answers", "false").lower() in ("1", "true", "yes"),
+        help="let RAG chats be answered from the server's answer cache (off: each sends cache: false, so "
+        "every chat runs retrieval and the model, with 25 questions asked over and over)",
+    )
     parser.add_argument("--api-key", default=_env("api_key", ""), help="sent as Authorization: Bearer")
     parser.add_argument("--peak-users", type=int, default=int(_env("peak_users", "8")), help="fixed/step: users")
     parser.add_argument("--hold-s", type=int, default=int(_env("hold_s", "60")), help="fixed: duration")
@@ -91,6 +98,7 @@ class _RagServeUser(FastHttpUser):
         opts = self.environment.parsed_options
         self.index = opts.index_name if opts else "locust"
         self.max_tokens = opts.max_tokens if opts else 32
+        self.cached_answers = bool(opts.cached_answers) if opts else False
         self.headers = _headers(self.environment)
 
     def chat_body(self, rag: bool) -> dict[str, Any]:
@@ -100,6 +108,8 @@ class _RagServeUser(FastHttpUser):
         }
         if rag:
             body["index_name"] = self.index
+            if not self.cached_answers:
+                body["cache"] = False
         return body
 
 

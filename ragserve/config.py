@@ -299,6 +299,40 @@ class Settings(BaseSettings):
         "a number or a command), as a paraphrase may.",
     )
 
+    # --- the answer cache (docs/architecture.md §4, "Answer cache") ----------------------------------
+    answer_cache: bool = Field(
+        default=True,
+        description="Keep whole RAG answers (and their sources) in each ingress replica and answer a repeated "
+        "question from them, never after a write to an index it searched (X-RAG-Cache: hit|miss|bypass). "
+        "A request opts out with cache: false or Cache-Control: no-store.",
+    )
+    answer_cache_max_entries: int = Field(default=10_000, ge=1, description="Answers kept per replica (LRU).")
+    answer_cache_max_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes of answers kept per replica (each counted as its serialised answer and sources); "
+        "the least recently used go first, and an answer larger than this is not kept.",
+    )
+    answer_cache_ttl_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Seconds an answer is kept at most. Writes invalidate at once; this bounds what no write "
+        "shows (a remote model replaced under the same name).",
+    )
+    answer_cache_similarity: float | None = Field(
+        default=None,
+        ge=0.9,
+        le=1.0,
+        description="Also answer a question whose embedding has at least this cosine with a kept one's, all else "
+        "equal (0.97: 'What does KAITO automate?' and 'what does kaito automate'). None: only the same question "
+        "(whitespace aside) is a hit.",
+    )
+    answer_cache_sampled: bool = Field(
+        default=False,
+        description="Cache answers sampled with temperature > 0 too. Off: such a request is answered afresh "
+        "(X-RAG-Cache: bypass) unless it sends cache: true.",
+    )
+
     # --- token budget (docs/architecture.md §5) -----------------------------------------------------
     context_token_ratio: float = Field(default=0.5, ge=0.2, le=0.8)
     history_min_messages: int = Field(default=0, ge=0)

@@ -27,6 +27,11 @@ class Telemetry(Protocol):
         """A request of ``key`` refused (429) by its ``limit``: requests or tokens."""
         ...
 
+    def answer_cache(self, event: str) -> None:
+        """One event of the answer cache: ``hit``, ``miss``, ``bypass`` (a RAG request that neither
+        read nor kept an answer), ``eviction`` (the bounds or the TTL), ``invalidation`` (a write)."""
+        ...
+
 
 class NullTelemetry:
     """Reports nowhere: the default of an application built outside Ray."""
@@ -50,4 +55,7 @@ class NullTelemetry:
         pass
 
     def rate_limited(self, key: str, limit: str) -> None:
+        pass
+
+    def answer_cache(self, event: str) -> None:
         pass

@@ -52,6 +52,7 @@ ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPO
 
 #: The span of each stage that ``Server-Timing`` reports (one definition of a stage: :func:`stage`).
 STAGE_SPANS = {
+    "cache": "rag.cache",
     "rewrite": "rag.rewrite",
     "embed": "embedding.query",
     "search": "retrieval.search",

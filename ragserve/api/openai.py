@@ -35,6 +35,7 @@ RAG_FIELDS = frozenset(
         "retrieval_mode",
         "query_rewrite",
         "sources_in_content",
+        "cache",
     }
 )
 
@@ -107,6 +108,12 @@ class ChatCompletionRequest(RequestModel):
         default=None,
         description="Append a plain 'Sources:' list to the answer's text; the server's "
         "sources_in_content when omitted.",
+    )
+
+    cache: bool | None = Field(
+        default=None,
+        description="The answer cache (RAG answers): false neither reads nor keeps this answer; true also "
+        "caches a request with temperature > 0; omitted: the server's rules (X-RAG-Cache says what happened).",
     )
 
     _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))

@@ -50,6 +50,23 @@ class ServeTelemetry:
         self._rate_limited = metrics.Counter(
             "ragserve_rate_limited", "Requests refused (429) per API key name and limit.", **_tags("key", "limit")
         )
+        # the answer cache of this replica (docs/architecture.md §4, "Answer cache")
+        self._answer_cache = {
+            "hit": metrics.Counter("ragserve_answer_cache_hits", "RAG answers served from the answer cache."),
+            "miss": metrics.Counter(
+                "ragserve_answer_cache_misses",
+                "RAG answers computed: none kept, a stale one, or Cache-Control: no-cache.",
+            ),
+            "bypass": metrics.Counter(
+                "ragserve_answer_cache_bypasses", "RAG answers that neither read nor kept one (opted out, sampled)."
+            ),
+            "eviction": metrics.Counter(
+                "ragserve_answer_cache_evictions", "Answers dropped for the cache's bounds or their TTL."
+            ),
+            "invalidation": metrics.Counter(
+                "ragserve_answer_cache_invalidations", "Answers dropped because a write changed an index they used."
+            ),
+        }
 
     def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None:
         self._requests.inc(tags={"route": route, "status": str(status), "mode": mode, "reason": reason})
@@ -82,3 +99,8 @@ class ServeTelemetry:
 
     def rate_limited(self, key: str, limit: str) -> None:
         self._rate_limited.inc(tags={"key": key, "limit": limit})
+
+    def answer_cache(self, event: str) -> None:
+        counter = self._answer_cache.get(event)
+        if counter is not None:
+            counter.inc()

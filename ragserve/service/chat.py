@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,21 @@ from ragserve.rag.followup import (
 )
 from ragserve.rag.plan import Passthrough, PassthroughReason, RagPlan, plan
 from ragserve.rag.prompt import with_evidence
+from ragserve.service.answer_cache import (
+    BYPASS,
+    HIT,
+    MISS,
+    NO_CACHE,
+    AnswerCache,
+    AnswerKey,
+    CachedAnswer,
+    StreamRecorder,
+    Versions,
+    answer_key,
+    cache_policy,
+    large_key,
+    replay_pieces,
+)
 from ragserve.service.cache import PassageVectors
 from ragserve.service.documents import DocumentService
 from ragserve.service.retrieval import QUERY_EMBED_CHARS
@@ -127,6 +142,11 @@ class ChatOutcome:
     # the engine's usage (a client that left; an upstream that sends none): usage metering counts it
     relayed: list[str] = field(default_factory=list)
     counter: TokenCounter | None = None
+    # the answer cache (RAG answers; None where it is off): hit, miss or bypass (X-RAG-Cache)
+    cache: str | None = None
+    # the queries whose embedding tokens the request spent, where not ``rag.query`` (usage metering):
+    # an answer served from the cache embedded none, or only the question its lookup compared
+    embedded: list[str] | None = None
 
 
 def _stamp(body: ChatCompletionResponse | ChatCompletionChunk, cid: str, created: int) -> None:
@@ -146,9 +166,11 @@ class ChatService:
         documents: DocumentService,
         llm: LanguageModel,
         embedder: TextEmbedder | None = None,
+        cache: AnswerCache | None = None,
     ):
         """``embedder`` embeds the sentences that may be an answer's evidence (the one retrieval
-        embeds queries with); without one, answers carry no evidence and none is "not covered"."""
+        embeds queries with); without one, answers carry no evidence and none is "not covered".
+        ``cache``: the answer cache of this replica (docs/architecture.md §4), None for none."""
         self.options = options
         self.documents = documents
         self.llm = llm
@@ -157,9 +179,23 @@ class ChatService:
         self.passages = (
             PassageVectors(embedder.embed_documents, options.passage_cache_size) if embedder is not None else None
         )
+        self.cache = cache
+        # what the server decides that answers depend on and that never changes in a process (the
+        # answer cache's key; read only with a cache, so a test's stand-in documents need no retriever)
+        self._fixed_key: dict[str, Any] = {}
+        if cache is not None:
+            retrieval = documents.retriever
+            self._fixed_key = {
+                "chat": asdict(options),
+                "retrieval": asdict(retrieval.options),
+                "reranker": type(retrieval.reranker).__qualname__ if retrieval.reranker is not None else None,
+                "embedding_model": documents.embedding_model,
+            }
 
     # --- entry points -------------------------------------------------------------------------
-    async def complete(self, request: ChatCompletionRequest) -> ChatOutcome:
+    async def complete(self, request: ChatCompletionRequest, cache_control: str | None = None) -> ChatOutcome:
+        """Answer ``request``: passed through, or from the indexes (RAG); ``cache_control``, the
+        request's ``Cache-Control`` header, tells the answer cache ``no-cache`` or ``no-store``."""
         # No separate existence call to every shard before a RAG request's search: the search
         # reports a missing index itself (``_rag``), so the plan assumes the index exists. Only an
         # outcome that will not search (a bypass, a client error) asks the shards, and is decided
@@ -176,7 +212,7 @@ class ChatService:
             raise decided
         if isinstance(decided, Passthrough):
             return await self._passthrough(decided.body, decided.reason, request.stream)
-        return await self._rag(decided, request)
+        return await self._rag(decided, request, cache_control)
 
     async def query(self, req: QueryRequest, on_usage: Callable[[int, int], None] | None = None) -> QueryResponse:
         """KAITO's ``/query``: retrieve, answer with the relevant nodes, return both. ``on_usage`` is
@@ -348,17 +384,61 @@ class ChatService:
             raise ContextBudgetError(result, param=max_tokens_param, requested_max_tokens=requested)
         return result
 
-    async def _rag(self, p: RagPlan, request: ChatCompletionRequest) -> ChatOutcome:
+    async def _rag(self, p: RagPlan, request: ChatCompletionRequest, cache_control: str | None) -> ChatOutcome:
         # without top_k: the context the model can use (its cost, its window); a request's top_k gets what it asks
         size, k = None, p.params.top_k
         if not k:
             size = await self.context_size(request.requested_max_tokens(), p.params.context_token_ratio)
             k = size.top_k
+        cache = self.cache
+        policy = cache_policy(request, cache_control, cache.options) if cache is not None else NO_CACHE
+        if cache is None or not policy.used:
+            outcome = await self._answer(p, request, size, k, {})
+            if cache is not None and outcome.mode == "rag":
+                outcome.cache = BYPASS
+                cache.record(BYPASS)
+            return outcome
+        # The versions are read BEFORE retrieval: a write that lands while this answer is computed
+        # makes the entry kept with them stale at once (docs/architecture.md §4, "Answer cache").
+        timings: dict[str, float] = {}
+        vector: np.ndarray | None = None
+        with tracing.stage("cache", timings):
+            key = await self._answer_key(p, size)
+            versions = await self.documents.index_versions(sorted(set(p.params.indexes)))
+            found = cache.get(key.key, versions) if policy.read else None
+            if found is None and cache.options.answer_cache_similarity is not None:
+                vector = await self._question_vector(p.query)
+                if vector is not None and policy.read:
+                    found = cache.similar(key.rest, vector, versions)
+        if found is not None:
+            cache.record(HIT)
+            return self._cached(found, request, timings, [p.query] if vector is not None else [])
+        cache.record(MISS)
+        outcome = await self._answer(p, request, size, k, timings)
+        if outcome.mode != "rag":  # a passthrough (no_context) is not kept
+            return outcome
+        outcome.cache = MISS
+        if policy.write:
+            self._keep(outcome, key, versions, vector)
+        return outcome
+
+    async def _answer(
+        self,
+        p: RagPlan,
+        request: ChatCompletionRequest,
+        size: ContextSize | None,
+        k: int,
+        timings: dict[str, float],
+    ) -> ChatOutcome:
+        """The RAG answer computed: retrieve, fit, evidence (or not covered), generate; ``timings``
+        holds the stages so far."""
         threshold = self._threshold(p.params.similarity_threshold)
         try:
-            nodes, timings, rag = await self._retrieve_for_chat(p, k, threshold)  # a missing index: its 404
+            nodes, spent, rag = await self._retrieve_for_chat(p, k, threshold)  # a missing index: its 404
         except BadRequestError as e:
             raise BadRequestError(e.message, param="metadata_filter") from e
+        for stage, seconds in spent.items():
+            timings[stage] = timings.get(stage, 0.0) + seconds
         if not relevant(nodes, threshold):
             return self._with_rag(
                 await self._passthrough(p.body, PassthroughReason.NO_CONTEXT, request.stream, timings), rag
@@ -440,6 +520,66 @@ class ChatService:
             rag=rag,
         )
         return outcome
+
+    # --- the answer cache (ragserve.service.answer_cache, docs/architecture.md §4) ---------------
+    async def _answer_key(self, p: RagPlan, size: ContextSize | None) -> AnswerKey:
+        """The key of ``p``'s answer: the request's part, and what the server decides now (the model,
+        its window, the context of a chat without ``top_k``, which follows the engine's measured
+        speed). A large request is keyed on a worker thread."""
+        server = {
+            **self._fixed_key,
+            "model": self.llm.model_id,
+            "window": await self.llm.context_window(),
+            "context": None if size is None else [size.top_k, size.cap],
+        }
+        if large_key(p):
+            return await asyncio.to_thread(answer_key, p, server)
+        return answer_key(p, server)
+
+    async def _question_vector(self, question: str) -> np.ndarray | None:
+        """The question's embedding for the near-duplicate lookup (the one retrieval embeds a new
+        question with, so a query-vector cache serves retrieval); None when the embedder fails."""
+        embedder = self.embedder or self.documents.embedder
+        try:
+            return await embedder.embed_query(question[:QUERY_EMBED_CHARS])
+        except ServiceError as e:
+            log.warning("near-duplicate lookup skipped, the embedder failed: %s", e.message)
+            return None
+
+    def _cached(
+        self, found: CachedAnswer, request: ChatCompletionRequest, timings: dict[str, float], embedded: list[str]
+    ) -> ChatOutcome:
+        """A kept answer served: a fresh ``id`` and ``created``, zero ``usage`` (no model call);
+        replayed as chunks of the shape a RAG stream has when the request streams."""
+        response = found.response(new_completion_id(), int(time.time()))
+        outcome = ChatOutcome(
+            mode="rag",
+            reason=found.reason,
+            source_nodes=response.source_nodes or [],
+            timings=timings,
+            rag=response.rag,
+            usage=response.usage,
+            cache=HIT,
+            embedded=embedded,
+        )
+        if request.stream:
+            include_usage = bool((request.stream_options or {}).get("include_usage"))
+            outcome.stream = _replay(response, include_usage)
+        else:
+            outcome.response = response
+        return outcome
+
+    def _keep(self, outcome: ChatOutcome, key: AnswerKey, versions: Versions, vector: np.ndarray | None) -> None:
+        """Keep ``outcome``'s answer under ``versions`` (read before its retrieval): a whole one now,
+        a streamed one when its stream has ended normally (not when it failed or its client left)."""
+        cache = self.cache
+        assert cache is not None
+        if outcome.response is not None:
+            cache.put(key, versions, outcome.response, outcome.reason, vector)
+        elif outcome.stream is not None:
+            outcome.stream = _kept(
+                outcome.stream, lambda answer: cache.put(key, versions, answer, outcome.reason, vector)
+            )
 
     # --- evidence and answerability (ragserve.rag.evidence, ragserve.rag.answerable) ---------------
     def _answerable(self, nodes: list[NodeWithScore], assessment: Assessment | None) -> bool:
@@ -788,6 +928,48 @@ def _shortlist(query: str, nodes: list[NodeWithScore], asked: str | None = None)
 
 async def _no_vectors() -> np.ndarray:
     return np.zeros((0, 0), dtype=np.float32)
+
+
+async def _kept(
+    stream: AsyncGenerator[ChatCompletionChunk, None], keep: Callable[[ChatCompletionResponse], object]
+) -> AsyncGenerator[ChatCompletionChunk, None]:
+    """``stream`` as it is, and its whole answer handed to ``keep`` once it has ended normally: not
+    when it raised or was closed early (a client that left)."""
+    recorder = StreamRecorder()
+    try:
+        async for chunk in stream:
+            recorder.add(chunk)
+            yield chunk
+    finally:
+        await stream.aclose()
+    answer = recorder.answer()
+    if answer is not None:
+        keep(answer)
+
+
+async def _replay(response: ChatCompletionResponse, include_usage: bool) -> AsyncGenerator[ChatCompletionChunk, None]:
+    """A cached answer as a RAG stream: the first chunk with the role, ``source_nodes`` and ``rag``,
+    the text in pieces, the closing chunk with the finish reason, ``citations`` and ``rag``, then
+    the usage chunk when asked for."""
+    cid, created, model = response.id, response.created, response.model
+    choice = response.choices[0]
+    head = _stream_chunk(cid, created, model, DeltaMessage(role="assistant", content=""))
+    head.source_nodes = response.source_nodes or []
+    if response.rag is not None:
+        head.rag = response.rag
+    yield head
+    for piece in replay_pieces(choice.message.content or ""):
+        yield _stream_chunk(cid, created, model, DeltaMessage(content=piece))
+    last = _stream_chunk(cid, created, model, DeltaMessage(), choice.finish_reason)
+    last.citations = response.citations or []
+    last.invalid_citations = response.invalid_citations or []
+    if response.rag is not None:
+        last.rag = response.rag
+    yield last
+    if include_usage:
+        yield ChatCompletionChunk(
+            id=cid, object="chat.completion.chunk", created=created, model=model, choices=[], usage=response.usage
+        )
 
 
 async def _close(iterator: AsyncIterator[Any]) -> None:

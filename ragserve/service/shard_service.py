@@ -137,6 +137,13 @@ class ShardService:
         """The generation of ``index`` on this shard (ask the home shard), None when absent."""
         return self._shard.generation(index)
 
+    def index_versions(self, indexes: list[str]) -> list[tuple[str, int | None, int]]:
+        """``(epoch, generation, stamp)`` of each of ``indexes`` on this shard, in their order
+        (``Shard.versions``): every write that changes what a search of an index here sees changes
+        its version, and a restarted shard has a new epoch. The answer cache compares them
+        (docs/architecture.md §4, "Answer cache")."""
+        return self._shard.versions(list(indexes))
+
     def ensure_index(self, index: str, dim: int) -> int:
         """On the home shard: the generation writes to ``index`` carry, creating it when absent."""
         return self._shard.ensure_index(index, dim)

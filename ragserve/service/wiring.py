@@ -22,6 +22,7 @@ from ragserve.models.reranker import CrossEncoderReranker
 from ragserve.models.tokenizers import ApproxTokenCounter
 from ragserve.ports import LanguageModel, ShardPool, TextEmbedder
 from ragserve.service.access import FULL_ACCESS, UNNAMED, Principal, Role
+from ragserve.service.answer_cache import AnswerCache, AnswerCacheOptions
 from ragserve.service.chat import ChatOptions, ChatService
 from ragserve.service.documents import DocumentService
 from ragserve.service.embeddings import EmbeddingService
@@ -231,10 +232,18 @@ def build_services(
     limits = RequestLimits.from_settings(settings)
     tel = telemetry or NullTelemetry()
     owned = ingestion(documents, limits) if ingestion is not None else build_ingestion(settings, documents, limits)
+    # this replica's answer cache (docs/architecture.md §4): the shards say when an answer is stale
+    answers = AnswerCache(AnswerCacheOptions.from_settings(settings), on_event=tel.answer_cache)
     return Services(
         settings=settings,
         documents=documents,
-        chat=ChatService(ChatOptions.from_settings(settings), documents, llm, embedder),
+        chat=ChatService(
+            ChatOptions.from_settings(settings),
+            documents,
+            llm,
+            embedder,
+            cache=answers if settings.answer_cache else None,
+        ),
         embeddings=EmbeddingService(embedder.embed_documents, embedder.count_tokens, embedding_model),
         limits=limits,
         ingestion=owned,

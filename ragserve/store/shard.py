@@ -25,12 +25,22 @@ with each write; a shard refuses a write of a dropped generation (``IndexDropped
 of a newer generation first drops what the shard still holds of an older one. So a write racing a
 delete-index (or a load that replaces the index) either lands before the drop and is dropped with
 it, or fails and stores nothing: it never leaves rows that reappear when the name is reused.
+
+Change versions (what the answer cache compares, docs/architecture.md §4, "Answer cache"): every
+change of what a search of an index sees here (documents written or deleted, the index created,
+dropped, or replaced by a load) stamps the index, under the write lock and *after* the change is
+visible to readers (committed and in FAISS), with the next value of a per-shard counter.
+``versions`` reads ``(epoch, generation, stamp)`` without the lock: a version that includes a change
+was read after readers could see it. The counter lives in memory only; ``epoch`` is drawn at open,
+so a reopened (restarted) shard can never repeat an earlier version. An index this shard does not
+hold has stamp 0 (it contributes nothing to a search, whatever it held before).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 import sqlite3
 import threading
 import time
@@ -88,6 +98,10 @@ class Shard:
         self._readers = Readers(self.db_path)
         self._mirror = FaissMirror(self._write, self.snapshot_dir, self.spec, faiss_device)
         self._closed = False
+        # change versions (module docstring): a random epoch per open, a counter, each index's stamp
+        self.epoch = secrets.token_hex(8)
+        self._clock = 0
+        self._stamps: dict[str, int] = {}
         self._purge_orphans()
         for name, dim, gen in self._write.execute("SELECT name, dim, generation FROM indexes").fetchall():
             self._mirror.load(name, dim, gen)
@@ -140,6 +154,22 @@ class Shard:
 
     def _require(self, index: str) -> int:
         return self._mirror.require(index)
+
+    # --- change versions (module docstring) ---------------------------------------------------
+    def _changed(self, index: str) -> None:
+        """Stamp ``index`` as changed; the write lock is held and the change is already visible."""
+        self._clock += 1
+        self._stamps[index] = self._clock
+
+    def _gone(self, index: str) -> None:
+        """``index`` is no longer held here (write lock held, after it was forgotten)."""
+        self._stamps.pop(index, None)
+
+    def versions(self, indexes: list[str]) -> list[tuple[str, int | None, int]]:
+        """``(epoch, generation, stamp)`` of each of ``indexes`` here, in their order (stamp 0 and
+        generation None for one not held). Equal versions mean no write changed what a search of
+        the index here sees; read without the write lock, so a write in progress is not waited for."""
+        return [(self.epoch, self._mirror.generation(i), self._stamps.get(i, 0)) for i in indexes]
 
     # --- generations ----------------------------------------------------------------------------
     def _dropped_through(self, index: str) -> int:
@@ -203,6 +233,7 @@ class Shard:
                     (index, dim, time.time(), gen),
                 )
             self._mirror.install(index, dim, gen)
+            self._changed(index)
             return gen
 
     def create_index(self, index: str, dim: int) -> None:
@@ -225,6 +256,7 @@ class Shard:
                     self._tombstone(db, index, tomb)
             if dropped:
                 self._mirror.forget(index)
+                self._gone(index)
             return dropped
 
     def replace_index(
@@ -305,6 +337,8 @@ class Shard:
             elif not merge:
                 self._mirror.install(index, new_dim, gen, staged)
             self._mirror.mark_changed(index)  # snapshot it at the next opportunity
+            self._gone(staging)
+            self._changed(index)
             return gen
 
     def created_at(self, index: str) -> float | None:
@@ -321,6 +355,7 @@ class Shard:
             with self._transaction() as db:
                 self._delete_rows(db, index)
             self._mirror.forget(index)
+            self._gone(index)
 
     def count_documents(self, index: str) -> int:
         self._require(index)
@@ -454,6 +489,8 @@ class Shard:
                 self._mirror.set_generation(index, generation)
             self._mirror.apply(index, old_ids, new_ids, vectors)
             self._mirror.after_write(index, len(old_ids) + len(new_ids), self.snapshot_every)
+            if docs or create or stale:  # not when every document was filtered out (nothing changed)
+                self._changed(index)
             return doc_ids
 
     def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
@@ -485,6 +522,8 @@ class Shard:
             if removed:
                 self._mirror.apply(index, removed, [], [])
                 self._mirror.after_write(index, len(removed), self.snapshot_every)
+            if present or removed:
+                self._changed(index)
         return [d for d in unique if d in present], [d for d in unique if d not in present]
 
     # --- reads --------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ misbehaves on command::
         assert fake.requests[-1]["max_tokens"] == 32
         fake.fail_next(status=503, message="model is loading")
         fake.delay_next(2.0)                   # the next request answers 2 s late
+        fake.latency_s = 0.1                   # every chat request from now on answers 100 ms late
         fake.cut_stream_next(after_chunks=2)   # the next stream drops the connection mid-way
         fake.error_event_next(after_chunks=2)  # the next stream reports an error in-band, as vLLM does
 
@@ -99,7 +100,8 @@ class FakeOpenAI:
     split into word pieces; a request whose ``max_tokens`` is smaller than the number of pieces is
     cut to that many pieces with ``finish_reason="length"``. ``usage`` counts pieces as completion
     tokens and whitespace-separated words (+4 a message) as prompt tokens. If ``api_key`` is set,
-    requests without ``Authorization: Bearer <api_key>`` get a 401.
+    requests without ``Authorization: Bearer <api_key>`` get a 401. ``latency_s``: every chat
+    request waits this long before its first byte (a model's time to answer, for benchmarks).
     """
 
     def __init__(
@@ -109,12 +111,14 @@ class FakeOpenAI:
         max_model_len: int | None = 4096,
         api_key: str | None = None,
         chunk_delay_s: float = 0.0,
+        latency_s: float = 0.0,
     ):
         self.answer: Answer = answer
         self.model = model
         self.max_model_len = max_model_len
         self.api_key = api_key
         self.chunk_delay_s = chunk_delay_s
+        self.latency_s = latency_s
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
         self.models_requests = 0
@@ -260,6 +264,8 @@ class FakeOpenAI:
         if (denied := self._unauthorized(request)) is not None:
             return denied
         m = self._pop()
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
         if m is not None and m.kind == "delay":
             await asyncio.sleep(m.seconds)
         if m is not None and m.kind == "fail":

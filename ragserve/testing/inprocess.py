@@ -35,6 +35,7 @@ class RecordingTelemetry:
         self.indexed_docs = 0
         self.usage_counts: dict[tuple[str, str, str], int] = {}
         self.limited: list[tuple[str, str]] = []
+        self.answer_cache_events: dict[str, int] = {}
 
     def request(self, route: str, status: int, mode: str = "", reason: str = "") -> None:
         self.requests.append((route, status, mode, reason))
@@ -56,6 +57,9 @@ class RecordingTelemetry:
 
     def rate_limited(self, key: str, limit: str) -> None:
         self.limited.append((key, limit))
+
+    def answer_cache(self, event: str) -> None:
+        self.answer_cache_events[event] = self.answer_cache_events.get(event, 0) + 1
 
 
 @contextmanager

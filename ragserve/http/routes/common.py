@@ -74,7 +74,9 @@ def metered_chat(request: Request, outcome: ChatOutcome) -> None:
             text = outcome.response.choices[0].message.content or ""
         if text and outcome.counter is not None:
             record.completions.append((outcome.counter, text))
-    if outcome.rag is not None:
+    if outcome.embedded is not None:  # an answer from the cache: none, or the question its lookup embedded
+        record.query_texts.extend(outcome.embedded)
+    elif outcome.rag is not None:
         record.query_texts.append(outcome.rag.query)
 
 

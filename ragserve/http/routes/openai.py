@@ -68,10 +68,12 @@ def openai_router(services: Services) -> APIRouter:
         t0 = time.perf_counter()
         limits.messages(len(body.messages))
         limits.top_k(body.top_k)
-        outcome = await chat.complete(body)
+        outcome = await chat.complete(body, request.headers.get("cache-control"))
         headers = {"X-RAG-Mode": outcome.mode}
         if outcome.reason:
             headers["X-RAG-Reason"] = outcome.reason
+        if outcome.cache is not None:  # the answer cache: hit, miss or bypass (docs/architecture.md §4)
+            headers["X-RAG-Cache"] = outcome.cache
         if outcome.rag is not None:  # the query retrieval searched with (a follow-up's may differ)
             headers.update(query_headers(outcome.rag.query))
         if outcome.stream is None:
@@ -141,7 +143,7 @@ def openai_router(services: Services) -> APIRouter:
 def _report_chat(tel: Telemetry, outcome: ChatOutcome, seconds: float) -> None:
     report_latencies(tel, outcome.timings)
     tel.latency("chat_total", seconds)
-    if outcome.mode == "rag":
+    if outcome.mode == "rag" and outcome.cache != "hit":  # a cached answer sent no context to a model
         tel.chat_tokens(
             outcome.stats.get("context_tokens", 0),
             outcome.stats.get("history_tokens", 0),

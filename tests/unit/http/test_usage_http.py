@@ -101,7 +101,8 @@ def test_chat_counts_the_upstreams_tokens_and_the_query_embedding(app, fake, emb
     assert "x-ratelimit-limit-requests" not in r.headers  # a key without limits: no headers
 
     # streamed, without include_usage: the engine's usage is still counted, once the stream ended
-    stream = app.post("/v1/chat/completions", json={**body, "stream": True}, headers=bearer(TEAM_A))
+    # (computed again, not served from the answer cache, which spends no tokens)
+    stream = app.post("/v1/chat/completions", json={**body, "stream": True, "cache": False}, headers=bearer(TEAM_A))
     assert stream.status_code == 200 and stream.text.rstrip().endswith("data: [DONE]")
     row = settled(app, ("team-a", "pumps"), "requests", 2)
     assert row["completion_tokens"] == 2 * len(ANSWER.split()) and row["prompt_tokens"] == 2 * usage["prompt_tokens"]

@@ -35,11 +35,18 @@ class CountingPool(LocalShardPool):
         return await super().call(shard, method, *args, **kwargs)
 
 
-@pytest.fixture
-def services(tmp_path: Path, embedder) -> Iterator[tuple[Services, CountingPool]]:
+@pytest.fixture(params=[False], ids=["no answer cache"])
+def services(request: pytest.FixtureRequest, tmp_path: Path, embedder) -> Iterator[tuple[Services, CountingPool]]:
+    """The services without the answer cache (its version reads are a hop of their own, below),
+    or with it when a test parametrizes ``services`` indirectly with True."""
     with FakeOpenAI(answer="ok [1]", model="fake-model", max_model_len=4096) as fake:
         s = Settings(
-            storage_dir=str(tmp_path), llm_engine="openai", llm_url=fake.url, num_shards=2, similarity_threshold=0.0
+            storage_dir=str(tmp_path),
+            llm_engine="openai",
+            llm_url=fake.url,
+            num_shards=2,
+            similarity_threshold=0.0,
+            answer_cache=request.param,
         )
         check_layout(s.storage_dir, s.num_shards)
         pool = CountingPool([ShardService(s.storage_dir, i, s.num_shards) for i in range(s.num_shards)])
@@ -78,6 +85,20 @@ def test_several_indexes_cost_one_search_call_per_shard(services) -> None:
     outcome = asyncio.run(svc.chat.complete(_request(index_name=["kb", "kb", "kb"])))
     assert outcome.mode == "rag"
     assert pool.calls == ["search_indexes", "search_indexes"]
+
+
+@pytest.mark.parametrize("services", [True], ids=["answer cache"], indirect=True)
+def test_the_answer_cache_reads_the_versions_once_per_shard_before_the_search(services) -> None:
+    """With the answer cache on, a RAG request first reads its indexes' versions (one call per
+    shard); an answer served from the cache costs those calls alone."""
+    svc, pool = services
+    pool.calls.clear()
+    outcome = asyncio.run(svc.chat.complete(_request(index_name="kb")))
+    assert outcome.mode == "rag" and outcome.cache == "miss"
+    assert pool.calls == ["index_versions", "index_versions", "search_indexes", "search_indexes"]
+    pool.calls.clear()
+    outcome = asyncio.run(svc.chat.complete(_request(index_name="kb")))
+    assert outcome.cache == "hit" and pool.calls == ["index_versions", "index_versions"]
 
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {}}}]

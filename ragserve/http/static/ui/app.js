@@ -453,6 +453,7 @@ async function stream(text, replacing, filter) {
   }
   const messages = [...state.history, { role: "user", content: text }];
   const body = { messages, stream: true, max_tokens: Number($("#opt-max-tokens").value) || undefined };
+  if (replacing) body.cache = false;  // regenerate: a fresh answer, not the answer cache's copy
   if ($("#opt-rag").checked && currentIndex()) {
     body.index_name = currentIndex();
     body.top_k = Number($("#opt-top-k").value) || undefined;
