@@ -27,6 +27,7 @@ import numpy as np
 from ragserve import tracing
 from ragserve.api.documents import index_names
 from ragserve.errors import BadRequestError, ConflictError
+from ragserve.service.cache import TTLCache
 from ragserve.service.routing import shard_for
 from ragserve.store import DocumentWrite, SearchCandidates, SearchHit, Shard, StoredDocument, read_export
 from ragserve.store.types import IndexDroppedError, IndexExistsError, IndexNotFoundError
@@ -38,6 +39,10 @@ STAGING_PREFIX = "~staging~"  # index names start with a letter or digit, so non
 # A staging index older than this at shard open belongs to a load whose service died; a younger one
 # may belong to a load still running (this shard restarted under it), so it is kept for the swap.
 STAGING_MAX_AGE_S = 3600.0
+#: Searches kept per shard (``search_indexes``): a repeated question costs a lookup while nothing
+#: in the shard changed. Each holds at most its candidates (2k hits), a few tens of KiB.
+SEARCH_MEMO_ENTRIES = 1024
+SEARCH_MEMO_TTL_S = 3600.0
 log = logging.getLogger("ragserve.store")
 
 
@@ -104,6 +109,10 @@ class ShardService:
         self.shard_index = shard_index
         self.num_shards = num_shards
         self._open_options = vector_options(faiss_kind, faiss_device, faiss_params)
+        #: searches by their arguments, with the shard's change count read before each ran
+        self._searches: TTLCache[tuple[int, list[SearchCandidates | None]]] = TTLCache(
+            SEARCH_MEMO_ENTRIES, SEARCH_MEMO_TTL_S
+        )
         self._shard = Shard(
             shard_directory(storage_dir, shard_index),
             faiss_kind=faiss_kind,
@@ -298,7 +307,41 @@ class ShardService:
     ) -> list[SearchCandidates | None]:
         """A retrieval's dense and lexical candidates in each of ``indexes``
         (``Shard.search_candidates``), in their order, in one call however many they are: None for
-        an index this shard has no part of. The filter applies in each."""
+        an index this shard has no part of. The filter applies in each.
+
+        The same search again while nothing in this shard changed (``Shard.changes``, read *before*
+        searching: a write that lands meanwhile makes the result stale at once, never a stale result
+        current) is answered from memory: warm questions under load cost a lookup here. What it
+        returns is shared with later callers: read it, never change it."""
+        changes = self._shard.changes()
+        key = (
+            tuple(indexes),
+            np.ascontiguousarray(vector, dtype=np.float32).tobytes(),
+            text,
+            k,
+            mode,
+            json.dumps(metadata_filter, sort_keys=True, default=str),
+            min_match,
+            max_postings,
+        )
+        kept = self._searches.get(key)
+        if kept is not None and kept[0] == changes:
+            return list(kept[1])
+        out = self._search_indexes(indexes, vector, text, k, mode, metadata_filter, min_match, max_postings)
+        self._searches.put(key, (changes, out))
+        return list(out)
+
+    def _search_indexes(
+        self,
+        indexes: list[str],
+        vector: np.ndarray,
+        text: str,
+        k: int,
+        mode: str,
+        metadata_filter: dict[str, Any] | None,
+        min_match: float,
+        max_postings: int | None,
+    ) -> list[SearchCandidates | None]:
         out: list[SearchCandidates | None] = []
         for index in indexes:
             try:

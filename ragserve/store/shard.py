@@ -162,8 +162,18 @@ class Shard:
         self._stamps[index] = self._clock
 
     def _gone(self, index: str) -> None:
-        """``index`` is no longer held here (write lock held, after it was forgotten)."""
+        """``index`` is no longer held here (write lock held, after it was forgotten). The counter
+        moves too: its rows left the shard's lexical statistics (``changes``)."""
+        self._clock += 1
         self._stamps.pop(index, None)
+
+    def changes(self) -> int:
+        """How many changes this shard has seen since it opened: it moves with every write to any of
+        its indexes, after the write is visible (read without the lock). A search of any index here
+        that began after this value was read sees everything it counts; BM25's statistics are the
+        whole shard's (docs/architecture.md §6), so a write to one index can reorder another's
+        lexical hits, and only this shard-wide count says that nothing at all changed."""
+        return self._clock
 
     def versions(self, indexes: list[str]) -> list[tuple[str, int | None, int]]:
         """``(epoch, generation, stamp)`` of each of ``indexes`` here, in their order (stamp 0 and
