@@ -146,7 +146,11 @@ def closed_curves(
                 spec = path_spec(base, path, queries, args.answer_cache, concurrency=c, **timing)
                 if target != "ragserve":
                     spec.body = {k: v for k, v in (spec.body or {}).items() if k != "cache"}
+                before = cpu_by_role() if target == "ragserve" else {}
                 r = run_in_process(spec)
+                if target == "ragserve":  # where each request's CPU went, by process (ms a request)
+                    spent = cpu_delta(before, cpu_by_role())
+                    r["cpu_ms_per_request"] = {k: 1000 * v / max(1, r["requests"]) for k, v in spent.items()}
                 out["paths"].setdefault(target, {}).setdefault(path, {})[c] = r
                 extra = f"  ttft p50 {r['ttft_p50_ms']:.1f} ms" if "ttft_p50_ms" in r else ""
                 print(
@@ -357,6 +361,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
         covered = ing["window_covered"]
         print(f"\ningestion: {ing['ingest_docs_per_s']:.1f} docs/s; it covered {covered:.0%} of the query window")
+    print("\n### CPU a request, by process, at the highest concurrency (ms)\n")
+    top = max(concurrency)
+    roles = sorted(
+        {k for by_c in curves["paths"].get("ragserve", {}).values() for k in by_c[top].get("cpu_ms_per_request", {})}
+    )
+    print(
+        table(
+            ["path", *roles],
+            [
+                [path, *(by_c[top].get("cpu_ms_per_request", {}).get(role, 0.0) for role in roles)]
+                for path, by_c in curves["paths"].get("ragserve", {}).items()
+            ],
+        )
+    )
     print("\nCPU seconds by process during the closed-loop curves:", result["cpu_s_closed_loop"])
     write_json(args.json, result)
     if args.out:
