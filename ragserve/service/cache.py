@@ -63,6 +63,10 @@ class TTLCache(Generic[V]):
         self.put(key, value)
         return value, False
 
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
     def __len__(self) -> int:
         return len(self._data)
 

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -80,6 +81,18 @@ from ragserve.service.documents import DocumentService
 from ragserve.service.retrieval import QUERY_EMBED_CHARS
 
 log = logging.getLogger("ragserve.chat")
+
+#: The parts of the answer being computed that failed and were done without (``_fell_back``): an
+#: answer made so (no evidence, a "not covered" for want of a lookup) is served but not kept.
+_FALLBACKS: ContextVar[list[str] | None] = ContextVar("ragserve_chat_fallbacks", default=None)
+
+
+def _fell_back(part: str) -> None:
+    """Note that ``part`` of the answer being computed failed and the answer goes on without it."""
+    noted = _FALLBACKS.get()
+    if noted is not None:
+        noted.append(part)
+
 
 #: ``X-RAG-Reason`` of a RAG answer that says the documents do not cover the question (no model call).
 NOT_COVERED = "not_covered"
@@ -404,21 +417,32 @@ class ChatService:
         vector: np.ndarray | None = None
         with tracing.stage("cache", timings):
             key = await self._answer_key(p, size)
-            versions = await self.documents.index_versions(sorted(set(p.params.indexes)))
+            # a keyword search's ranking reads the whole shard's statistics: then a write to any
+            # index of the shards counts (docs/architecture.md §4, "Answer cache")
+            dense = (p.params.retrieval_mode or self.options.retrieval_mode) == "dense"
+            versions = await self.documents.index_versions(sorted(set(p.params.indexes)), shard_wide=not dense)
             found = cache.get(key.key, versions) if policy.read else None
+            similar = False
             if found is None and cache.options.answer_cache_similarity is not None:
                 vector = await self._question_vector(p.query)
                 if vector is not None and policy.read:
                     found = cache.similar(key.rest, vector, versions)
+                    similar = found is not None
         if found is not None:
             cache.record(HIT)
-            return self._cached(found, request, timings, [p.query] if vector is not None else [])
+            embedded = [p.query] if vector is not None else []
+            return self._cached(found, request, timings, embedded, asked=p.query if similar else None)
         cache.record(MISS)
-        outcome = await self._answer(p, request, size, k, timings)
+        fallbacks = _FALLBACKS.set([])
+        try:
+            outcome = await self._answer(p, request, size, k, timings)
+            degraded = bool(_FALLBACKS.get())
+        finally:
+            _FALLBACKS.reset(fallbacks)
         if outcome.mode != "rag":  # a passthrough (no_context) is not kept
             return outcome
         outcome.cache = MISS
-        if policy.write:
+        if policy.write and not degraded:  # an answer made without a part that failed is not kept
             self._keep(outcome, key, versions, vector)
         return outcome
 
@@ -547,11 +571,20 @@ class ChatService:
             return None
 
     def _cached(
-        self, found: CachedAnswer, request: ChatCompletionRequest, timings: dict[str, float], embedded: list[str]
+        self,
+        found: CachedAnswer,
+        request: ChatCompletionRequest,
+        timings: dict[str, float],
+        embedded: list[str],
+        asked: str | None = None,
     ) -> ChatOutcome:
         """A kept answer served: a fresh ``id`` and ``created``, zero ``usage`` (no model call);
-        replayed as chunks of the shape a RAG stream has when the request streams."""
+        replayed as chunks of the shape a RAG stream has when the request streams. ``asked``: this
+        request's question, when the answer was kept for another, near-duplicate one: its ``rag.query``
+        (and ``X-RAG-Query``) say this one, never the other caller's words."""
         response = found.response(new_completion_id(), int(time.time()))
+        if asked is not None and response.rag is not None:
+            response.rag = response.rag.model_copy(update={"query": asked, "query_source": "message"})
         outcome = ChatOutcome(
             mode="rag",
             reason=found.reason,
@@ -638,6 +671,7 @@ class ChatService:
             )
         except ServiceError as e:
             log.warning("evidence not computed, the embedder failed: %s", e.message)
+            _fell_back("evidence")
             return None
         assessment = assess(query_vector, short, vectors, max(o.evidence_passages, 1))  # a few dozen numbers: inline
         if assessment.missing:  # names the sources lack: the question is not covered only if the indexes lack them too
@@ -645,6 +679,7 @@ class ChatService:
                 held = await self.documents.mentioned(indexes, assessment.missing)
             except ServiceError as e:
                 log.warning("could not look the question's names up in the index: %s", e.message)
+                _fell_back("mentioned")
                 held = set()
             assessment = replace(assessment, missing=[n for n in assessment.missing if n not in held])
         return assessment
@@ -778,6 +813,7 @@ class ChatService:
             )
         except ServiceError as e:
             log.warning("query rewrite failed, retrieving without it: %s", e.message)
+            _fell_back("rewrite")
             return None
         text = answer.text.strip().strip('"').strip()
         return text.splitlines()[0].strip() if text else None

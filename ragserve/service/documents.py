@@ -134,11 +134,14 @@ class DocumentService:
             found.update(part)
         return found
 
-    async def index_versions(self, indexes: Sequence[str]) -> tuple[tuple[str, int | None, int], ...]:
+    async def index_versions(
+        self, indexes: Sequence[str], shard_wide: bool = False
+    ) -> tuple[tuple[str, int | None, int], ...]:
         """The change versions of ``indexes`` on every shard (``ShardService.index_versions``, one
         call per shard, at once), shard by shard: equal tuples mean no write reached them between
-        the two reads (the answer cache's test, docs/architecture.md §4)."""
-        parts = await self.pool.call_all(ShardService.index_versions, indexes=list(indexes))
+        the two reads (the answer cache's test, docs/architecture.md §4). ``shard_wide``: also a write
+        to any other index of those shards (what a keyword search's ranking depends on)."""
+        parts = await self.pool.call_all(ShardService.index_versions, indexes=list(indexes), shard_wide=shard_wide)
         return tuple((str(e), g, int(c)) for part in parts for e, g, c in part)
 
     async def count_documents(self, index: str) -> int:

@@ -40,9 +40,13 @@ STAGING_PREFIX = "~staging~"  # index names start with a letter or digit, so non
 # may belong to a load still running (this shard restarted under it), so it is kept for the swap.
 STAGING_MAX_AGE_S = 3600.0
 #: Searches kept per shard (``search_indexes``): a repeated question costs a lookup while nothing
-#: in the shard changed. Each holds at most its candidates (2k hits), a few tens of KiB.
-SEARCH_MEMO_ENTRIES = 1024
+#: in the shard changed. A result larger than ``SEARCH_MEMO_MAX_ENTRY_BYTES`` (its hits' text and
+#: their overhead, estimated) is not kept, so the memo holds at most their product (24 MiB).
+SEARCH_MEMO_ENTRIES = 256
+SEARCH_MEMO_MAX_ENTRY_BYTES = 96 * 1024
 SEARCH_MEMO_TTL_S = 3600.0
+#: What a hit costs besides its text, about (the object, its ids and scores, its metadata).
+_HIT_OVERHEAD_BYTES = 400
 log = logging.getLogger("ragserve.store")
 
 
@@ -113,6 +117,7 @@ class ShardService:
         self._searches: TTLCache[tuple[int, list[SearchCandidates | None]]] = TTLCache(
             SEARCH_MEMO_ENTRIES, SEARCH_MEMO_TTL_S
         )
+        self._memo_changes = 0
         self._shard = Shard(
             shard_directory(storage_dir, shard_index),
             faiss_kind=faiss_kind,
@@ -146,12 +151,17 @@ class ShardService:
         """The generation of ``index`` on this shard (ask the home shard), None when absent."""
         return self._shard.generation(index)
 
-    def index_versions(self, indexes: list[str]) -> list[tuple[str, int | None, int]]:
+    def index_versions(self, indexes: list[str], shard_wide: bool = False) -> list[tuple[str, int | None, int]]:
         """``(epoch, generation, stamp)`` of each of ``indexes`` on this shard, in their order
         (``Shard.versions``): every write that changes what a search of an index here sees changes
-        its version, and a restarted shard has a new epoch. The answer cache compares them
-        (docs/architecture.md §4, "Answer cache")."""
-        return self._shard.versions(list(indexes))
+        its version, and a restarted shard has a new epoch. With ``shard_wide``, one more,
+        ``(epoch, None, changes)``, that moves with a write to *any* index here: BM25's statistics are
+        the shard's, so another index's text reorders this one's keyword hits. The answer cache
+        compares them (docs/architecture.md §4, "Answer cache")."""
+        versions = self._shard.versions(list(indexes))
+        if shard_wide:
+            versions.append((self._shard.epoch, None, self._shard.changes()))
+        return versions
 
     def ensure_index(self, index: str, dim: int) -> int:
         """On the home shard: the generation writes to ``index`` carry, creating it when absent."""
@@ -328,7 +338,11 @@ class ShardService:
         if kept is not None and kept[0] == changes:
             return list(kept[1])
         out = self._search_indexes(indexes, vector, text, k, mode, metadata_filter, min_match, max_postings)
-        self._searches.put(key, (changes, out))
+        if changes > self._memo_changes:  # every result kept before a change is of no use any more
+            self._searches.clear()
+            self._memo_changes = changes
+        if changes == self._memo_changes and _result_bytes(out) <= SEARCH_MEMO_MAX_ENTRY_BYTES:
+            self._searches.put(key, (changes, out))
         return list(out)
 
     def _search_indexes(
@@ -465,3 +479,13 @@ def traced_call(shard: ShardService, name: str, trace: Mapping[str, str] | None,
         if name == "search_indexes":
             span.set_attribute("ragserve.hits", sum(len(c.dense) + len(c.lexical) for c in out if c is not None))
         return out
+
+
+def _result_bytes(result: list[SearchCandidates | None]) -> int:
+    """About what a search result holds in memory: its hits' text and their overhead."""
+    return sum(
+        len(h.text) + _HIT_OVERHEAD_BYTES
+        for found in result
+        if found is not None
+        for h in (*found.dense, *found.lexical)
+    )

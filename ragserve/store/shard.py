@@ -242,8 +242,10 @@ class Shard:
                     "INSERT INTO indexes (name, dim, created_at, generation) VALUES (?, ?, ?, ?)",
                     (index, dim, time.time(), gen),
                 )
-            self._mirror.install(index, dim, gen)
-            self._changed(index)
+            try:
+                self._mirror.install(index, dim, gen)
+            finally:
+                self._changed(index)
             return gen
 
     def create_index(self, index: str, dim: int) -> None:
@@ -265,8 +267,10 @@ class Shard:
                 if tomb is not None:
                     self._tombstone(db, index, tomb)
             if dropped:
-                self._mirror.forget(index)
-                self._gone(index)
+                try:
+                    self._mirror.forget(index)
+                finally:
+                    self._gone(index)
             return dropped
 
     def replace_index(
@@ -336,19 +340,21 @@ class Shard:
                         (index, new_dim, time.time(), gen),
                     )
                 db.execute("UPDATE indexes SET origin = ? WHERE name = ?", (staging, index))
-            staged = self._mirror.get(staging)
-            if sdim is not None:
-                self._mirror.forget(staging)
-            if held is not None and not merge:
-                self._mirror.forget(index)
-            self._mirror.remove_snapshot(index)
-            if merge and sdim is not None:
-                self._mirror.reload(index, new_dim)
-            elif not merge:
-                self._mirror.install(index, new_dim, gen, staged)
-            self._mirror.mark_changed(index)  # snapshot it at the next opportunity
-            self._gone(staging)
-            self._changed(index)
+            try:  # committed: stamped even when the FAISS side fails after (see upsert)
+                staged = self._mirror.get(staging)
+                if sdim is not None:
+                    self._mirror.forget(staging)
+                if held is not None and not merge:
+                    self._mirror.forget(index)
+                self._mirror.remove_snapshot(index)
+                if merge and sdim is not None:
+                    self._mirror.reload(index, new_dim)
+                elif not merge:
+                    self._mirror.install(index, new_dim, gen, staged)
+                self._mirror.mark_changed(index)  # snapshot it at the next opportunity
+            finally:
+                self._gone(staging)
+                self._changed(index)
             return gen
 
     def created_at(self, index: str) -> float | None:
@@ -364,8 +370,10 @@ class Shard:
         if index in self._mirror:
             with self._transaction() as db:
                 self._delete_rows(db, index)
-            self._mirror.forget(index)
-            self._gone(index)
+            try:
+                self._mirror.forget(index)
+            finally:
+                self._gone(index)
 
     def count_documents(self, index: str) -> int:
         self._require(index)
@@ -490,17 +498,20 @@ class Shard:
                 db.executemany(
                     "INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'add', ?)", [(index, i) for i in new_ids]
                 )
-            # committed; still under the write lock, so FAISS follows in commit order
-            if stale:
-                self._mirror.forget(index)
-            if create:
-                self._mirror.install(index, dim, gen)
-            elif held == 0 and generation:
-                self._mirror.set_generation(index, generation)
-            self._mirror.apply(index, old_ids, new_ids, vectors)
-            self._mirror.after_write(index, len(old_ids) + len(new_ids), self.snapshot_every)
-            if docs or create or stale:  # not when every document was filtered out (nothing changed)
-                self._changed(index)
+            # committed; still under the write lock, so FAISS follows in commit order. The stamp comes
+            # last but always: a snapshot that fails after the rows are searchable still changed them
+            try:
+                if stale:
+                    self._mirror.forget(index)
+                if create:
+                    self._mirror.install(index, dim, gen)
+                elif held == 0 and generation:
+                    self._mirror.set_generation(index, generation)
+                self._mirror.apply(index, old_ids, new_ids, vectors)
+                self._mirror.after_write(index, len(old_ids) + len(new_ids), self.snapshot_every)
+            finally:
+                if docs or create or stale:  # not when every document was filtered out (nothing changed)
+                    self._changed(index)
             return doc_ids
 
     def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
@@ -529,11 +540,13 @@ class Shard:
                 db.executemany(
                     "INSERT INTO changes (index_name, op, chunk_id) VALUES (?, 'del', ?)", [(index, i) for i in removed]
                 )
-            if removed:
-                self._mirror.apply(index, removed, [], [])
-                self._mirror.after_write(index, len(removed), self.snapshot_every)
-            if present or removed:
-                self._changed(index)
+            try:  # committed: stamped even when FAISS or its snapshot fails after (see upsert)
+                if removed:
+                    self._mirror.apply(index, removed, [], [])
+                    self._mirror.after_write(index, len(removed), self.snapshot_every)
+            finally:
+                if present or removed:
+                    self._changed(index)
         return [d for d in unique if d in present], [d for d in unique if d not in present]
 
     # --- reads --------------------------------------------------------------------------------

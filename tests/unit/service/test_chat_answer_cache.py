@@ -233,8 +233,8 @@ async def test_a_write_between_the_version_read_and_retrieval_is_not_kept_as_fre
     read = one.documents.index_versions
     fired: list[bool] = []
 
-    async def read_then_write(indexes: Sequence[str]) -> Any:
-        versions = await read(indexes)
+    async def read_then_write(indexes: Sequence[str], shard_wide: bool = False) -> Any:
+        versions = await read(indexes, shard_wide)
         if not fired:
             fired.append(True)
             await add(one, "beta")
@@ -293,6 +293,9 @@ async def test_near_duplicates_are_hits_only_with_the_setting(tmp_path: Path, em
         assert first.cache == "miss"
         again = await near.ask(QUESTION.lower().rstrip("?"))  # other text, nearly the same embedding
         assert again.cache == "hit" and text(again) == text(first) and again.embedded == [QUESTION.lower().rstrip("?")]
+        # the kept answer was another caller's question: this one's is what the answer says it searched
+        assert again.rag is not None and again.rag.query == QUESTION.lower().rstrip("?")
+        assert first.rag is not None and first.rag.query == QUESTION
         other = await near.ask("When does the cafeteria open on weekdays?")
         assert other.cache == "miss"
         await near.documents.delete_documents("kb", ["alpha"])
@@ -303,13 +306,49 @@ async def test_near_duplicates_are_hits_only_with_the_setting(tmp_path: Path, em
 
 
 async def test_a_write_to_any_index_searched_invalidates_and_one_to_another_index_does_not(env) -> None:
+    """In dense mode only the indexes searched count; in a mode with keyword search a write to any
+    index of their shards does too (BM25's statistics are the shard's: another index's text reorders
+    this one's keyword hits)."""
     one, _, _, fake = env
     await add(one, "alpha", "other")
     await one.documents.add_documents("kb2", [Document(doc_id="beta", text=DOCS["beta"])])
     await one.documents.add_documents("elsewhere", [Document(doc_id="x", text="Unrelated text about bread.")])
-    await cached_then(one, fake, index_name=["kb", "kb2"])
+    await cached_then(one, fake, index_name=["kb", "kb2"], retrieval_mode="dense")
+    await cached_then(one, fake, index_name=["kb", "kb2"])  # hybrid, the default
     await one.documents.add_documents("elsewhere", [Document(doc_id="y", text="More unrelated text.")])
-    assert (await one.ask(index_name=["kb2", "kb"])).cache == "hit"  # not searched: still valid
+    dense = await one.ask(index_name=["kb2", "kb"], retrieval_mode="dense")
+    assert dense.cache == "hit"  # not searched, and dense scores read nothing of it: still valid
+    hybrid = await one.ask(index_name=["kb2", "kb"])
+    assert hybrid.cache == "miss"  # the shard's keyword statistics moved
+    assert (await one.ask(index_name=["kb2", "kb"])).cache == "hit"
     await one.documents.delete_documents("kb2", ["beta"])
     after = await recomputed(one, fake, index_name=["kb", "kb2"])
     assert "beta" not in doc_ids(after) and "ZX-BETA" not in text(after)
+
+
+@pytest.mark.parametrize("part", ["evidence", "names"])
+async def test_an_answer_made_without_a_part_that_failed_is_served_but_not_kept(env, monkeypatch, part: str) -> None:
+    """The evidence's embedding, or the lookup of the question's names in the index, failed: the
+    answer goes on without it (as before), but is not kept, so it is not served for an hour after
+    the failure has passed."""
+    from ragserve.errors import EngineError
+
+    one, _, _, _ = env
+    await add(one, "alpha", "other")
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise EngineError(503, "down for a moment")
+
+    if part == "evidence":
+        assert one.chat.passages is not None
+        monkeypatch.setattr(one.chat.passages, "embed", broken)
+        question = QUESTION
+    else:
+        monkeypatch.setattr(one.documents, "mentioned", broken)
+        question = "What does the ZX-ALPHA manual say about the Zorblax Quantifier?"  # a name the sources lack
+    first = await one.ask(question)
+    assert first.mode == "rag" and first.cache == "miss"
+    monkeypatch.undo()
+    second = await one.ask(question)
+    assert second.cache == "miss"  # computed again, now whole
+    assert (await one.ask(question)).cache == "hit"

@@ -124,3 +124,29 @@ def test_a_missing_index_and_errors_are_not_kept(shard: ShardService) -> None:
     shard.upsert_documents("nope", [doc("z", "pump", 6)])
     (found,) = shard.search_indexes(["nope"], vec(1), "pump", 5)
     assert found is not None and {h.doc_id for h in found.dense} == {"z"}
+
+
+def test_a_write_that_fails_after_its_rows_are_searchable_still_counts_as_a_change(
+    shard: ShardService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A snapshot that fails (a full disk) after the write committed: the client gets the error, the
+    rows are searchable, and the change count and the index's version have moved, so neither the
+    search memo nor the answer cache serves what was there before."""
+    import ragserve.store.mirror as mirror
+
+    search(shard)
+    versions, changes = shard.index_versions(["kb"]), shard._shard.changes()
+    shard._shard.snapshot_every = 1
+
+    def disk_full(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mirror, "save_snapshot", disk_full)
+    with pytest.raises(OSError):
+        shard.upsert_documents("kb", [doc("valve", "pump serviced valve", 1)])
+    assert shard.count_documents("kb") == 3  # committed and searchable
+    assert shard.index_versions(["kb"]) != versions and shard._shard.changes() != changes
+    assert "valve" in doc_ids(search(shard))
+    with pytest.raises(OSError):
+        shard.delete_documents("kb", ["valve"])
+    assert "valve" not in doc_ids(search(shard))
