@@ -106,6 +106,7 @@ def test_locustfile_runs_headless_with_every_user_and_writes_reports(server: str
         "bench_multi_index",
         "bench_tracing",
         "bench_usage",
+        "bench_batching",
     ],
 )
 def test_benchmark_smoke_prints_its_table(script: str, tmp_path: Path) -> None:
