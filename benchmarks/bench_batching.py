@@ -22,6 +22,7 @@ included); ``TTFT``, each stream's time from submission to its first token (late
 the earlier prompts to be read).
 
     python -m benchmarks.bench_batching [--streams 1,2,4,8] [--max-tokens 64] [--rounds 2]
+                                        [--max-batch N] [--prefill-chunk N] [--torch-threads N]
                                         [--smoke] [--json out.json] [--out batching.png]
 """
 
@@ -207,6 +208,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="runs of every variant, interleaved; the best is kept")
     ap.add_argument("--max-batch", type=int, default=None, help="the engine's max_batch (default: its own)")
     ap.add_argument("--prefill-chunk", type=int, default=None, help="the engine's prefill_chunk (default: its own)")
+    ap.add_argument(
+        "--torch-threads", type=int, default=None, help="the engine's torch_threads (default: usable cores)"
+    )
     ap.add_argument("--smoke", action="store_true", help="1 and 2 streams of a few tokens, to check the benchmark runs")
     ap.add_argument("--json", default=None)
     ap.add_argument("--out", default=None)
@@ -216,7 +220,11 @@ def main() -> None:
     rounds = 1 if args.smoke else args.rounds
     engine_args = {
         key: value
-        for key, value in (("max_batch", args.max_batch), ("prefill_chunk", args.prefill_chunk))
+        for key, value in (
+            ("max_batch", args.max_batch),
+            ("prefill_chunk", args.prefill_chunk),
+            ("torch_threads", args.torch_threads),
+        )
         if value is not None
     }
     result = run(streams, max_new, rounds, engine_args)

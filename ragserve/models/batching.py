@@ -24,6 +24,11 @@ end at the last column, so the window in columns is the window in tokens, and th
 the ones every row needs. Caches with other layer kinds (quantized, linear attention) cannot be
 merged: the loop then serves one sequence at a time (``max_batch`` 1), still token by token.
 
+The vocabulary head of a decode step over a few rows is computed as ``weight @ hidden.T``
+(``rows_first_head``): with Gemma 3 270M's 262,144-token head most of what a step reads, and MKL
+several times slower at the usual layout for a handful of rows, this is what lets a step over
+four sequences cost little more than over one.
+
 Sampling is per sequence: greedy when ``temperature`` is 0 or None; otherwise temperature, then
 ``top_k``, then ``top_p`` (the order of ``generate``'s warpers), drawn from the sequence's own
 ``torch.Generator`` seeded with its ``seed`` (or a random one), never the process's global generator,
@@ -252,6 +257,39 @@ class Reader:
         return logits[0] if end == len(prompt) else None
 
 
+#: Up to this many rows, ``rows_first_head`` computes the vocabulary projection as weight @ hidden^T
+#: (measured on Gemma 3 270M's head with MKL: 1.5 to 2 times faster than ``F.linear`` for 2 to 8
+#: rows, even at 16).
+ROWS_FIRST_MAX = 16
+
+
+def rows_first_head(model: Any) -> bool:
+    """Make ``model``'s output projection (the vocabulary head: 262,144 x 640 floats for Gemma 3
+    270M, most of what a decode step reads) compute a few rows (2 to ``ROWS_FIRST_MAX``) as
+    ``weight @ hidden.T``. ``F.linear`` hands MKL a product with the weight transposed, which for a
+    handful of rows against a very wide weight is several times slower than the same product laid
+    the other way; one row (every request alone, ``generate``) and many rows keep ``F.linear``.
+    The same product, summed in another order. Whether the head was changed."""
+    import torch
+    import torch.nn.functional as F
+
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if not isinstance(head, torch.nn.Linear) or "forward" in vars(head):  # not a plain linear, or done already
+        return False
+
+    def forward(x: Any) -> Any:
+        rows = x.numel() // x.shape[-1]
+        if not 2 <= rows <= ROWS_FIRST_MAX:
+            return F.linear(x, head.weight, head.bias)
+        flat = x.reshape(rows, x.shape[-1]).t()
+        out = torch.mm(head.weight, flat) if head.bias is None else torch.addmm(head.bias[:, None], head.weight, flat)
+        return out.t().contiguous().reshape(*x.shape[:-1], out.shape[0])
+
+    head.forward = forward  # type: ignore[method-assign,assignment]
+    return True
+
+
 def forward_fn(model: Any) -> Callable[..., Any]:
     """``model``'s forward as the loop calls it: last-position logits (float), the cache updated in place."""
     params = _cache_params(model)
@@ -381,6 +419,7 @@ class BatchLoop:
         if max_batch > 1 and not mergeable(new_cache(model)):
             log.warning("%s: this model's cache layers cannot be merged; serving one sequence at a time", name)
             self.max_batch = 1
+        rows_first_head(model)
         self._forward = forward_fn(model)
         self._waiting: collections.deque[Sequence] = collections.deque()
         self._reader: Reader | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -376,3 +377,25 @@ def test_odd_submissions_are_refused(model: Any, loops: Any) -> None:
         loop.submit(seq([1], 0, Recorder()))
     with pytest.raises(ValueError):
         BatchLoop(model, max_batch=0)
+
+
+def test_the_rows_first_head_is_the_same_product() -> None:
+    """The vocabulary head laid the other way for a few rows (what the loop installs) gives what
+    ``F.linear`` gives, with or without a bias, for any number of rows and leading dimensions."""
+    torch.manual_seed(3)
+    for bias in (False, True):
+        head = torch.nn.Linear(24, 300, bias=bias)
+        model = SimpleNamespace(get_output_embeddings=lambda head=head: head)
+        expected = {rows: torch.nn.functional.linear(x, head.weight, head.bias) for rows, x in _inputs().items()}
+        assert batching.rows_first_head(model) and not batching.rows_first_head(model)  # once
+        for rows, x in _inputs().items():
+            torch.testing.assert_close(head(x), expected[rows], rtol=1e-5, atol=1e-5)
+    assert not batching.rows_first_head(object())  # a model without a linear head is left as it is
+
+
+def _inputs() -> dict[int, Any]:
+    gen = torch.Generator().manual_seed(4)
+    return {
+        rows: torch.randn(rows, 1, 24, generator=gen) if rows % 2 else torch.randn(rows, 24, generator=gen)
+        for rows in (1, 2, 3, 8, 16, 17, 40)
+    }
