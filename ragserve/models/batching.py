@@ -15,8 +15,8 @@ own cache, in chunks of ``prefill_chunk`` tokens, one chunk between two decode s
 prompt does not stall the running streams for the whole of its reading; once read, its cache is
 merged into the batch's (the shorter side padded on the left) and it decodes with the others. When
 sequences leave, their rows are dropped, and the columns that are padding in every row left are cut
-off, so the batch is only as long as its longest sequence. Joining and leaving copy the cache once
-each; a step never does.
+off, so the batch is only as long as its longest sequence. Joining and leaving re-lay the cache once
+each; a step only appends its column (by concatenation, as ``DynamicCache`` does in ``generate``).
 
 Sliding-window layers (Gemma 3: five of every six) keep only the last ``sliding_window - 1``
 columns. Right alignment makes that consistent across rows: each row's own tokens are contiguous and
