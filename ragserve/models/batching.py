@@ -424,7 +424,7 @@ class BatchLoop:
         self._waiting: collections.deque[Sequence] = collections.deque()
         self._reader: Reader | None = None
         self._batch = Batch()
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.RLock())  # a sink ended under it may submit again
         self._closed = False
         #: Steps run, and the most rows one decode step served (for tests and benchmarks).
         self.steps = 0
