@@ -7,11 +7,15 @@ converts it once and saves the result as an ordinary safetensors model under
 to a temporary directory and renamed into place, under a file lock, so a crash mid-save leaves
 no half cache and two replicas starting together convert only once.
 
-Generation runs in one dedicated worker thread: requests are served one at a time, in order,
-because two concurrent ``generate`` calls on a two-core machine only slow each other down, and
-the event loop stays free for other requests meanwhile. Each generated token is handed to the
-event loop as it is produced; the same token-by-token path serves ``chat`` and ``chat_stream``,
-so a streamed answer is exactly the non-streamed one cut into pieces.
+Generation is continuously batched (``ragserve.models.batching``): one dedicated thread runs decode
+steps shared by every request being served, since on a CPU a step over several sequences costs
+little more than over one (it is bound by reading the weights). A request joins the running batch
+at the next step, once its prompt is read (in chunks between decode steps, so a long prompt does not
+stall the others), and leaves it as soon as it is done, cancelled or cut by its answer rule; at most
+``max_batch`` (``engine_args``, default 8) are served at once and later ones wait in order. The
+event loop stays free meanwhile. Each generated token is handed to the event loop as it is
+produced; the same token-by-token path serves ``chat`` and ``chat_stream``, so a streamed answer is
+exactly the non-streamed one cut into pieces.
 
 Prompts are rendered by one renderer that the token counter shares (``ragserve.models.prompt_format``):
 the model's chat template, or, for a base model with none (the packaged Gemma), a plain-text
@@ -35,7 +39,6 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncGenerator, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -44,8 +47,9 @@ from typing import Any
 from ragserve.api.generation import GenerationDelta
 from ragserve.api.messages import Message
 from ragserve.api.sampling import SamplingParams
-from ragserve.errors import EngineError
+from ragserve.errors import BadRequestError, EngineError
 from ragserve.hardware import usable_cores
+from ragserve.models import batching
 from ragserve.models.engine import GenerationEngine
 from ragserve.models.gemma import render_gemma
 from ragserve.models.prompt_format import PromptFormat, completion_answer_rule, completion_renderer, resolve_format
@@ -56,7 +60,16 @@ from ragserve.ports import ChatRenderer, TokenCounter
 log = logging.getLogger(__name__)
 
 #: Keys ``engine_args`` may carry for this engine (anything else is a configuration mistake).
-ENGINE_ARG_KEYS = frozenset({"dtype", "torch_threads", "attn_implementation"})
+ENGINE_ARG_KEYS = frozenset({"dtype", "torch_threads", "attn_implementation", "max_batch", "prefill_chunk"})
+#: How many requests share decode steps at most (``max_batch``); later ones wait in order.
+DEFAULT_MAX_BATCH = 8
+#: How many prompt tokens are read between two decode steps (``prefill_chunk``): a joining prompt
+#: of 2,000 tokens holds the running streams for one chunk at a time, not for all of its reading.
+DEFAULT_PREFILL_CHUNK = 256
+#: How long ``stop`` waits for the step under way to end.
+STOP_WAIT_S = 30.0
+#: The top-k that sampling applies when the model's generation config sets none (``generate``'s default).
+DEFAULT_TOP_K = 50
 #: End-of-turn markers of common chat formats; generation stops on any that the vocabulary has.
 END_OF_TURN_TOKENS = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
 #: The start-up measurement of prefill speed: a prompt of this many tokens is read up to this many
@@ -77,41 +90,11 @@ _PROBE_TEXT = (
 
 @functools.cache
 def _hf() -> SimpleNamespace:
-    """torch, transformers and the two generate() hooks, imported once on first use."""
+    """torch and transformers, imported once on first use."""
     import torch
     import transformers
-    from transformers.generation.streamers import BaseStreamer
 
-    class CancelCriteria(transformers.StoppingCriteria):
-        """Stops generation at the next step once ``event`` is set (consumer gone, stop string seen)."""
-
-        def __init__(self, event: threading.Event):
-            self.event = event
-
-        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
-
-    class TokenStreamer(BaseStreamer):
-        """Hands each new token id to the event loop; the first ``put`` is the prompt and is skipped."""
-
-        def __init__(self, job: _Job):
-            self.job = job
-            self.prompt_seen = False
-
-        def put(self, value: Any) -> None:
-            if not self.prompt_seen:
-                self.prompt_seen = True
-                return
-            if self.job.first_token_s is None:  # the prompt has been read
-                self.job.first_token_s = time.perf_counter() - self.job.started
-            self.job.push([int(t) for t in value.reshape(-1).tolist()])
-
-        def end(self) -> None:
-            pass  # the worker pushes the end marker itself, also when generate() raises
-
-    return SimpleNamespace(
-        torch=torch, transformers=transformers, CancelCriteria=CancelCriteria, TokenStreamer=TokenStreamer
-    )
+    return SimpleNamespace(torch=torch, transformers=transformers)
 
 
 _END = object()
@@ -119,21 +102,34 @@ _END = object()
 
 @dataclass
 class _Job:
-    """One generation: the queue the worker thread feeds and the flag that stops it."""
+    """One generation as the event loop sees it: the queue the batch loop feeds (a ``batching.Sink``)
+    and the flag that makes it leave the batch."""
 
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
-    #: When the worker began it, and how long until its first token (its prompt read), in seconds.
-    started: float = 0.0
-    first_token_s: float | None = None
 
     def push(self, item: Any) -> None:
-        """Called from the worker thread."""
+        """Called from the batch loop's thread."""
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             self.cancel.set()
+
+    def token(self, token_id: int) -> None:
+        self.push(token_id)
+
+    def end(self, error: BaseException | None) -> None:
+        if error is not None:
+            self.push(error)
+        self.push(_END)
+
+
+def _positive_int(args: dict[str, Any], key: str, default: int) -> int:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"engine_args {key} must be a whole number of at least 1, not {value!r}")
+    return value
 
 
 @contextlib.contextmanager
@@ -168,7 +164,8 @@ class TransformersEngine(GenerationEngine):
     ``model``: None for the packaged Gemma 3 270M GGUF, else a local model directory or a Hugging
     Face id already in the local cache (never downloaded). ``cache_dir``: where the GGUF is
     assembled and its conversion cached. ``engine_args``: ``dtype`` (default ``float32``),
-    ``torch_threads``, ``attn_implementation``.
+    ``torch_threads``, ``attn_implementation``, ``max_batch`` (requests served at once, default 8)
+    and ``prefill_chunk`` (prompt tokens read between two decode steps, default 256).
 
     ``prompt_format``: ``auto`` prompts a model that has a chat template with it, and one that has
     none (a base model, like the packaged Gemma) in the plain-text completion format, which also
@@ -176,7 +173,9 @@ class TransformersEngine(GenerationEngine):
     ``ragserve.models.prompt_format``).
 
     Sampling: ``temperature`` None or 0 decodes greedily (deterministic); above 0 it samples with
-    that temperature and ``top_p``, seeded by ``seed`` when given.
+    that temperature, the model's top-k (50 unless its generation config says otherwise) and
+    ``top_p``, from a generator of the request's own seeded by ``seed`` when given: the same seed
+    gives the same answer whichever requests share its decode steps.
     """
 
     engine_name = "transformers"
@@ -194,6 +193,8 @@ class TransformersEngine(GenerationEngine):
             raise ValueError(
                 f"unknown engine_args for the transformers engine: {unknown}; allowed: {sorted(ENGINE_ARG_KEYS)}"
             )
+        self.max_batch = _positive_int(args, "max_batch", DEFAULT_MAX_BATCH)
+        self.prefill_chunk = _positive_int(args, "prefill_chunk", DEFAULT_PREFILL_CHUNK)
         if prompt_format not in ("auto", "chat", "completion"):
             raise ValueError(f"prompt_format must be auto, chat or completion, not {prompt_format!r}")
         self._model_ref = model
@@ -216,8 +217,8 @@ class TransformersEngine(GenerationEngine):
         self._window = None
         self._prefill_rate: float | None = None
         self._eos_ids: frozenset[int] = frozenset()
-        self._pad_id: int | None = None
-        self._executor: ThreadPoolExecutor | None = None
+        self._top_k: int | None = None
+        self._batcher: batching.BatchLoop | None = None
         self._start_lock = asyncio.Lock()
         #: How the last start went: ``source`` (converted | cache | model) and ``seconds``.
         self.load_info: dict[str, Any] = {}
@@ -271,31 +272,27 @@ class TransformersEngine(GenerationEngine):
         )
 
     def _measure_prefill(self) -> float:
-        """Prompt tokens per second the loaded model reads on this machine, as requests will be read:
-        ``generate`` of one token after a prompt of ``PREFILL_PROBE_TOKENS`` (fewer if the window is
-        smaller), the fastest of up to ``PREFILL_PROBE_RUNS`` reads after a short warm-up (fewer once
-        ``PREFILL_PROBE_MAX_S`` has passed). About 3 s at start on two idle cores; what
-        ``prefill_tokens_per_s`` reports."""
-        hf = _hf()
-        torch = hf.torch
-        one = self._tokenizer(_PROBE_TEXT, add_special_tokens=False).input_ids
+        """Prompt tokens per second the loaded model reads on this machine, as requests are read
+        (``batching.read_prompt``: in ``prefill_chunk`` chunks into a fresh cache): a prompt of
+        ``PREFILL_PROBE_TOKENS`` (fewer if the window is smaller), the fastest of up to
+        ``PREFILL_PROBE_RUNS`` reads after a short warm-up (fewer once ``PREFILL_PROBE_MAX_S`` has
+        passed). About 3 s at start on two idle cores; what ``prefill_tokens_per_s`` reports."""
+        one = list(self._tokenizer(_PROBE_TEXT, add_special_tokens=False).input_ids)
         length = PREFILL_PROBE_TOKENS if self._window is None else max(1, min(PREFILL_PROBE_TOKENS, self._window - 1))
-        ids = torch.tensor([(list(one) * (length // max(1, len(one)) + 1))[:length]], dtype=torch.long)
-        kwargs = self._generate_kwargs(SamplingParams(max_tokens=1), 1)
+        ids = (one * (length // max(1, len(one)) + 1))[:length]
 
-        def read(prompt: Any) -> float:
+        def read(prompt: list[int]) -> float:
             t0 = time.perf_counter()
-            self._model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), **kwargs)
+            batching.read_prompt(self._model, prompt, self.prefill_chunk)
             return time.perf_counter() - t0
 
         started = time.perf_counter()
-        with torch.inference_mode():
-            read(ids[:, :16])  # the first call pays one-off costs
-            fastest = read(ids)
-            for _ in range(PREFILL_PROBE_RUNS - 1):
-                if time.perf_counter() - started > PREFILL_PROBE_MAX_S:
-                    break
-                fastest = min(fastest, read(ids))
+        read(ids[:16])  # the first call pays one-off costs
+        fastest = read(ids)
+        for _ in range(PREFILL_PROBE_RUNS - 1):
+            if time.perf_counter() - started > PREFILL_PROBE_MAX_S:
+                break
+            fastest = min(fastest, read(ids))
         return length / max(fastest, 1e-6)
 
     def prefill_tokens_per_s(self) -> float | None:
@@ -305,7 +302,9 @@ class TransformersEngine(GenerationEngine):
         return self._prefill_rate
 
     def _observe_prefill(self, prompt_tokens: int, seconds: float | None) -> None:
-        """A request's prompt read faster than the speed known so far raises it: the start-up probe
+        """A request's prompt read faster than the speed known so far raises it (the batch loop tells
+        each prompt's reading time, the model's time alone, not the decode steps between its chunks):
+        the start-up probe
         may have run while other work held a core, and would then size every chat's context for a
         busy machine. Only prompts of at least ``PREFILL_OBSERVE_MIN_TOKENS`` count (a short one
         says more about fixed costs than speed); the speed never falls, so a busy moment after a
@@ -411,10 +410,19 @@ class TransformersEngine(GenerationEngine):
 
     def _install(self, tokenizer: Any, model: Any) -> None:
         """Serve ``model`` with ``tokenizer``: what ``start`` ends with once they are loaded (unit tests
-        install a scripted stand-in here to check the generation loop without loading weights)."""
+        install a small model or a scripted stand-in here to check the generation loop without the
+        packaged weights). Starts the batch loop's thread."""
         self._tokenizer, self._model = tokenizer, model
         self._setup(tokenizer, model)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+        if self._batcher is not None:
+            self._batcher.close()
+        self._batcher = batching.BatchLoop(
+            model,
+            max_batch=self.max_batch,
+            prefill_chunk=self.prefill_chunk,
+            on_prefill=self._observe_prefill,
+            name=f"generate:{self.model_id}",
+        )
 
     def _setup(self, tokenizer: Any, model: Any) -> None:
         """Prompt format, renderer, counter, window and end-of-turn ids from the loaded model."""
@@ -456,21 +464,23 @@ class TransformersEngine(GenerationEngine):
             if isinstance(tid, int) and tid >= 0 and tid != unk:
                 eos.add(tid)
         self._eos_ids = frozenset(eos)
-        pad = model.generation_config.pad_token_id
-        self._pad_id = pad if pad is not None else tokenizer.pad_token_id
-        if self._pad_id is None and eos:
-            self._pad_id = min(eos)
+        top_k = getattr(model.generation_config, "top_k", None)
+        self._top_k = DEFAULT_TOP_K if top_k is None else int(top_k)
 
     async def stop(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Ends the batch loop: requests waiting or being served end with a 503 (after the step under
+        way, which is waited for, up to ``STOP_WAIT_S``)."""
+        batcher, self._batcher = self._batcher, None
         self._model = self._tokenizer = None
+        if batcher is not None:
+            batcher.close()
+            if not await asyncio.to_thread(batcher.join, STOP_WAIT_S):
+                log.warning("the generation loop did not end within %.0fs of stop", STOP_WAIT_S)
 
     # --- engine facts -------------------------------------------------------------------------
 
     def _require_started(self) -> None:
-        if self._model is None or self._counter is None:
+        if self._model is None or self._counter is None or self._batcher is None:
             raise EngineError(
                 503, f"model {self.model_id} is not loaded (start() has not completed)", type_="server_error"
             )
@@ -482,88 +492,62 @@ class TransformersEngine(GenerationEngine):
 
     # --- generation ---------------------------------------------------------------------------
 
-    def _generate_blocking(self, input_ids: Any, kwargs: dict[str, Any], seed: int | None, job: _Job) -> None:
-        """Runs in the generation thread; everything it produces goes through ``job``."""
-        hf = _hf()
-        try:
-            if job.cancel.is_set():
-                return  # the client left while this request was queued
-            with hf.torch.inference_mode():
-                if seed is not None and kwargs.get("do_sample"):
-                    hf.torch.manual_seed(seed)  # global RNG: safe, generation is serialised on this thread
-                job.started = time.perf_counter()
-                self._model.generate(
-                    input_ids=input_ids,
-                    attention_mask=hf.torch.ones_like(input_ids),
-                    streamer=hf.TokenStreamer(job),
-                    stopping_criteria=hf.transformers.StoppingCriteriaList([hf.CancelCriteria(job.cancel)]),
-                    **kwargs,
-                )
-            self._observe_prefill(int(input_ids.shape[1]), job.first_token_s)
-        except BaseException as exc:
-            job.push(exc)
-        finally:
-            job.push(_END)
-
-    def _generate_kwargs(self, params: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens,
-            "eos_token_id": sorted(self._eos_ids),
-            "pad_token_id": self._pad_id,
-        }
-        if params.temperature:
-            kwargs.update(
-                do_sample=True,
-                temperature=float(params.temperature),
-                top_p=float(params.top_p) if params.top_p is not None else 1.0,
-            )
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        return kwargs
-
     async def _generate(
         self, messages: Sequence[Message], params: SamplingParams
     ) -> AsyncGenerator[GenerationDelta, None]:
         """Deltas as tokens are decoded; the last one has the finish reason and the usage."""
         self.check_sampling(params)
         self._require_started()
-        assert self._counter is not None and self._executor is not None
-        tokenizer = self._tokenizer
+        assert self._counter is not None and self._batcher is not None
+        tokenizer, batcher = self._tokenizer, self._batcher
         prompt = self._counter.render(messages, grounded=params.grounded)
-        input_ids = await asyncio.to_thread(
-            lambda: tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
-        )
-        prompt_tokens = int(input_ids.shape[1])
+        input_ids = await asyncio.to_thread(lambda: list(tokenizer(prompt, add_special_tokens=False).input_ids))
+        prompt_tokens = len(input_ids)
         self.check_prompt_fits(prompt_tokens)
         window = self._window
         max_new = params.max_tokens if window is None else min(params.max_tokens, window - prompt_tokens)
+        if max_new < 1:
+            raise BadRequestError(f"max_tokens must be at least 1, not {params.max_tokens}", param="max_tokens")
         completion = self.prompt_format == "completion"  # a base model: the answer rule ends its answer
         cutter = AnswerCutter(
             merge_stops(params.stop), strip=completion, lines=completion_answer_rule(messages) if completion else None
         )
         job = _Job(asyncio.get_running_loop())
-        self._executor.submit(
-            self._generate_blocking, input_ids, self._generate_kwargs(params, max_new), params.seed, job
+        seq = batching.Sequence(
+            prompt=input_ids,
+            max_new_tokens=max_new,
+            sink=job,
+            eos=self._eos_ids,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=self._top_k,
+            seed=params.seed,
+            cancel=job.cancel,
         )
+        try:
+            batcher.submit(seq)
+        except batching.LoopClosed as exc:
+            raise EngineError(503, f"model {self.model_id} is stopping", type_="server_error") from exc
         generated: list[int] = []
         try:
             while True:
                 item = await job.queue.get()
                 if item is _END:
                     break
+                if isinstance(item, batching.LoopClosed):
+                    raise EngineError(503, f"model {self.model_id} stopped: {item}", type_="server_error") from item
                 if isinstance(item, BaseException):
                     raise EngineError(
                         500, f"generation failed: {type(item).__name__}: {item}", type_="server_error"
                     ) from item
-                generated.extend(item)
+                generated.append(item)
                 piece = cutter.feed(tokenizer.decode(generated, skip_special_tokens=True))
                 if cutter.stopped:
-                    job.cancel.set()  # the worker ends at its next step: a short answer costs a short time
-                    break
+                    break  # the finally below makes it leave the batch at the next step
                 if piece:
                     yield GenerationDelta(text=piece)
         finally:
-            job.cancel.set()  # also when the consumer stops early: the worker ends at the next token
+            job.cancel.set()  # also when the consumer stops early: its row leaves the batch at the next step
         rest = cutter.finish()  # may end the answer before the end of the text (then it stopped)
         if cutter.stopped or (generated and generated[-1] in self._eos_ids):
             finish = "stop"

@@ -108,6 +108,7 @@ def test_locustfile_runs_headless_with_every_user_and_writes_reports(server: str
         "bench_usage",
         "bench_load",
         "bench_answer_cache",
+        "bench_batching",
     ],
 )
 def test_benchmark_smoke_prints_its_table(script: str, tmp_path: Path) -> None:

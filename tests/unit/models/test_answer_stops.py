@@ -1,8 +1,8 @@
 """Where an answer ends: stop sequences in streaming and whole answers, with no label leaking.
 
 The cutter is checked on its own, then inside the real TransformersEngine generation loop driven by
-a scripted stand-in model (a character tokenizer and a model that "generates" a fixed text token by
-token, honouring the stopping criteria the engine passes): no weights are loaded.
+a scripted stand-in model (a character tokenizer and a model whose forward pass "generates" a fixed
+text token by token): no weights are loaded.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ragserve.models.transformers_engine import TransformersEngine
 from ragserve.rag.prompt import build_rag_messages
 from ragserve.service.chat import ChatOptions, ChatService
 from ragserve.service.local import EngineClient
+from tests.unit.models.stand_ins import OFFSET, TINY_VOCAB, CharTokenizer, one_layer_config
 
 COMPLETION = ["\n"]
 
@@ -81,74 +82,55 @@ def test_client_stops_are_added_to_the_format_stops_once_each() -> None:
 
 # --- the engine loop, with a scripted stand-in model -------------------------------------------
 
-OFFSET = 10  # token id = ord(char) + OFFSET; 1 is <bos>, 2 is <eos>
-
-
-class CharTokenizer:
-    """One token a character, with a <bos> it prepends and an <eos>; no chat template."""
-
-    chat_template = None
-    bos_token, bos_token_id, eos_token_id, unk_token_id, pad_token_id = "<bos>", 1, 2, 3, 0
-    name_or_path = "chars"
-
-    def _ids(self, text: str) -> list[int]:
-        ids: list[int] = []
-        if text.startswith(self.bos_token):
-            ids, text = [self.bos_token_id], text[len(self.bos_token) :]
-        return ids + [ord(c) + OFFSET for c in text]
-
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return ([self.bos_token_id] if add_special_tokens else []) + self._ids(text)
-
-    def __call__(self, text: str, add_special_tokens: bool = True, return_tensors: str | None = None) -> Any:
-        ids = self.encode(text, add_special_tokens)
-        if return_tensors == "pt":
-            import torch
-
-            return SimpleNamespace(input_ids=torch.tensor([ids]))
-        return SimpleNamespace(input_ids=ids)
-
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return "".join(chr(i - OFFSET) for i in ids if i >= OFFSET)
-
-    def convert_tokens_to_ids(self, token: str) -> int:
-        return self.unk_token_id
-
 
 class ScriptedModel:
-    """Generates ``script`` one character a token, 5 ms each, stopping when a stopping criterion says
-    so or at ``max_new_tokens``; records the prompt and how many tokens it produced."""
+    """Generates ``script`` one character a token (5 ms a step) through the forward pass the engine's
+    batch loop calls: the step that reads a prompt (from position 0) yields its first character,
+    each step after it the next one, then <eos>. Records the prompts and how many tokens it
+    produced. It serves one request at a time, as these tests send them, and reads a prompt in one
+    step (the engine is given a prefill chunk longer than any prompt here)."""
 
     def __init__(self, script: str):
         self.script = script
         self.produced = 0
         self.prompts: list[str] = []
-        self.config = SimpleNamespace(model_type="gemma3_text", max_position_embeddings=4096)
+        self.config = one_layer_config()
         self.generation_config = SimpleNamespace(eos_token_id=2, pad_token_id=0)
         self.lock = threading.Lock()
+        self.prompt_length = 0
 
-    def generate(
-        self, input_ids: Any, streamer: Any, stopping_criteria: Any, max_new_tokens: int, **kwargs: Any
-    ) -> None:
+    def forward(
+        self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any, use_cache: bool, logits_to_keep: int
+    ) -> Any:
         import torch
 
-        ids = input_ids[0].tolist()
-        self.prompts.append(("<bos>" if ids[:1] == [CharTokenizer.bos_token_id] else "") + CharTokenizer().decode(ids))
-        streamer.put(input_ids)
-        ids = input_ids
-        for tid in [ord(c) + OFFSET for c in self.script][:max_new_tokens]:
-            time.sleep(0.005)
-            ids = torch.cat([ids, torch.tensor([[tid]])], dim=1)
-            streamer.put(torch.tensor([tid]))
-            with self.lock:
-                self.produced += 1
-            if any(bool(c(ids, None).all()) for c in stopping_criteria):
-                return
+        rows, length = input_ids.shape
+        assert rows == 1, "the scripted model serves one request at a time"
+        cache.update(torch.zeros(rows, 1, length, 1), torch.zeros(rows, 1, length, 1), 0)
+        start = int(position_ids[0, 0])
+        if start == 0:  # a prompt is read
+            ids = input_ids[0].tolist()
+            self.prompts.append(
+                ("<bos>" if ids[:1] == [CharTokenizer.bos_token_id] else "") + CharTokenizer().decode(ids)
+            )
+            self.prompt_length = length
+        index = start + length - self.prompt_length  # how many script characters came before this step's
+        token = ord(self.script[index]) + OFFSET if index < len(self.script) else CharTokenizer.eos_token_id
+        time.sleep(0.005)
+        with self.lock:
+            self.produced += 1
+        logits = torch.zeros(rows, 1, TINY_VOCAB)
+        logits[0, 0, token] = 1.0
+        return SimpleNamespace(logits=logits)
+
+    __call__ = forward
 
 
 def scripted_engine(script: str, prompt_format: str = "auto") -> tuple[TransformersEngine, ScriptedModel]:
     pytest.importorskip("torch")
-    engine = TransformersEngine("scripted", "/nonexistent", prompt_format=prompt_format)
+    engine = TransformersEngine(
+        "scripted", "/nonexistent", engine_args={"prefill_chunk": 100_000}, prompt_format=prompt_format
+    )
     model = ScriptedModel(script)
     engine._install(CharTokenizer(), model)
     return engine, model

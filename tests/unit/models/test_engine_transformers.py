@@ -106,9 +106,20 @@ async def test_stop_string_cuts_the_answer_there(engine: TransformersEngine) -> 
     assert cut.finish_reason == "stop" and cut.completion_tokens <= base.completion_tokens
 
 
-async def test_concurrent_requests_are_served_one_after_another(engine: TransformersEngine) -> None:
-    results = await asyncio.gather(*(engine.chat(MESSAGES, SamplingParams(max_tokens=3)) for _ in range(3)))
-    assert len({r.text for r in results}) == 1  # greedy, serialised: identical answers
+async def test_concurrent_greedy_chats_are_their_answers_one_at_a_time(engine: TransformersEngine) -> None:
+    """Three different questions sent together share decode steps (continuous batching) and each
+    gets exactly the answer, finish reason and usage it gets alone."""
+    questions = ["What does a vector database store?", "Who wrote Hamlet?", "What is the capital of France?"]
+    chats = [[{"role": "user", "content": q}] for q in questions]
+    params = SamplingParams(max_tokens=10, temperature=0)
+    alone = [await engine.chat(chat, params) for chat in chats]
+    assert engine._batcher is not None
+    engine._batcher.peak = 0
+    together = await asyncio.gather(*(engine.chat(chat, params) for chat in chats))
+    assert [(r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens) for r in together] == [
+        (r.text, r.finish_reason, r.prompt_tokens, r.completion_tokens) for r in alone
+    ]
+    assert engine._batcher.peak >= 2  # they were decoded in the same steps
 
 
 async def test_passthrough_serves_text_and_rejects_tools(engine: TransformersEngine) -> None:
@@ -169,8 +180,9 @@ async def test_chat_format_can_be_forced_and_renders_gemma_turns() -> None:
 
 
 class TestTransformersEngineContract(EngineContract):
-    """The embedded engine with the real packaged model: a stream closed early frees the generation
-    thread, so the next request is served at once rather than after the abandoned one's 200 tokens."""
+    """The embedded engine with the real packaged model: a stream closed early leaves the batch at
+    the next step, so the next request is served at once rather than beside the abandoned one's 200
+    tokens."""
 
     @pytest.fixture
     def generation_stopped(self, engine: TransformersEngine) -> Callable[[], Awaitable[bool]]:

@@ -14,8 +14,14 @@ import torch
 
 from ragserve.api.sampling import SamplingParams
 from ragserve.models.openai_engine import OpenAIEngine
-from ragserve.models.transformers_engine import PREFILL_PROBE_RUNS, PREFILL_PROBE_TOKENS, TransformersEngine, _Job
+from ragserve.models.transformers_engine import (
+    PREFILL_OBSERVE_MIN_TOKENS,
+    PREFILL_PROBE_RUNS,
+    PREFILL_PROBE_TOKENS,
+    TransformersEngine,
+)
 from ragserve.models.vllm_engine import VLLMEngine
+from tests.unit.models.stand_ins import TINY_VOCAB, CharTokenizer, one_layer_config
 
 SECONDS_PER_TOKEN = 0.0004  # 2500 tokens/s
 
@@ -26,14 +32,32 @@ class WordTokenizer:
 
 
 class TimedModel:
-    """Reads a prompt in ``SECONDS_PER_TOKEN`` a token; records what it was asked."""
+    """Reads a prompt in ``SECONDS_PER_TOKEN`` a token through the forward pass the batch loop calls;
+    records each call's first position and length."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int = 32768) -> None:
         self.calls: list[tuple[int, int]] = []
+        self.config = one_layer_config(window)
+        self.generation_config = SimpleNamespace(eos_token_id=2, pad_token_id=0)
 
-    def generate(self, input_ids: Any, attention_mask: Any, **kwargs: Any) -> None:
-        self.calls.append((int(input_ids.shape[1]), kwargs["max_new_tokens"]))
-        time.sleep(int(input_ids.shape[1]) * SECONDS_PER_TOKEN)
+    def forward(
+        self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any, use_cache: bool, logits_to_keep: int
+    ) -> Any:
+        rows, length = input_ids.shape
+        self.calls.append((int(position_ids[0, 0]), length))
+        time.sleep(length * SECONDS_PER_TOKEN)
+        return SimpleNamespace(logits=torch.zeros(rows, 1, TINY_VOCAB))
+
+    __call__ = forward
+
+    def reads(self) -> list[int]:
+        """How many tokens each prompt read had (a read starts at position 0 and may take several chunks)."""
+        lengths: list[int] = []
+        for start, length in self.calls:
+            if start == 0:
+                lengths.append(0)
+            lengths[-1] += length
+        return lengths
 
 
 def engine_with(window: int | None) -> tuple[TransformersEngine, TimedModel]:
@@ -47,21 +71,23 @@ def test_the_speed_is_the_fastest_of_a_few_reads_of_a_real_length_prompt() -> No
     engine, model = engine_with(32768)
     rate = engine._measure_prefill()
     assert 0.4 / SECONDS_PER_TOKEN < rate <= 1 / SECONDS_PER_TOKEN  # the sleep, plus a scheduler's delay
-    assert model.calls[0][0] < PREFILL_PROBE_TOKENS  # a short warm-up first
-    assert model.calls[1:] == [(PREFILL_PROBE_TOKENS, 1)] * PREFILL_PROBE_RUNS  # one generated token each
+    assert model.reads()[0] < PREFILL_PROBE_TOKENS  # a short warm-up first
+    assert model.reads()[1:] == [PREFILL_PROBE_TOKENS] * PREFILL_PROBE_RUNS
+    # read as requests are: in chunks of the engine's prefill_chunk
+    assert max(length for _, length in model.calls) == engine.prefill_chunk < PREFILL_PROBE_TOKENS
 
 
 def test_no_read_starts_once_the_probe_has_taken_its_time(monkeypatch) -> None:
     monkeypatch.setattr("ragserve.models.transformers_engine.PREFILL_PROBE_MAX_S", 0.01)
     engine, model = engine_with(32768)
     engine._measure_prefill()
-    assert model.calls[1:] == [(PREFILL_PROBE_TOKENS, 1)]  # a busy or slow machine starts sooner
+    assert model.reads()[1:] == [PREFILL_PROBE_TOKENS]  # a busy or slow machine starts sooner
 
 
 def test_the_probe_prompt_fits_a_small_window() -> None:
     engine, model = engine_with(100)
     engine._measure_prefill()
-    assert {n for n, _ in model.calls[1:]} == {99}
+    assert set(model.reads()[1:]) == {99}
 
 
 def test_only_the_embedded_engine_reports_a_speed_and_only_once_measured() -> None:
@@ -71,36 +97,19 @@ def test_only_the_embedded_engine_reports_a_speed_and_only_once_measured() -> No
     assert OpenAIEngine("http://127.0.0.1:9/v1", "m", None, 1.0).prefill_tokens_per_s() is None
 
 
-class StreamingModel(TimedModel):
-    """Hands the prompt, then (after reading it) one token, to the streamer, as generate() does."""
-
-    def generate(self, input_ids: Any, attention_mask: Any, **kwargs: Any) -> None:
-        streamer = kwargs["streamer"]
-        streamer.put(input_ids)
-        super().generate(input_ids, attention_mask, **kwargs)
-        streamer.put(input_ids[:, :1])
-        streamer.end()
-
-
-def served(engine: TransformersEngine, prompt_tokens: int) -> None:
-    """One request's generation through the engine's worker, as ``_generate`` submits it."""
-    engine._model = StreamingModel()
-    loop = asyncio.new_event_loop()
-    try:
-        job = _Job(loop)
-        kwargs = engine._generate_kwargs(SamplingParams(max_tokens=1), 1)
-        engine._generate_blocking(torch.zeros((1, prompt_tokens), dtype=torch.long), kwargs, None, job)
-        assert job.first_token_s is not None and job.first_token_s >= prompt_tokens * SECONDS_PER_TOKEN
-    finally:
-        loop.close()
+def served(engine: TransformersEngine, prompt_chars: int) -> int:
+    """One request through the engine's batch loop, its prompt read by the timed model; its prompt tokens."""
+    engine._install(CharTokenizer(), TimedModel())
+    result = asyncio.run(engine.chat([{"role": "user", "content": "x" * prompt_chars}], SamplingParams(max_tokens=1)))
+    return result.prompt_tokens
 
 
 def test_a_request_that_reads_its_prompt_faster_raises_the_measured_speed() -> None:
     engine, _ = engine_with(32768)
     engine._prefill_rate = 100.0  # measured while the machine was busy
-    served(engine, 100)  # too short to say
+    assert served(engine, 100) < PREFILL_OBSERVE_MIN_TOKENS  # too short to say
     assert engine.prefill_tokens_per_s() == 100.0
-    served(engine, 600)
+    assert served(engine, 600) > PREFILL_OBSERVE_MIN_TOKENS
     raised = engine.prefill_tokens_per_s()
     assert raised is not None and 0.4 / SECONDS_PER_TOKEN < raised <= 1 / SECONDS_PER_TOKEN
     engine._observe_prefill(600, 60.0)  # a busy moment later does not lower it
