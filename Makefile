@@ -49,7 +49,7 @@ typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
 test: lint typecheck
-	$(BIN)/python -m pytest --cov=ragserve --cov-report=term-missing:skip-covered
+	$(BIN)/python -m pytest --cov=ragserve --cov-report=term-missing:skip-covered --durations=30
 
 # Unit tests without Ray and without the LLM. They do load the small packaged embedding model
 # (all-MiniLM-L6-v2, a few seconds) where a test embeds real text; the slow-marked ones (the embedded

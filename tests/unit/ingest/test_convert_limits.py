@@ -31,11 +31,13 @@ from ragserve.ingest.convert import (
 from tests.filemakers import make_docx, make_pdf, make_pptx
 
 MB = 1_000_000
-BOUND_S = 3.0  # generous: each of these takes well under a second on an idle core
+#: Generous: each of these takes well under a second on an idle core without coverage, and 3 s of CPU
+#: under coverage on a slow day of the shared host (a quadratic shape of a megabyte takes hours).
+BOUND_S = 10.0
 #: For a conversion in another process, timed by the wall clock (the child's CPU time is not this
 #: thread's): what matters is that it ends far sooner than its 30 s time limit, also on a machine
 #: whose load is ten times its cores.
-PROCESS_BOUND_S = 10.0
+PROCESS_BOUND_S = 30.0
 
 
 def timed(fn: Callable[[], Any], clock: Callable[[], float] = time.thread_time) -> tuple[Any, float]:
@@ -142,7 +144,7 @@ def test_a_zip_bomb_is_refused_before_it_is_unpacked() -> None:
     for name in ("bomb.docx", "bomb.pptx"):
         out, seconds = timed(lambda: convert(bomb, name, max_unpacked_bytes=64 * 1024 * 1024))  # noqa: B023
         assert isinstance(out, ConversionTooLarge) and "200000000 bytes" in str(out) and "67108864" in str(out)
-        assert seconds < 1.0
+        assert seconds < 3.0  # refused from the zip directory: unpacking 200 MB would take far longer
     # the ratio bounds what fits under the absolute limit: 10 MB from a 10 KB file
     with pytest.raises(ConversionTooLarge, match="times its size"):
         convert(_zip({"word/document.xml": b" " * 10_000_000}), "r.docx", max_unpacked_bytes=10**9)
@@ -191,7 +193,7 @@ def test_office_files_of_tens_of_thousands_of_tiny_paragraphs() -> None:
     para = b"<w:p><w:r><w:t>a</w:t></w:r></w:p>"
     parts["word/document.xml"] = body.replace(para * 5_000, para * 36_000)
     out, seconds = timed(lambda: convert(_zip(parts), "tiny.docx", max_unpacked_bytes=64 * 1024 * 1024))
-    assert isinstance(out, ConversionTooLarge) and seconds < 1.0, (out, seconds)
+    assert isinstance(out, ConversionTooLarge) and seconds < 3.0, (out, seconds)
     deck = make_pptx([("Slide", "\n".join("a" * 10_000))])
     out, seconds = timed(lambda: convert(deck, "tiny.pptx", max_unpacked_bytes=64 * 1024 * 1024))
     assert not isinstance(out, Exception) and seconds < BOUND_S, (out, seconds)

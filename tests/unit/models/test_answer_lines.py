@@ -303,7 +303,7 @@ def _seconds(fn: Callable[[], object]) -> float:
     ["how " * 250_000, "how" + " " * 1_000_000 + "x", "what are" + "\t" * 1_000_000, "1" * 1_000_000, "s" * 1_000_000],
 )
 def test_the_question_test_is_linear_on_a_megabyte(shape: str) -> None:
-    assert _seconds(lambda: asks_for_list(shape)) < 0.5
+    assert _seconds(lambda: asks_for_list(shape)) < 2.0  # CPU time, with room for coverage on a slow day; quadratic takes hours
 
 
 @pytest.mark.parametrize(
@@ -319,4 +319,5 @@ def test_the_question_test_is_linear_on_a_megabyte(shape: str) -> None:
 )
 def test_judging_a_megabyte_line_is_linear(line: str) -> None:
     lines = AnswerLines(labels=COMPLETION_LABELS, echoes=(CONTEXT_INSTRUCTIONS,), multiline=True)
-    assert _seconds(lambda: (lines.judge(line), lines.judge(line, final=True), lines.judge("a\n\n" + line))) < 0.5
+    # CPU time; 0.6 s under coverage on a slow day of the shared host, where a quadratic judge takes hours
+    assert _seconds(lambda: (lines.judge(line), lines.judge(line, final=True), lines.judge("a\n\n" + line))) < 2.0
