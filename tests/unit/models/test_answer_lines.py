@@ -303,7 +303,7 @@ def _seconds(fn: Callable[[], object]) -> float:
     ["how " * 250_000, "how" + " " * 1_000_000 + "x", "what are" + "\t" * 1_000_000, "1" * 1_000_000, "s" * 1_000_000],
 )
 def test_the_question_test_is_linear_on_a_megabyte(shape: str) -> None:
-    assert _seconds(lambda: asks_for_list(shape)) < 2.0  # CPU time, with room for coverage on a slow day; quadratic takes hours
+    assert _seconds(lambda: asks_for_list(shape)) < 2.0  # CPU time, room for coverage; quadratic takes hours
 
 
 @pytest.mark.parametrize(
