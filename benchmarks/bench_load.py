@@ -65,26 +65,24 @@ WARM_QUERIES = 32
 INGEST_BATCH = 64
 
 _CHAT = {"index_name": INDEX, "max_tokens": 16, "messages": [{"role": "user", "content": "{q}"}]}
-#: path -> (route, body, streamed, the floor's route, query mode)
-PATHS: dict[str, tuple[str, dict[str, Any], bool, str, str]] = {
-    "retrieve": ("/retrieve", {"index_name": INDEX, "query": "{q}", "max_node_count": 5}, False, "/retrieve", "cold"),
+#: path -> (route, body, streamed, query mode); the floor answered for it: ``floor_kind``
+PATHS: dict[str, tuple[str, dict[str, Any], bool, str]] = {
+    "retrieve": ("/retrieve", {"index_name": INDEX, "query": "{q}", "max_node_count": 5}, False, "cold"),
     "retrieve-warm": (
         "/retrieve",
         {"index_name": INDEX, "query": "{q}", "max_node_count": 5},
         False,
-        "/retrieve",
         "warm",
     ),
-    "chat": ("/v1/chat/completions", _CHAT, False, "/v1/chat/completions", "cold"),
-    "chat-warm": ("/v1/chat/completions", _CHAT, False, "/v1/chat/completions", "warm"),
+    "chat": ("/v1/chat/completions", _CHAT, False, "cold"),
+    "chat-warm": ("/v1/chat/completions", _CHAT, False, "warm"),
     "passthrough": (
         "/v1/chat/completions",
         {"max_tokens": 16, "messages": [{"role": "user", "content": "{q}"}]},
         False,
-        "/v1/chat/completions",
         "cold",
     ),
-    "stream": ("/v1/chat/completions", {**_CHAT, "stream": True}, True, "/v1/chat/completions", "cold"),
+    "stream": ("/v1/chat/completions", {**_CHAT, "stream": True}, True, "cold"),
 }
 #: what the floor answers for each kind of path: a JSON body, or an SSE stream
 _FLOOR_KINDS = {"json": ("/v1/chat/completions", False), "stream": ("/v1/chat/completions", True)}
@@ -95,7 +93,7 @@ def floor_kind(path: str) -> str:
 
 
 def path_spec(base: str, path: str, queries: list[str], answer_cache: bool, **kw: Any) -> LoadSpec:
-    route, body, stream, _, query_mode = PATHS[path]
+    route, body, stream, query_mode = PATHS[path]
     body = dict(body)
     if "messages" in body and "index_name" in body and not answer_cache:
         body["cache"] = False
@@ -119,12 +117,9 @@ def index_docs(base: str, texts: list[str], index: str = INDEX, id_prefix: str =
     return len(texts) / (time.perf_counter() - t0)
 
 
-def _row(label: str, r: dict[str, Any], floor_rps: float | None = None) -> list[Any]:
+def _row(label: str, r: dict[str, Any]) -> list[Any]:
     errors = sum(r["errors"].values()) + r.get("dropped", 0)
-    row = [label, r["rps"], r["p50_ms"], r["p99_ms"], errors]
-    if floor_rps is not None:
-        row.insert(2, r["rps"] / floor_rps if floor_rps else float("nan"))
-    return row
+    return [label, r["rps"], r["p50_ms"], r["p99_ms"], errors]
 
 
 def closed_curves(
@@ -187,7 +182,6 @@ def during_ingestion(base: str, texts: list[str], queries: list[str], args: Any)
     state: dict[str, Any] = {}
 
     def ingest() -> None:
-        state["started"] = time.perf_counter()
         state["docs_per_s"] = index_docs(base, texts, id_prefix="ingest")
         state["ended"] = time.perf_counter()
 
@@ -330,7 +324,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             for target in targets:
                 r = curves["paths"].get(target, {}).get(path, {}).get(c)
                 if r is not None:
-                    rows.append(_row(f"{target} {path}, C={c}", r, fr["rps"])[:1] + _row("", r)[1:])
+                    rows.append(_row(f"{target} {path}, C={c}", r))
         print(f"### {path}\n")
         print(table(["closed loop", "requests/s", "p50 ms", "p99 ms", "errors"], rows))
         print()
