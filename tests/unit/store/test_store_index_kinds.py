@@ -159,3 +159,53 @@ def test_changing_the_kind_rebuilds_on_open(tmp_path: Path, data) -> None:
     as_ivf = Shard(tmp_path, faiss_kind="ivf", faiss_params=IVF)
     assert as_ivf._mirror["ix"].is_ivf and as_ivf._mirror["ix"].ntotal == 600
     as_ivf.close()
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+def test_a_single_query_is_searched_on_its_own_thread_and_a_batch_with_faiss_threads(kind):
+    """A server's search is one query among many concurrent ones: FAISS's OpenMP team for it costs
+    more than the search (issue 28), so a few queries run on the calling thread alone; a batch
+    keeps FAISS's threads. The thread's own setting is back afterwards, and the results are those
+    of the team."""
+    import threading
+
+    import faiss
+
+    from ragserve.store import faiss_index
+    from ragserve.store.faiss_index import VectorIndex
+
+    spec = IndexSpec.parse(kind, {"nlist": 16, "train_min": 200} if kind == "ivf" else None)
+    index = VectorIndex(DIM, spec)
+    vectors = clustered(600)
+    if kind == "ivf":
+        index.train(vectors, len(vectors))
+    index.add(vectors, np.arange(len(vectors)))
+    queries = clustered(faiss_index.SINGLE_THREAD_QUERIES + 1, seed=9)
+    seen: list[int] = []
+    real = index.index.search
+
+    def recording(*args, **kwargs):
+        seen.append(faiss.omp_get_max_threads())
+        return real(*args, **kwargs)
+
+    index.index.search = recording
+    outside: dict[str, object] = {}
+
+    def in_a_thread() -> None:  # as a shard actor's request threads do; the setting is per thread
+        faiss.omp_set_num_threads(3)
+        one = index.search(queries[:1], 5)
+        few = index.search(queries[: faiss_index.SINGLE_THREAD_QUERIES], 5)
+        batch = index.search(queries, 5)
+        outside.update(after=faiss.omp_get_max_threads(), one=one, few=few, batch=batch)
+
+    t = threading.Thread(target=in_a_thread)
+    t.start()
+    t.join()
+    assert seen == [1, 1, 3]
+    assert outside["after"] == 3
+    index.index.search = real
+    team_scores, team_ids = index.search(queries, 5)  # the batch path: FAISS's threads
+    for name, rows in (("one", 1), ("few", faiss_index.SINGLE_THREAD_QUERIES)):
+        scores, found = outside[name]  # type: ignore[misc]
+        np.testing.assert_array_equal(found, team_ids[:rows])
+        np.testing.assert_allclose(scores, team_scores[:rows], rtol=1e-6)
