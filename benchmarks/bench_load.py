@@ -141,7 +141,7 @@ def closed_curves(
                 spec = path_spec(base, path, queries, args.answer_cache, concurrency=c, **timing)
                 if target != "ragserve":
                     spec.body = {k: v for k, v in (spec.body or {}).items() if k != "cache"}
-                before = cpu_by_role() if target == "ragserve" else {}
+                before = cpu_by_role()
                 r = run_in_process(spec)
                 if target == "ragserve":  # where each request's CPU went, by process (ms a request)
                     spent = cpu_delta(before, cpu_by_role())

@@ -17,6 +17,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -445,27 +446,46 @@ def role_of(cmdline: str) -> str | None:
     return next((role for key, role in _ROLES if key in cmdline), None)
 
 
-def cpu_by_role() -> dict[str, float]:
-    """CPU seconds used so far by each part of the running application (and by this process):
-    sampled before and after a phase, the difference says where a benchmark's cores went."""
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """Every process's CPU seconds so far (user + system), by (pid, start time), with its role in
+    the application (None: none, or its command line could not be read this time)."""
+
+    taken_at: float
+    procs: dict[tuple[int, float], tuple[str | None, float]]
+
+
+def cpu_by_role() -> CpuSnapshot:
+    """CPU seconds used so far by every process, with the part of the running application each is
+    (and this process): taken before and after a phase, ``cpu_delta`` says where its cores went."""
     import psutil
 
     me = os.getpid()
-    out: dict[str, float] = {}
-    for p in psutil.process_iter(["pid", "cmdline", "name", "cpu_times"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or []) or (p.info["name"] or "")
-            times = p.info["cpu_times"]
-        except (psutil.Error, TypeError):
+    taken_at = time.time()
+    procs: dict[tuple[int, float], tuple[str | None, float]] = {}
+    for p in psutil.process_iter(["pid", "cmdline", "name", "cpu_times", "create_time"]):
+        times, created = p.info["cpu_times"], p.info["create_time"]
+        if times is None or created is None:
             continue
-        if times is None:
-            continue
+        cmd = " ".join(p.info["cmdline"] or []) or (p.info["name"] or "")
         role = "benchmark process (client, fake upstream)" if p.info["pid"] == me else role_of(cmd)
+        procs[(p.info["pid"], created)] = (role, times.user + times.system)
+    return CpuSnapshot(taken_at, procs)
+
+
+def cpu_delta(before: CpuSnapshot, after: CpuSnapshot) -> dict[str, float]:
+    """CPU seconds each role spent between two snapshots. A process is counted by its own pid and
+    start time, so one that started meanwhile counts all its CPU, one that ended meanwhile is
+    missed, and one whose command line could not be read in one snapshot keeps the role the other
+    gave it (a role total over whatever processes one snapshot happened to name would charge a
+    phase with a process's whole life)."""
+    out: dict[str, float] = {}
+    for key, (role, cpu) in after.procs.items():
+        was = before.procs.get(key)
+        if was is None and key[1] < before.taken_at - 1.0:
+            continue  # it ran before the phase but was not read then: its share is unknown
+        role = role or (was[0] if was else None)
         if role is None:
             continue
-        out[role] = out.get(role, 0.0) + times.user + times.system
-    return out
-
-
-def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after if after.get(k, 0.0) - before.get(k, 0.0) > 0.05}
+        out[role] = out.get(role, 0.0) + cpu - (was[1] if was else 0.0)
+    return {k: v for k, v in out.items() if v > 0.05}

@@ -94,3 +94,35 @@ def test_a_refused_connection_is_an_error_by_name() -> None:
 def test_a_spec_that_cannot_run_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         LoadSpec(url="http://x", **bad)
+
+
+def test_cpu_by_process_charges_a_phase_only_with_what_each_process_spent_in_it() -> None:
+    """``cpu_delta`` goes by process: one whose command line could not be read in one snapshot keeps
+    the role the other gave it, one started during the phase counts all its CPU, and one that ran
+    before but was not read then is left out (a total over whatever processes one snapshot named
+    once charged a phase with an embedder's whole ingestion)."""
+    from benchmarks.common import CpuSnapshot, cpu_by_role, cpu_delta
+
+    t = 1_000.0
+    before = CpuSnapshot(
+        t,
+        {
+            (10, t - 50): ("ingress replica", 5.0),
+            (11, t - 50): (None, 7.0),  # the embedder, its command line unread this time
+            (12, t - 50): ("shard actors", 1.0),
+        },
+    )
+    after = CpuSnapshot(
+        t + 10,
+        {
+            (10, t - 50): ("ingress replica", 6.5),
+            (11, t - 50): ("embedder replica", 7.25),
+            (12, t - 50): (None, 1.5),
+            (13, t + 2): ("shard actors", 0.75),  # started during the phase
+            (14, t - 40): ("embedder replica", 300.0),  # ran before, not read then: unknown share
+            (15, t - 40): (None, 9.0),  # not the application's
+        },
+    )
+    assert cpu_delta(before, after) == {"ingress replica": 1.5, "embedder replica": 0.25, "shard actors": 1.25}
+    here = cpu_by_role()  # a real snapshot names this process
+    assert any(role and role.startswith("benchmark process") for role, _ in here.procs.values())
