@@ -39,11 +39,14 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
-STOPS = {  # how the launcher is stopped: (signal, to its whole process group?)
+# How the launcher is stopped here: (signal, to its whole process group?). The launcher turns every
+# stop into the same Ctrl-C to its server, which runs in a session of its own; that each of SIGINT,
+# SIGTERM and SIGHUP, to the launcher or its group, does so is tested on the launcher alone
+# (tests/unit/deployments/test_platform.py). Here a stop by group and one by process, on the real
+# server: each start costs minutes of Ray and Serve.
+STOPS = {
     "ctrl-c": (signal.SIGINT, True),  # what Ctrl-C in the terminal sends
     "sigterm": (signal.SIGTERM, False),  # a service manager stopping the main process
-    "sigterm-group": (signal.SIGTERM, True),  # `make run &` then `kill %1`, or a supervisor's group kill
-    "sighup": (signal.SIGHUP, True),  # the terminal closed
 }
 
 

@@ -164,3 +164,86 @@ def test_on_a_loopback_ray_grpc_servers_bind_the_loopback(monkeypatch: pytest.Mo
     for address in ("[::]:0", "0.0.0.0:5000", "10.1.2.3:7"):
         assert tls_utils.add_port_to_grpc_server(server, address) == 1234
     assert server.addresses == ["[::]:0", "127.0.0.1:0", "127.0.0.1:5000", "10.1.2.3:7"]
+
+
+# --- make run's launcher, every way of stopping it ------------------------------------------------
+# The launcher with its server replaced by a stand-in that records the signal it gets: each stop
+# (Ctrl-C, SIGTERM to the launcher or to its group, SIGHUP) must reach the server as Ctrl-C and end
+# in "ragserve: stopped". tests/integration/test_make_run.py runs two of them on the real server.
+_STAND_IN = r"""
+import signal, sys, time
+from pathlib import Path
+marker = Path(sys.argv[1])
+def on_signal(signum, frame):
+    marker.write_text(signal.Signals(signum).name)
+    sys.exit(0)
+for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(s, on_signal)
+marker.write_text("up")
+while True:
+    time.sleep(0.05)
+"""
+
+_LAUNCHER = r"""
+import subprocess, sys
+from ragserve.deployments import platform
+config, marker, stand_in = sys.argv[1:4]
+real = subprocess.Popen
+def server(cmd, **kwargs):  # the server's own environment and preexec_fn (its session, its death signal)
+    assert cmd[-2:] == ["serve", cmd[-1]], cmd
+    return real([sys.executable, "-c", stand_in, marker], **kwargs)
+platform.subprocess.Popen = server
+platform._healthy = lambda url: True
+sys.exit(platform.launch([config]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("signum", "group"),
+    [("SIGINT", True), ("SIGTERM", False), ("SIGTERM", True), ("SIGHUP", True)],
+    ids=["ctrl-c", "sigterm", "sigterm-group", "sighup"],
+)
+def test_every_stop_of_the_launcher_stops_its_server_as_ctrl_c_does(tmp_path, signum: str, group: bool) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import yaml
+
+    from benchmarks.common import free_port
+    from ragserve.deployments.platform import sigint_as_in_a_terminal
+
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump({"http_options": {"port": free_port()}, "applications": []}))
+    marker = tmp_path / "server-got"
+    out = tmp_path / "launcher.log"
+    with open(out, "w") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", _LAUNCHER, str(config), str(marker), _STAND_IN],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=sigint_as_in_a_terminal,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not (marker.exists() and marker.read_text() == "up" and "ragserve ready on" in out.read_text()):
+                assert launcher.poll() is None and time.monotonic() < deadline, out.read_text()
+                time.sleep(0.05)
+            server = psutil.Process(launcher.pid).children()[0]
+            assert os.getsid(server.pid) != os.getsid(launcher.pid)  # a session of its own
+            sig = getattr(signal, signum)
+            if group:
+                os.killpg(launcher.pid, sig)
+            else:
+                launcher.send_signal(sig)
+            assert launcher.wait(timeout=30) == 0, out.read_text()
+        finally:
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+    assert marker.read_text() == "SIGINT"  # asked to stop as Ctrl-C asks: Serve, then Ray
+    assert not psutil.pid_exists(server.pid) or server.status() == psutil.STATUS_ZOMBIE
+    assert out.read_text().rstrip().endswith("ragserve: stopped")
