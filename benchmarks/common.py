@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
 import textwrap
 import time
@@ -23,6 +22,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+
+from ragserve.serve_port import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("RAGSERVE_BENCH_CACHE", REPO / "data" / "bench-cache"))
@@ -187,12 +188,6 @@ def write_json(path: str | None, payload: dict[str, Any]) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(payload, indent=2))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(base: str, timeout_s: float = 600, failed: Callable[[], str | None] | None = None) -> None:

@@ -6,7 +6,10 @@ CLI's default (``RAGSERVE_URL`` still wins there). No imports beyond the standar
 from __future__ import annotations
 
 import os
+import random
+import socket
 from collections.abc import Mapping
+from pathlib import Path
 
 PORT_ENV = "RAGSERVE_PORT"
 DEFAULT_PORT = 8000
@@ -21,3 +24,43 @@ def port_from_env(environ: Mapping[str, str] | None = None) -> int | None:
     if not value.isdigit() or not 1 <= int(value) <= 65535:
         raise ValueError(f"{PORT_ENV}={value!r} is not a port: give a number from 1 to 65535")
     return int(value)
+
+
+#: The lowest port ``free_port`` picks below the kernel's ephemeral range (above the fixed ports of
+#: Ray, Serve and HAProxy: 6379, 8000, 8265, 8404, 8500, 9101, 9500, 10001).
+FREE_PORT_FLOOR = 20_000
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
+    """The ports the kernel hands out to ``bind(0)`` and outgoing connections (Linux), else None."""
+    try:
+        lo, hi = (int(x) for x in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return None
+    return lo, hi
+
+
+def free_port(host: str = "127.0.0.1", *, ephemeral: tuple[int, int] | None = None) -> int:
+    """A port free on ``host`` now, for a server that binds it later: HAProxy's side ports chosen
+    before Ray starts, a test's or a benchmark's server. Picked at random below the kernel's
+    ephemeral range (``ephemeral``; None: read it) where there is room: a port from ``bind(0)``
+    lies inside that range, where until the server binds it the kernel may hand it to any other
+    socket (Ray starts dozens; a HAProxy then failed with "Address already in use"); below it only
+    another explicit bind can take it. Without such a range, the kernel's pick."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    address = host.strip("[]")
+    span = ephemeral or ephemeral_range()
+    if span is not None and span[0] - FREE_PORT_FLOOR >= 1_000:
+        pick = random.SystemRandom()
+        for _ in range(64):
+            port = pick.randrange(FREE_PORT_FLOOR, span[0])
+            with socket.socket(family) as s:
+                try:
+                    s.bind((address, port))
+                except OSError:  # in use (or a connection of it lingers): try another
+                    continue
+                return port
+    with socket.socket(family) as s:
+        s.bind((address, 0))
+        return int(s.getsockname()[1])

@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from ragserve.serve_port import DEFAULT_PORT, port_from_env
+from ragserve.serve_port import DEFAULT_PORT, free_port, port_from_env
 from ragserve.service.access import is_loopback
 
 SWITCH = "RAGSERVE_HIGH_THROUGHPUT"
@@ -80,12 +79,6 @@ def apply_serve_env(high_throughput: bool | None = None) -> dict[str, str]:
     return env
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host.strip("[]"), 0))
-        return int(s.getsockname()[1])
-
-
 #: The fixed ports of the high-throughput mode besides the application's: HAProxy's stats page
 #: and Prometheus endpoint (8404, 9101), and the Serve proxy kept behind HAProxy as its fallback
 #: (HTTP 8500, gRPC 9500).
@@ -113,7 +106,7 @@ def private_haproxy_ports(host: str = "127.0.0.1", environ: Mapping[str, str] | 
     a test beside a benchmark) does not fail with "Address already in use". A port already set in
     ``environ`` is kept."""
     env = {} if environ is None else environ
-    return {var: env.get(var) or str(_free_port(host)) for var in FIXED_PORT_VARS}
+    return {var: env.get(var) or str(free_port(host)) for var in FIXED_PORT_VARS}
 
 
 def haproxy_files(folder: str | Path) -> dict[str, str]:

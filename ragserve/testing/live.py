@@ -3,7 +3,6 @@ tests, and benchmarks that run the application in-process, reach it over real HT
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -12,11 +11,7 @@ from typing import Any
 
 import uvicorn
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ragserve.serve_port import free_port
 
 
 @contextmanager

@@ -5,7 +5,6 @@ The applications are built by the same ``ragserve.deployments.builder:build_app`
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,14 +13,10 @@ from typing import Any
 import httpx
 import pytest
 
+from ragserve.serve_port import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL_CACHE = REPO / "data" / "test-cache" / "models"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -247,3 +247,30 @@ def test_every_stop_of_the_launcher_stops_its_server_as_ctrl_c_does(tmp_path, si
     assert marker.read_text() == "SIGINT"  # asked to stop as Ctrl-C asks: Serve, then Ray
     assert not psutil.pid_exists(server.pid) or server.status() == psutil.STATUS_ZOMBIE
     assert out.read_text().rstrip().endswith("ragserve: stopped")
+
+
+def test_a_free_port_is_picked_below_the_kernels_ephemeral_range(tmp_path) -> None:
+    """A port from bind(0) may be handed to another socket (Ray starts dozens) before the server
+    that was to bind it does: HAProxy's side ports then failed with "Address already in use". A
+    picked port lies below the ephemeral range, free; without room there, the kernel picks."""
+    import socket
+
+    from ragserve.serve_port import FREE_PORT_FLOOR, ephemeral_range, free_port
+
+    span = tmp_path / "range"
+    span.write_text("32768\t60999\n")
+    assert ephemeral_range(str(span)) == (32768, 60999)
+    assert ephemeral_range(str(tmp_path / "absent")) is None
+    for _ in range(20):
+        port = free_port(ephemeral=(32768, 60999))
+        assert FREE_PORT_FLOOR <= port < 32768
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # free indeed
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        # no room below a range that starts low: the kernel's pick, never a port in use
+        picks = {free_port(ephemeral=(FREE_PORT_FLOOR + 10, 60999)) for _ in range(20)}
+        assert taken not in picks
+    assert free_port("::1", ephemeral=(32768, 60999)) < 32768 if socket.has_ipv6 else True
