@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     n = 400 if args.smoke else args.chunks
-    shard_counts = [1, 2] if args.smoke else [int(s) for s in args.shards.split(",")]
+    shard_counts = [2] if args.smoke else [int(s) for s in args.shards.split(",")]
     nq, seconds = (10, 2.0) if args.smoke else (args.queries, args.seconds)
 
     from ragserve.models.embeddings import LocalEmbeddingModel
