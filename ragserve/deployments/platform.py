@@ -431,11 +431,37 @@ def launch(argv: list[str]) -> int:
     return code
 
 
+def serve_main(argv: list[str]) -> None:
+    """The server process of ``make run``: :func:`serve_run`, and when it fails (a start that Serve
+    gives up on: HAProxy unable to bind, a config it refuses), the traceback and exit status 1 at
+    once. Left to the interpreter's own exit, a failed start once kept the process alive (a thread
+    of Ray's it waits for) without serving, and the launcher waited on it until it was killed."""
+    try:
+        serve_run(argv)
+    except KeyboardInterrupt:
+        raise  # a stop: Serve and Ray are shut down already
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        _exit_now(e.code if isinstance(e.code, int) else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        _exit_now(1)
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["run"]:
         sys.exit(launch(sys.argv[2:]))
     elif sys.argv[1:2] == ["serve"]:
-        serve_run(sys.argv[2:])
+        serve_main(sys.argv[2:])
     elif sys.argv[1:2] == ["env"]:
         print("\n".join(f"{k}={v}" for k, v in serve_env().items()))
     else:

@@ -274,3 +274,26 @@ def test_a_free_port_is_picked_below_the_kernels_ephemeral_range(tmp_path) -> No
         picks = {free_port(ephemeral=(FREE_PORT_FLOOR + 10, 60999)) for _ in range(20)}
         assert taken not in picks
     assert free_port("::1", ephemeral=(32768, 60999)) < 32768 if socket.has_ipv6 else True
+
+
+@pytest.mark.parametrize("failure", ["raise RuntimeError('HAProxy crashed during startup')", "sys.exit(3)"])
+def test_a_failed_serve_start_ends_the_server_process_whatever_threads_are_left(failure: str) -> None:
+    """``make run``'s server process exits (status non-zero, the traceback shown) when ``serve run``
+    fails, even with a thread left that the interpreter's exit would wait for: the launcher waits on
+    this process, and once waited on one that served nothing until it was killed."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys, threading, time
+from ragserve.deployments import platform
+def failing(argv):
+    threading.Thread(target=time.sleep, args=(3600,)).start()  # not a daemon: exit would wait for it
+    {failure}
+platform.serve_run = failing
+platform.serve_main(["config.yaml"])
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == (3 if "exit" in failure else 1), done.stderr
+    if "RuntimeError" in failure:
+        assert "HAProxy crashed during startup" in done.stderr
