@@ -119,8 +119,12 @@ def test_ingestion_traces_chunking_embedding_and_shard_writes(client: httpx.Clie
     assert r.status_code == 200, r.text
     assert r.headers["traceparent"].split("-")[1] == trace_id
 
-    def complete(spans: list[ReceivedSpan]) -> bool:
-        return any(s.name == "POST /index" for s in spans) and len(spans_named(spans, "shard.upsert_documents")) >= 2
+    def complete(spans: list[ReceivedSpan]) -> bool:  # each process exports on its own schedule: wait for all three
+        return (
+            any(s.name == "POST /index" for s in spans)
+            and len(spans_named(spans, "shard.upsert_documents")) >= 2
+            and bool(spans_named(spans, "embedder.embed_documents"))
+        )
 
     spans = receiver.wait_for(trace_id, complete)
     root = check_parented(spans, span_id)
