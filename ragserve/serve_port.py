@@ -41,26 +41,40 @@ def ephemeral_range(path: str = EPHEMERAL_RANGE_FILE) -> tuple[int, int] | None:
     return lo, hi
 
 
-def free_port(host: str = "127.0.0.1", *, ephemeral: tuple[int, int] | None = None) -> int:
-    """A port free on ``host`` now, for a server that binds it later: HAProxy's side ports chosen
-    before Ray starts, a test's or a benchmark's server. Picked at random below the kernel's
-    ephemeral range (``ephemeral``; None: read it) where there is room: a port from ``bind(0)``
-    lies inside that range, where until the server binds it the kernel may hand it to any other
-    socket (Ray starts dozens; a HAProxy then failed with "Address already in use"); below it only
-    another explicit bind can take it. Without such a range, the kernel's pick."""
+def free_ports(count: int, host: str = "127.0.0.1", *, ephemeral: tuple[int, int] | None = None) -> list[int]:
+    """``count`` different ports free on ``host`` now, for servers that bind them later: HAProxy's
+    side ports chosen before Ray starts, a test's or a benchmark's server. Picked at random below the
+    kernel's ephemeral range (``ephemeral``; None: read it) where there is room: a port from
+    ``bind(0)`` lies inside that range, where until the server binds it the kernel may hand it to any
+    other socket (Ray starts dozens; a HAProxy then failed with "Address already in use"); below it
+    only another explicit bind can take it. Without such a range, the kernel's picks. Each port stays
+    bound here until all are chosen, so no two are the same."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     address = host.strip("[]")
     span = ephemeral or ephemeral_range()
-    if span is not None and span[0] - FREE_PORT_FLOOR >= 1_000:
-        pick = random.SystemRandom()
-        for _ in range(64):
-            port = pick.randrange(FREE_PORT_FLOOR, span[0])
-            with socket.socket(family) as s:
-                try:
-                    s.bind((address, port))
-                except OSError:  # in use (or a connection of it lingers): try another
+    top = span[0] if span is not None and span[0] - FREE_PORT_FLOOR >= 1_000 else None
+    tries = 64 * count if top is not None else 0
+    pick = random.SystemRandom()
+    held: list[socket.socket] = []
+    try:
+        while len(held) < count:
+            below = top is not None and tries > 0
+            tries -= 1
+            s = socket.socket(family)
+            try:
+                s.bind((address, pick.randrange(FREE_PORT_FLOOR, top) if below and top is not None else 0))
+            except OSError:  # in use (or a connection of it lingers): try another below the range
+                s.close()
+                if below:
                     continue
-                return port
-    with socket.socket(family) as s:
-        s.bind((address, 0))
-        return int(s.getsockname()[1])
+                raise
+            held.append(s)
+        return [int(s.getsockname()[1]) for s in held]
+    finally:
+        for s in held:
+            s.close()
+
+
+def free_port(host: str = "127.0.0.1", *, ephemeral: tuple[int, int] | None = None) -> int:
+    """One port free on ``host`` now (``free_ports``)."""
+    return free_ports(1, host, ephemeral=ephemeral)[0]

@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from ragserve.serve_port import DEFAULT_PORT, free_port, port_from_env
+from ragserve.serve_port import DEFAULT_PORT, free_ports, port_from_env
 from ragserve.service.access import is_loopback
 
 SWITCH = "RAGSERVE_HIGH_THROUGHPUT"
@@ -106,7 +106,9 @@ def private_haproxy_ports(host: str = "127.0.0.1", environ: Mapping[str, str] | 
     a test beside a benchmark) does not fail with "Address already in use". A port already set in
     ``environ`` is kept."""
     env = {} if environ is None else environ
-    return {var: env.get(var) or str(free_port(host)) for var in FIXED_PORT_VARS}
+    unset = [var for var in FIXED_PORT_VARS if not env.get(var)]
+    picked = dict(zip(unset, free_ports(len(unset), host), strict=True))
+    return {var: env.get(var) or str(picked[var]) for var in FIXED_PORT_VARS}
 
 
 def haproxy_files(folder: str | Path) -> dict[str, str]:

@@ -54,6 +54,7 @@ def test_side_ports_are_free_ones_on_the_host_and_a_set_one_is_kept() -> None:
 
     ports = private_haproxy_ports("127.0.0.1", {"RAY_SERVE_HAPROXY_STATS_PORT": "18404"})
     assert set(ports) == set(FIXED_PORT_VARS) and ports["RAY_SERVE_HAPROXY_STATS_PORT"] == "18404"
+    assert len(set(ports.values())) == len(FIXED_PORT_VARS)  # no two alike
     assert all(int(p) not in (8404, 9101, 8500, 9500) for k, p in ports.items() if k != "RAY_SERVE_HAPROXY_STATS_PORT")
     for var, port in ports.items():  # each can be listened on now
         if var != "RAY_SERVE_HAPROXY_STATS_PORT":
@@ -213,8 +214,8 @@ def test_every_stop_of_the_launcher_stops_its_server_as_ctrl_c_does(tmp_path, si
     import psutil
     import yaml
 
-    from benchmarks.common import free_port
     from ragserve.deployments.platform import sigint_as_in_a_terminal
+    from ragserve.serve_port import free_port
 
     config = tmp_path / "serve.yaml"
     config.write_text(yaml.safe_dump({"http_options": {"port": free_port()}, "applications": []}))
@@ -255,7 +256,7 @@ def test_a_free_port_is_picked_below_the_kernels_ephemeral_range(tmp_path) -> No
     picked port lies below the ephemeral range, free; without room there, the kernel picks."""
     import socket
 
-    from ragserve.serve_port import FREE_PORT_FLOOR, ephemeral_range, free_port
+    from ragserve.serve_port import FREE_PORT_FLOOR, ephemeral_range, free_port, free_ports
 
     span = tmp_path / "range"
     span.write_text("32768\t60999\n")
@@ -274,6 +275,11 @@ def test_a_free_port_is_picked_below_the_kernels_ephemeral_range(tmp_path) -> No
         picks = {free_port(ephemeral=(FREE_PORT_FLOOR + 10, 60999)) for _ in range(20)}
         assert taken not in picks
     assert free_port("::1", ephemeral=(32768, 60999)) < 32768 if socket.has_ipv6 else True
+    # several at once are all different, below the range or not (each is held until all are chosen)
+    for span in ((32768, 60999), (FREE_PORT_FLOOR + 10, 60999)):
+        for _ in range(50):
+            assert len(set(free_ports(4, ephemeral=span))) == 4
+    assert free_ports(0) == []
 
 
 @pytest.mark.parametrize("failure", ["raise RuntimeError('HAProxy crashed during startup')", "sys.exit(3)"])

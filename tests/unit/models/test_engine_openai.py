@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-import socket
 import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -16,6 +15,7 @@ from ragserve.api.generation import GenerationDelta
 from ragserve.api.sampling import SamplingParams
 from ragserve.errors import EngineError
 from ragserve.models.openai_engine import OpenAIEngine, normalise_base_url
+from ragserve.serve_port import free_port
 from ragserve.testing.contracts.engine import EngineContract
 from ragserve.testing.fake_openai import FakeOpenAI, split_answer
 
@@ -43,12 +43,6 @@ async def engine(fake: FakeOpenAI) -> AsyncIterator[OpenAIEngine]:
     await e.start()
     yield e
     await e.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def collect(stream: AsyncIterator[Any]) -> list[Any]:
