@@ -23,8 +23,8 @@ import httpx
 
 from benchmarks.common import (
     bar_plot,
-    cpu_by_role,
     cpu_delta,
+    cpu_snapshot,
     deploy_ragserve,
     machine,
     make_texts,
@@ -100,11 +100,11 @@ def main(argv: list[str] | None = None) -> dict:
         for rnd in range(rounds):
             raw = raw_rate(model, chunks, 32)
             for v, base in bases.items():
-                t0, before = time.perf_counter(), cpu_by_role()
+                t0, before = time.perf_counter(), cpu_snapshot()
                 served_docs = served_rate(base, texts, args.per_request, args.concurrency, f"bench-{rnd}")
                 wall = time.perf_counter() - t0
                 if v == variants[0]:
-                    for role, secs in cpu_delta(before, cpu_by_role()).items():
+                    for role, secs in cpu_delta(before, cpu_snapshot()).items():
                         cpu[role] = cpu.get(role, 0.0) + secs / wall / rounds
                 served = served_docs * len(chunks) / len(texts)
                 label = f"round {rnd + 1}" + (f", embedding_workers={v}" if len(variants) > 1 else "")

@@ -46,8 +46,8 @@ import httpx
 
 from benchmarks.bench_passthrough import deploy_floor
 from benchmarks.common import (
-    cpu_by_role,
     cpu_delta,
+    cpu_snapshot,
     deploy_ragserve,
     machine,
     make_queries,
@@ -141,10 +141,10 @@ def closed_curves(
                 spec = path_spec(base, path, queries, args.answer_cache, concurrency=c, **timing)
                 if target != "ragserve":
                     spec.body = {k: v for k, v in (spec.body or {}).items() if k != "cache"}
-                before = cpu_by_role()
+                before = cpu_snapshot() if target == "ragserve" else None
                 r = run_in_process(spec)
-                if target == "ragserve":  # where each request's CPU went, by process (ms a request)
-                    spent = cpu_delta(before, cpu_by_role())
+                if before is not None:  # where each request's CPU went, by process (ms a request)
+                    spent = cpu_delta(before, cpu_snapshot())
                     r["cpu_ms_per_request"] = {k: 1000 * v / max(1, r["requests"]) for k, v in spent.items()}
                 out["paths"].setdefault(target, {}).setdefault(path, {})[c] = r
                 extra = f"  ttft p50 {r['ttft_p50_ms']:.1f} ms" if "ttft_p50_ms" in r else ""
@@ -303,9 +303,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.peer_url:
             index_docs(args.peer_url, texts)
             targets["peer"] = args.peer_url.rstrip("/")
-        before = cpu_by_role()
+        before = cpu_snapshot()
         curves = closed_curves(targets, floor, paths, concurrency, queries, args)
-        result["cpu_s_closed_loop"] = cpu_delta(before, cpu_by_role())
+        result["cpu_s_closed_loop"] = cpu_delta(before, cpu_snapshot())
         result["closed"] = curves
         if rates:
             open_paths = [p for p in args.open_paths.split(",") if p in PATHS]

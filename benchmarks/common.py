@@ -450,7 +450,7 @@ class CpuSnapshot:
     procs: dict[tuple[int, float], tuple[str | None, float]]
 
 
-def cpu_by_role() -> CpuSnapshot:
+def cpu_snapshot() -> CpuSnapshot:
     """CPU seconds used so far by every process, with the part of the running application each is
     (and this process): taken before and after a phase, ``cpu_delta`` says where its cores went."""
     import psutil

@@ -1,8 +1,8 @@
 """``make run``'s own launcher end to end (``python -m ragserve.deployments.platform run CONFIG``): it serves
 the config on ``RAGSERVE_PORT``, says when it is ready, starts none of the processes it leaves out on
-one machine, keeps HAProxy's side ports on the loopback, and every way of stopping it (Ctrl-C, SIGTERM
-to the launcher or to its whole process group, SIGHUP) ends the whole tree, HAProxy included, so the
-port is free for the next ``make run``."""
+one machine, keeps HAProxy's side ports on the loopback, and a stop (Ctrl-C to its process group,
+SIGTERM to the launcher alone) ends the whole tree, HAProxy included, so the port is free for the next
+``make run``. Every other way of stopping it is tested on the launcher alone."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _port_is_free(port: int) -> bool:
 # stop into the same Ctrl-C to its server, which runs in a session of its own; that each of SIGINT,
 # SIGTERM and SIGHUP, to the launcher or its group, does so is tested on the launcher alone
 # (tests/unit/deployments/test_platform.py). Here a stop by group and one by process, on the real
-# server: each start costs minutes of Ray and Serve.
+# server: each start costs about a minute of Ray and Serve.
 STOPS = {
     "ctrl-c": (signal.SIGINT, True),  # what Ctrl-C in the terminal sends
     "sigterm": (signal.SIGTERM, False),  # a service manager stopping the main process

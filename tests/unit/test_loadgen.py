@@ -101,7 +101,7 @@ def test_cpu_by_process_charges_a_phase_only_with_what_each_process_spent_in_it(
     the role the other gave it, one started during the phase counts all its CPU, and one that ran
     before but was not read then is left out (a total over whatever processes one snapshot named
     once charged a phase with an embedder's whole ingestion)."""
-    from benchmarks.common import CpuSnapshot, cpu_by_role, cpu_delta
+    from benchmarks.common import CpuSnapshot, cpu_delta, cpu_snapshot
 
     t = 1_000.0
     before = CpuSnapshot(
@@ -124,5 +124,5 @@ def test_cpu_by_process_charges_a_phase_only_with_what_each_process_spent_in_it(
         },
     )
     assert cpu_delta(before, after) == {"ingress replica": 1.5, "embedder replica": 0.25, "shard actors": 1.25}
-    here = cpu_by_role()  # a real snapshot names this process
+    here = cpu_snapshot()  # a real snapshot names this process
     assert any(role and role.startswith("benchmark process") for role, _ in here.procs.values())
