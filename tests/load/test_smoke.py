@@ -238,3 +238,23 @@ def test_gpu_check_times_a_streamed_rag_chat_and_rebuilds_the_prompt_it_sent(tmp
     assert 0 < gen.ttft_s <= gen.last_s and gen.completion_tokens > 0 and gen.prompt_tokens > 0
     assert len(sources) == 3 and all(s["text"] in docs for s in sources)
     assert build_rag_messages([], [], question, [NodeWithScore.model_validate(s) for s in sources]) == sent
+
+
+def test_gpu_check_parts_runs_the_services_in_process_on_the_cpu(tmp_path: Path) -> None:
+    """``gpu_check run --parts`` (the check where vLLM, faiss-gpu and Ray cannot be installed) runs
+    end to end here on the CPU (``--device cpu``): ingest through ``DocumentService`` and retrieval
+    through the ``Retriever`` in process, each beside its baseline, and its encode agrees with
+    sentence-transformers'."""
+    env = {**os.environ, "RAGSERVE_BENCH_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "benchmarks.gpu_check", "run", "--parts", "--device", "cpu"]
+    cmd += ["--chunks", "200", "--docs", "24", "--queries", "5", "--json", str(tmp_path / "out.json")]
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["mode"] == "parts" and "error" not in out
+    assert out["ingest"]["documents"] == 24 and out["ingest"]["served_docs_per_s"] > 0
+    for mode in ("dense", "hybrid"):
+        assert out["retrieve"][mode]["cold"]["p50"] > 0 and out["retrieve"][mode]["warm"]["p50"] > 0
+    assert out["baselines"]["min_cosine_vs_sentence_transformers"] > 0.999
+    assert "not measured (--parts)" in done.stdout  # the chats, which need vLLM
+    assert "ingest, DocumentService in process" in done.stdout

@@ -229,6 +229,32 @@ def test_the_stack_check_names_each_missing_part_on_this_cpu_build() -> None:
     said = str(e.value)
     assert f"torch {torch.__version__} is a CPU build" in said
     assert "--force-reinstall --no-deps torch==" in said
+    # --parts asks for less, but never for no GPU: a CPU torch is still refused, and faiss-cpu,
+    # the missing vLLM and the packaged Gemma are not among its problems
+    with pytest.raises(CheckError) as e:
+        gpu_check.stack(parts=True)
+    assert f"torch {torch.__version__} is a CPU build" in str(e.value)
+    assert "vLLM does not import" not in str(e.value) and "GPU support" not in str(e.value)
+
+
+def test_the_parts_stack_records_what_is_absent_instead_of_refusing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``stack(parts=True)`` on a CUDA torch that sees a GPU, with faiss-cpu and no vLLM (what a lent
+    machine that reaches no package index has): ready, the absent parts named."""
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda _: SimpleNamespace(name="NVIDIA H200", total_memory=141 * 2**30)
+    )
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
+    found = gpu_check.stack(parts=True)
+    assert found["gpu"] == "NVIDIA H200" and found["torch_cuda"] == "13.0"
+    absent = "\n".join(found["absent"])
+    assert "vLLM does not import" in absent
+    with pytest.raises(CheckError) as e:  # the full check refuses the same machine
+        gpu_check.stack()
+    assert "vLLM does not import" in str(e.value)
 
 
 # --- run: arguments, settings, timings, report -----------------------------------------------------
@@ -242,11 +268,22 @@ def test_run_arguments_default_quick_and_overrides() -> None:
     assert (custom.chunks, custom.max_tokens, custom.docs, custom.eager) == (5000, 32, QUICK.docs, True)
     assert sizes_of(parse_args(["run", "--eager"])).eager and not DEFAULT.eager
     assert parse_args(["run", "--json", "out.json"]).json == "out.json"
+    parts = parse_args(["run", "--parts"])
+    assert parts.parts and parts.device == "cuda" and sizes_of(parts) == DEFAULT
+    assert parse_args(["run", "--parts", "--device", "cpu"]).device == "cpu"
 
 
 @pytest.mark.parametrize(
     "argv",
-    [[], ["run", "--chunks", "0"], ["run", "--chats", "-3"], ["run", "--gpu-memory-utilization", "1.5"], ["go"]],
+    [
+        [],
+        ["run", "--chunks", "0"],
+        ["run", "--chats", "-3"],
+        ["run", "--gpu-memory-utilization", "1.5"],
+        ["go"],
+        ["run", "--device", "cpu"],  # the application runs vLLM: only --parts runs on the CPU
+        ["run", "--parts", "--device", "tpu"],
+    ],
 )
 def test_bad_arguments_are_refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
@@ -358,6 +395,27 @@ def test_a_partial_result_reports_what_was_not_measured() -> None:
     assert text.count("not measured") == 3  # two retrieval modes, the chats
     assert "Stopped in the start phase: RuntimeError: the Embedder runs on cpu" in text
     assert "stack not checked" in report({})
+
+
+def test_the_parts_report_names_where_it_ran_and_falls_back_to_faiss_on_the_cpu() -> None:
+    """``run --parts``: in-process labels, FAISS on the CPU as the floor where faiss has no GPU, the
+    encode's agreement with sentence-transformers, and the chats said to be out of its reach."""
+    result = full_result()
+    ms = {"p50": 1.0, "p90": 1.5, "p99": 2.0, "mean": 1.1}
+    result.update(mode="parts", chat={}, gpu_memory_mib={})
+    result["baselines"] = {
+        "query_encode": {**ms, "p50": 1.5},
+        "bare_faiss_cpu": {**ms, "p50": 2.5},
+        "min_cosine_vs_sentence_transformers": 0.9999991,
+    }
+    text = report(result)
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "the parts in process (no HTTP, no Ray, no vLLM)" in text
+    assert "| 0.25 |" in rows["ingest, DocumentService in process"]
+    dense = rows["Retriever in process p50, 100,000 chunks, dense, cold"]
+    assert "4.00 ms" in dense and "bare flat FAISS on the CPU" in dense and "| 1.50 |" in dense  # 6 / (1.5 + 2.5)
+    assert "cosine >= 0.999999" in rows["embeddings: the application's encode vs sentence-transformers'"]
+    assert "not measured (--parts)" in rows["RAG chat TTFT and tokens/s"]
 
 
 def test_the_json_is_written_after_each_phase_also_one_that_fails(tmp_path: Path) -> None:
