@@ -42,7 +42,11 @@ class _HFTokenCount:
             self._backend.no_padding()
 
     def __call__(self, text: str) -> int:
-        return len(self._own.encode(text, add_special_tokens=False)) if text else 0
+        if not text:
+            return 0
+        if self._backend is not None:  # the Rust tokenizer itself: transformers' encode adds ~45 µs a call
+            return len(self._backend.encode(text, add_special_tokens=False).ids)
+        return len(self._own.encode(text, add_special_tokens=False))
 
     def many(self, texts: list[str]) -> list[int]:
         if self._backend is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ragserve.ingest.chunks import Chunk, TokenCount, number
+from ragserve.ingest.chunks import Chunk, TokenCount, count_each, number
 
 # Candidate ends: terminal punctuation (with closing quotes/brackets), or a newline; an end of
 # punctuation counts only before whitespace (checked after the match). Every match is the longest
@@ -127,8 +127,9 @@ class SentenceChunker:
         if not text or not text.strip():
             return []
         units: list[tuple[int, int, int]] = []  # (start, end, tokens), each unit <= chunk_size
-        for s, e in sentence_spans(text):
-            n = self.count(text[s:e])
+        spans = sentence_spans(text)
+        # every sentence counted in one call where the counter has a batch form (``count_each``)
+        for (s, e), n in zip(spans, count_each(self.count, [text[s:e] for s, e in spans]), strict=True):
             if n <= self.chunk_size:
                 units.append((s, e, n))
             else:

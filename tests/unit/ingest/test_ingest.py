@@ -96,6 +96,26 @@ def test_real_embedding_tokenizer(embedding_model) -> None:
     assert not any(c.text.endswith("e.g.") for c in chunks)
 
 
+def test_the_token_counter_counts_as_the_tokenizer_does_one_text_or_many(embedding_model) -> None:
+    """The counter reads the Rust tokenizer directly (one text, and a list in one call): the same
+    counts as the model's tokenizer, with no special tokens and nothing cut, whatever the text."""
+    tokenizer = embedding_model.tokenizer
+    count = hf_token_counter(tokenizer)
+    texts = [
+        "",
+        " ",
+        "Retrieval augmented generation.",
+        "naïve café, Zürich — 東京 🚀 \u200b",
+        "word " * 2000,  # far past the model's 256-token window: counted in full
+        "\n\n\t x \r\n",
+        "a" * 5000,
+    ]
+    expected = [len(tokenizer.encode(t, add_special_tokens=False)) if t else 0 for t in texts]
+    assert [count(t) for t in texts] == expected
+    assert count.many(texts) == [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    assert expected[4] == 2000  # not cut at the window
+
+
 def test_empty_text() -> None:
     assert SentenceChunker(words).split("   \n ") == []
     with pytest.raises(ValueError):
