@@ -85,7 +85,7 @@ UNITS = [
 
 def timed(fn: Callable[[str], object], text: str) -> float:
     """CPU seconds of this thread for ``fn(text)``: what the shape costs, however busy the machine,
-    and without a tracer's cost (``make test`` measures coverage, which makes every traced line of
+    and without a tracer's cost (``make coverage`` measures coverage, which makes every traced line of
     a per-character loop several times slower than it runs in the server)."""
     tracer = sys.gettrace()
     sys.settrace(None)
