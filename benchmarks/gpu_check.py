@@ -1023,13 +1023,17 @@ async def _retrieve_in_process(rec: Recorder, sizes: Sizes, work: Workload, shar
     from ragserve.service.query_embedding import InProcessQueryEmbedder
     from ragserve.service.retrieval import RetrievalOptions, Retriever
     from ragserve.service.shard_service import ShardService
+    from ragserve.store.gpu import resolve_faiss_device
 
     model = LocalEmbeddingModel(None, device=device)
     documents = EmbedderDocuments(model, EMBED_BATCH)
     queries = InProcessQueryEmbedder(model, documents)
-    pool = LocalShardPool([ShardService(work.storage, i, shards) for i in range(shards)])
+    # FAISS where the baseline's ran: on the GPU when faiss has GPU support here (auto), else the CPU
+    faiss_device = "auto" if device.startswith("cuda") else "cpu"
+    shard_services = [ShardService(work.storage, i, shards, faiss_device=faiss_device) for i in range(shards)]
+    pool = LocalShardPool(shard_services)
     retriever = Retriever(pool, queries, RetrievalOptions.from_settings(Settings()))
-    out: dict[str, Any] = {"chunks": sizes.chunks, "where": "in process"}
+    out: dict[str, Any] = {"chunks": sizes.chunks, "where": "in process", "faiss": resolve_faiss_device(faiss_device)}
     rec.result["retrieve"] = out
 
     async def timed(texts: list[str], mode: str) -> tuple[list[float], dict[str, list[float]]]:

@@ -1,8 +1,8 @@
 """``make run``'s own launcher end to end (``python -m ragserve.deployments.platform run CONFIG``): it serves
 the config on ``RAGSERVE_PORT``, says when it is ready, starts none of the processes it leaves out on
-one machine, keeps HAProxy's side ports on the loopback, and a stop (Ctrl-C to its process group,
-SIGTERM to the launcher alone) ends the whole tree, HAProxy included, so the port is free for the next
-``make run``. Every other way of stopping it is tested on the launcher alone."""
+one machine, keeps HAProxy's side ports on the loopback, and a stop (Ctrl-C to its process group)
+ends the whole tree, HAProxy included, so the port is free for the next ``make run``. Every other way
+of stopping it is tested on the launcher alone."""
 
 from __future__ import annotations
 
@@ -40,13 +40,14 @@ def _port_is_free(port: int) -> bool:
 
 
 # How the launcher is stopped here: (signal, to its whole process group?). The launcher turns every
-# stop into the same Ctrl-C to its server, which runs in a session of its own; that each of SIGINT,
-# SIGTERM and SIGHUP, to the launcher or its group, does so is tested on the launcher alone
-# (tests/unit/deployments/test_platform.py). Here a stop by group and one by process, on the real
-# server: each start costs about a minute of Ray and Serve.
+# stop into the same Ctrl-C to its server, which runs in a session of its own (so a signal to the
+# launcher's group never reaches it directly); that each of SIGINT, SIGTERM and SIGHUP, to the
+# launcher or its group, does so is tested on the launcher alone (tests/unit/deployments/
+# test_platform.py). The real server then sees one stop whatever the signal was: it is run here once,
+# as Ctrl-C in a terminal stops it (a start costs about a minute of Ray and Serve; a second stop by
+# SIGTERM to the launcher alone ran the same server path).
 STOPS = {
     "ctrl-c": (signal.SIGINT, True),  # what Ctrl-C in the terminal sends
-    "sigterm": (signal.SIGTERM, False),  # a service manager stopping the main process
 }
 
 
