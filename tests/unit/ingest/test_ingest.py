@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -114,6 +115,62 @@ def test_the_token_counter_counts_as_the_tokenizer_does_one_text_or_many(embeddi
     assert [count(t) for t in texts] == expected
     assert count.many(texts) == [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
     assert expected[4] == 2000  # not cut at the window
+
+
+def test_a_long_count_lets_other_threads_run(embedding_model) -> None:
+    """A count runs on a worker thread beside the event loop: the tokenizer must let the GIL go while
+    it works (``Tokenizer.encode`` does not; a 1.2 MB count stopped every other thread for 1.4 s)."""
+    import threading
+
+    count = hf_token_counter(embedding_model.tokenizer)
+    text = "word! " * 100_000
+    for counted in (lambda: count(text), lambda: count.many([text, text])):
+        done = threading.Event()
+        worker = threading.Thread(target=lambda c=counted, d=done: (c(), d.set()))
+        started = last = time.perf_counter()
+        worst = 0.0
+        worker.start()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            worst, last = max(worst, now - last), now
+        worker.join()
+        took = time.perf_counter() - started
+        assert worst < max(0.3, took / 3), (worst, took)
+
+
+def test_the_batch_count_is_bounded_in_texts_and_characters(embedding_model, monkeypatch) -> None:
+    """``many`` keeps each call of the Rust tokenizer to ``_BATCH`` texts and about ``_BATCH_CHARS``
+    characters (every encoding of a call is held until it returns); a longer text goes alone."""
+    from ragserve.ingest import chunks
+
+    count = hf_token_counter(embedding_model.tokenizer)
+    backend, sizes = count._backend, []
+
+    class Recording:
+        def encode_batch(self, texts, **kwargs):
+            sizes.append((len(texts), sum(map(len, texts))))
+            return backend.encode_batch(texts, **kwargs)
+
+    monkeypatch.setattr(count, "_backend", Recording())
+    monkeypatch.setattr(chunks, "_BATCH", 4)
+    monkeypatch.setattr(chunks, "_BATCH_CHARS", 100)
+    texts = ["one two"] * 6 + ["word " * 40, "x" * 300, "tail"]
+    assert count.many(texts) == [len(embedding_model.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    assert all(n <= 4 for n, _ in sizes) and all(c <= 100 or n == 1 for n, c in sizes), sizes
+    assert (1, 300) in sizes  # the long text alone
+
+
+def test_the_sentence_chunker_makes_the_same_chunks_counting_in_batches_or_one_by_one(embedding_model) -> None:
+    count = hf_token_counter(embedding_model.tokenizer)
+    text = (
+        "Retrieval augmented generation combines search with generation. It cites sources! Does it? "
+        + "One very long sentence without a stop " * 60
+        + ". Short. Another one, e.g. with an abbreviation. 東京は大きい。次の文。 "
+    ) * 3
+    one_by_one = SentenceChunker(lambda t: count(t), chunk_size=64, chunk_overlap=16).split(text)
+    batched = SentenceChunker(count, chunk_size=64, chunk_overlap=16).split(text)
+    assert batched == one_by_one and len(batched) > 5
 
 
 def test_empty_text() -> None:
