@@ -70,9 +70,14 @@ def query_http(
     return lat, stages
 
 
-def bare_faiss(vectors: np.ndarray, queries: np.ndarray, k: int = 5, gpu: bool = False) -> list[float]:
-    """Seconds of each query's exact search over ``vectors`` in this process (on GPU 0 with ``gpu``)."""
+def bare_faiss(
+    vectors: np.ndarray, queries: np.ndarray, k: int = 5, gpu: bool = False, threads: int | None = None
+) -> list[float]:
+    """Seconds of each query's exact search over ``vectors`` in this process (on GPU 0 with ``gpu``;
+    on ``threads`` OpenMP threads, None: FAISS's own count)."""
     import faiss
+
+    from ragserve.store.faiss_index import omp_threads
 
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(vectors)
@@ -80,10 +85,11 @@ def bare_faiss(vectors: np.ndarray, queries: np.ndarray, k: int = 5, gpu: bool =
         resources = faiss.StandardGpuResources()  # kept alive beside the index that uses it
         index = faiss.index_cpu_to_gpu(resources, 0, index)
     out = []
-    for q in queries:
-        t0 = time.perf_counter()
-        index.search(q[None, :], k)
-        out.append(time.perf_counter() - t0)
+    with omp_threads(threads or faiss.omp_get_max_threads()):
+        for q in queries:
+            t0 = time.perf_counter()
+            index.search(q[None, :], k)
+            out.append(time.perf_counter() - t0)
     return out
 
 

@@ -253,6 +253,8 @@ def test_gpu_check_parts_runs_the_services_in_process_on_the_cpu(tmp_path: Path)
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["mode"] == "parts" and "error" not in out
     assert out["ingest"]["documents"] == 24 and out["ingest"]["served_docs_per_s"] > 0
+    assert out["ingest"]["free_embedder_docs_per_s"] > 0 and out["tokenizers_parallelism"] == "false"
+    assert out["retrieve"]["faiss"] == "cpu" and out["baselines"]["bare_faiss_cpu_shard_one_thread"]["p50"] > 0
     for mode in ("dense", "hybrid"):
         assert out["retrieve"][mode]["cold"]["p50"] > 0 and out["retrieve"][mode]["warm"]["p50"] > 0
     assert out["baselines"]["min_cosine_vs_sentence_transformers"] > 0.999
