@@ -49,10 +49,10 @@ class _HFTokenCount:
         if not text:
             return 0
         if self._backend is not None:
-            # the Rust tokenizer itself (transformers' encode adds ~45 µs a call), and its batch form:
-            # ``Tokenizer.encode`` holds the GIL for the whole count (1.4 s of a stopped event loop for
-            # 1.2 MB), ``encode_batch`` lets it go while it tokenizes
-            return len(self._backend.encode_batch([text], add_special_tokens=False)[0])
+            # one count is a batch of one: the Rust tokenizer itself (transformers' encode adds ~45 µs
+            # a call) through ``encode_batch``, which lets the GIL go while it tokenizes, where
+            # ``Tokenizer.encode`` holds it for the whole count (1.4 s of a stopped event loop for 1.2 MB)
+            return self.many([text])[0]
         return len(self._own.encode(text, add_special_tokens=False))
 
     def many(self, texts: list[str]) -> list[int]:
