@@ -49,14 +49,15 @@ lint: $(TEST_STAMP)
 typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
+# -X faulthandler: a crash after the last test (at the interpreter's exit) still prints where it was.
 test: lint typecheck
-	$(BIN)/python -m pytest --durations=30
+	$(BIN)/python -X faulthandler -m pytest --durations=30
 
 # The same suite with line coverage of ragserve. Not part of `make test`: on Python 3.11 coverage's
 # tracer doubles the time of in-process tests (tests/unit/rag and test_dos_shapes: 115 against 53 s),
 # and nothing gates on the figure.
 coverage: lint typecheck
-	$(BIN)/python -m pytest --cov=ragserve --cov-report=term-missing:skip-covered --durations=30
+	$(BIN)/python -X faulthandler -m pytest --cov=ragserve --cov-report=term-missing:skip-covered --durations=30
 
 # Unit tests without Ray and without the LLM. They do load the small packaged embedding model
 # (all-MiniLM-L6-v2, a few seconds) where a test embeds real text; the slow-marked ones (the embedded

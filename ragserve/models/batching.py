@@ -40,6 +40,7 @@ to its caller through each sequence's ``Sink`` (called on the loop's thread) and
 
 from __future__ import annotations
 
+import atexit
 import collections
 import inspect
 import logging
@@ -55,6 +56,31 @@ log = logging.getLogger(__name__)
 
 #: Temperatures below this are greedy decoding (their limit): dividing scores by them overflows.
 MIN_TEMPERATURE = 1e-6
+
+#: How long the interpreter's exit waits, in all, for running loops to end their step (below).
+EXIT_WAIT_S = 10.0
+
+#: Loops whose thread has not ended yet (``_close_at_exit``).
+_live: set[BatchLoop] = set()
+_live_lock = threading.Lock()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every running loop and wait for its step to end before the interpreter finalizes.
+
+    A loop's thread is a daemon (a loop nobody closed must not keep a process alive), but a daemon
+    thread still inside a torch operator when the interpreter exits is unwound from under it
+    (CPython ends such a thread with ``pthread_exit``): the process aborts with "terminate called
+    without an active exception" or a segmentation fault, instead of exiting with its own status.
+    """
+    with _live_lock:
+        loops = list(_live)
+    for loop in loops:
+        loop.close()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for loop in loops:
+        loop.join(max(0.0, deadline - time.monotonic()))
 
 
 class Sink(Protocol):
@@ -430,6 +456,8 @@ class BatchLoop:
         self.steps = 0
         self.peak = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        with _live_lock:
+            _live.add(self)
         self._thread.start()
 
     # --- what callers use -----------------------------------------------------------------------
@@ -495,8 +523,12 @@ class BatchLoop:
                 held = [*self._batch.rows, *([self._reader.seq] if self._reader else []), *self._waiting]
                 self._waiting.clear()
                 self._batch, self._reader = Batch(), None
-            for seq in held:
-                seq.sink.end(error or LoopClosed("the generation loop was closed before this request ended"))
+            try:
+                for seq in held:
+                    seq.sink.end(error or LoopClosed("the generation loop was closed before this request ended"))
+            finally:
+                with _live_lock:
+                    _live.discard(self)
 
     def _admit(self) -> None:
         """Start reading the next waiting prompt, if none is being read and there is room (lock held)."""

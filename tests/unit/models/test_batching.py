@@ -399,3 +399,43 @@ def _inputs() -> dict[int, Any]:
         rows: torch.randn(rows, 1, 24, generator=gen) if rows % 2 else torch.randn(rows, 24, generator=gen)
         for rows in (1, 2, 3, 8, 16, 17, 40)
     }
+
+
+EXITING_MID_DECODE = """
+import threading
+from ragserve.models.batching import BatchLoop, Sequence
+from tests.unit.models.stand_ins import tiny_gemma
+
+class Sink:
+    def __init__(self):
+        self.first = threading.Event()
+    def token(self, token_id):
+        self.first.set()
+    def end(self, error):
+        pass
+
+loops, sinks = [], []
+for n in range(3):
+    loop = BatchLoop(tiny_gemma(window=100_000), prefill_chunk=8)  # nobody closes it
+    sinks.append(Sink())
+    loop.submit(Sequence(prompt=[1, 10 + n, 11], max_new_tokens=50_000, sink=sinks[-1]))
+    loops.append(loop)
+assert all(s.first.wait(60) for s in sinks)
+print("exiting while", sum(loop.running for loop in loops), "sequences decode", flush=True)
+"""
+
+
+def test_a_process_that_exits_while_its_loops_decode_exits_cleanly() -> None:
+    """The interpreter's exit closes running loops and waits for their step: a daemon thread left
+    inside a torch operator aborts the process at exit ("terminate called without an active
+    exception", or a segmentation fault: a `make test` run that passed every test failed so)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", EXITING_MID_DECODE], cwd=repo, capture_output=True, text=True, timeout=WAIT_S * 3
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert "exiting while 3 sequences decode" in done.stdout
