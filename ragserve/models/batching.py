@@ -77,7 +77,10 @@ def _close_at_exit() -> None:
     with _live_lock:
         loops = list(_live)
     for loop in loops:
-        loop.close()
+        try:
+            loop.close()
+        except Exception:  # pragma: no cover - a sink that failed as it ended; close the others
+            log.exception("closing a generation loop at exit failed")
     deadline = time.monotonic() + EXIT_WAIT_S
     for loop in loops:
         loop.join(max(0.0, deadline - time.monotonic()))
