@@ -66,9 +66,6 @@ _ABBREVIATIONS = frozenset(
         "eq",
     }
 )
-#: A letter, any dots and spaces, then a ".": the "." that may end an abbreviation or initial
-#: ("e.g. .", "approx ."). Linear: the dots and spaces after a letter are scanned once, by it.
-_LETTER_DOT = re.compile(r"[^\W\d_]\.*\s*\.")
 # The longest word that can be an abbreviation: the word before a "." is read back this far only.
 _LONGEST_ABBREVIATION = max(len(a) for a in _ABBREVIATIONS)
 
@@ -82,15 +79,12 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     start = 0
     checked = 0  # text[start:checked] is all whitespace (when checked > start)
     size = len(text)
-    # the dots a letter precedes (spaces between): only those can end an abbreviation or initial,
-    # found in one pass, so the many other dots of a text cost no look back
-    after_letter = {m.end() - 1 for m in _LETTER_DOT.finditer(text)}
     for m in _BOUNDARY.finditer(text):
         first, end = m.start(), m.end()
         if text[first] != "\n":
             if end == size or not text[end].isspace():
                 continue  # "3.14", "e.g.x", or the very end: not a boundary
-            if first in after_letter and _is_abbreviation(text, start, first):
+            if text[first] == "." and _is_abbreviation(text, start, first):
                 continue
         if checked < end and not text[checked:end].isspace():
             spans.append((start, end))
@@ -102,16 +96,22 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
 
 
 def _is_abbreviation(text: str, start: int, dot: int) -> bool:
-    """Whether the word of ``text[start:dot]`` that ends at ``dot`` is an abbreviation or an initial
-    (its "." does not end a sentence). Only the last ``_LONGEST_ABBREVIATION + 1`` characters are
-    read, counted from the word's end (spaces may stand between it and the dot: "approx ."): a
-    longer word is neither, and its cut end is still longer than any abbreviation. The spaces are
-    walked once, by the one dot that follows them."""
+    """Whether the word of ``text[start:dot]`` before the "." at ``dot`` is an abbreviation or an
+    initial (that "." does not end a sentence). Spaces may stand between the word and the dot
+    ("approx ."), and the word may end in dots of its own ("e.g. .", "A... b"): it is the word with
+    those dots taken off that is read. Only its last ``_LONGEST_ABBREVIATION + 1`` characters are
+    read: a longer word is neither, and its cut end is still longer than any abbreviation.
+
+    Linear over a whole text: the spaces and the dots walked back over lie between this boundary and
+    the one before it (a run of dots is one boundary), so each is walked once, by the dot after it."""
     end = dot
     while end > start and text[end - 1].isspace():
         end -= 1
-    words = text[max(start, end - _LONGEST_ABBREVIATION - 1) : end].split()
-    stem = words[-1].lower().rstrip(".") if words else ""
+    while end > start and text[end - 1] == ".":
+        end -= 1
+    if end == start or text[end - 1].isspace():
+        return False  # no word before the dot, or a word of dots alone
+    stem = text[max(start, end - _LONGEST_ABBREVIATION - 1) : end].split()[-1].lower()
     return stem in _ABBREVIATIONS or (len(stem) == 1 and stem.isalpha())
 
 
