@@ -426,10 +426,11 @@ def test_citation_parsing_is_linear_on_a_megabyte_of_worst_shapes(shape: str) ->
     from ragserve.rag.citations import code_regions
 
     text = shape * (2**20 // len(shape))
-    t0 = time.thread_time()  # CPU time: the shared machine's load does not count
+    t0 = time.thread_time()  # CPU time: the shared machine's load does not count (mostly)
     code_regions(text)
     list(_MARKER.finditer(text))
-    assert time.thread_time() - t0 < 2.0, shape
+    # 0.3-0.6 s on a quiet host; a full run once took 2.02 s (a noisy neighbour); quadratic is minutes
+    assert time.thread_time() - t0 < 5.0, shape
     if shape in ("`", "` ", "```\n", "`a[1]` "):  # every marker in code: the whole parse, skipping them
         t0 = time.thread_time()
         parse_citations(text, SOURCES)
