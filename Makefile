@@ -63,7 +63,7 @@ coverage: lint typecheck
 # (all-MiniLM-L6-v2, a few seconds) where a test embeds real text; the slow-marked ones (the embedded
 # Gemma engine) are skipped.
 test-fast: $(TEST_STAMP)
-	$(BIN)/python -m pytest tests/unit -q -m "not slow"
+	$(BIN)/python -X faulthandler -m pytest tests/unit -q -m "not slow"
 
 # GPU readiness in one command (benchmarks/gpu_check.py, README "GPU check"): the machine first (any
 # python3, no install: a CPU machine stops here in a second), then the gpu extra, then the application

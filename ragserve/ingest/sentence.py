@@ -73,7 +73,8 @@ _LONGEST_ABBREVIATION = max(len(a) for a in _ABBREVIATIONS)
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """[start, end) spans of sentences and lines; abbreviations and initials do not end sentences.
     Linear in ``len(text)`` for every shape of text: each character is matched once, the word
-    before a "." is read back a bounded distance, and whether a sentence has content yet is kept
+    before a "." is read back over the spaces and dots between it and the dot (each walked once in
+    the whole text) and then a bounded distance, and whether a sentence has content yet is kept
     as it grows instead of being asked again of its whole text."""
     spans: list[tuple[int, int]] = []
     start = 0
@@ -102,8 +103,10 @@ def _is_abbreviation(text: str, start: int, dot: int) -> bool:
     those dots taken off that is read. Only its last ``_LONGEST_ABBREVIATION + 1`` characters are
     read: a longer word is neither, and its cut end is still longer than any abbreviation.
 
-    Linear over a whole text: the spaces and the dots walked back over lie between this boundary and
-    the one before it (a run of dots is one boundary), so each is walked once, by the dot after it."""
+    Linear over a whole text: what is walked back over is the spaces after the last non-space
+    character before this boundary, and the dots that end there (a run of dots is one boundary, so
+    those dots end the word or are the boundary before): each is walked once, by the next boundary
+    that starts with a dot, since walking stops at ``start`` and a sentence end moves ``start``."""
     end = dot
     while end > start and text[end - 1].isspace():
         end -= 1

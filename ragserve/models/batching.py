@@ -34,7 +34,8 @@ Sampling is per sequence: greedy when ``temperature`` is 0 or None; otherwise te
 ``torch.Generator`` seeded with its ``seed`` (or a random one), never the process's global generator,
 so a seeded sequence draws the same tokens whatever company it keeps.
 
-Pure: no I/O and no Ray; torch and transformers are imported when a loop is built. The loop talks
+No I/O and no Ray; torch and transformers are imported when a loop is built (importing the module
+only registers the exit hook, ``_close_at_exit``). The loop talks
 to its caller through each sequence's ``Sink`` (called on the loop's thread) and ``cancel`` event.
 """
 
@@ -45,6 +46,7 @@ import collections
 import inspect
 import logging
 import math
+import os
 import secrets
 import threading
 import time
@@ -57,7 +59,8 @@ log = logging.getLogger(__name__)
 #: Temperatures below this are greedy decoding (their limit): dividing scores by them overflows.
 MIN_TEMPERATURE = 1e-6
 
-#: How long the interpreter's exit waits, in all, for running loops to end their step (below).
+#: How long the interpreter's exit waits, in all, for running loops to end their step (below), for
+#: sinks that return at once (as the ``Sink`` protocol asks) and steps shorter than this.
 EXIT_WAIT_S = 10.0
 
 #: Loops whose thread has not ended yet (``_close_at_exit``).
@@ -84,6 +87,18 @@ def _close_at_exit() -> None:
     deadline = time.monotonic() + EXIT_WAIT_S
     for loop in loops:
         loop.join(max(0.0, deadline - time.monotonic()))
+
+
+def _forget_in_child() -> None:
+    """A forked child has none of its parent's loop threads: its exit must not close the parent's
+    loops (ending their waiting requests from the wrong process), and a lock held at the fork by
+    another thread would never be released in it."""
+    global _live_lock
+    _live.clear()
+    _live_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 class Sink(Protocol):
@@ -461,7 +476,12 @@ class BatchLoop:
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         with _live_lock:
             _live.add(self)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:  # no thread ("can't start new thread"): nothing for the exit to wait for
+            with _live_lock:
+                _live.discard(self)
+            raise
 
     # --- what callers use -----------------------------------------------------------------------
 

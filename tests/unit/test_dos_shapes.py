@@ -19,9 +19,9 @@ from ragserve.ingest.sentence import SentenceChunker, sentence_spans
 from ragserve.store.lexical import MAX_PHRASE_TOKENS, MAX_QUERY_TOKENS, lexical_query
 
 MB = 1_000_000
-# CPU seconds for a megabyte: 10x or more what a linear pass costs on a quiet host (0.1-0.5 s), so a noisy
-# neighbour does not fail it (a shape took 3.5x its usual CPU time in a full run), and still a
-# hundredth or less of a quadratic pass over a megabyte, which takes minutes.
+# CPU seconds for a megabyte: about 8x or more what a linear pass costs on a quiet host (0.1-0.6 s),
+# so a noisy neighbour does not fail it (a shape took 3.5x its usual CPU time in a full run), while a
+# quadratic pass over a megabyte (10^12 steps) would take far longer.
 BOUND_S = 5.0
 
 # The units a worst shape repeats: each punctuation class alone, whitespace, the sentence splitter's

@@ -434,7 +434,7 @@ def test_citation_parsing_is_linear_on_a_megabyte_of_worst_shapes(shape: str) ->
     if shape in ("`", "` ", "```\n", "`a[1]` "):  # every marker in code: the whole parse, skipping them
         t0 = time.thread_time()
         parse_citations(text, SOURCES)
-        assert time.thread_time() - t0 < 2.0, shape
+        assert time.thread_time() - t0 < 5.0, shape
 
 
 # --- a max_tokens that leaves no room for the sources -------------------------------------------
@@ -571,7 +571,7 @@ def test_finding_a_long_integer_is_linear() -> None:
     t0 = time.process_time()
     for shape in ("1" * 4300 + " ") * 240, "1" * 1_000_000, ("12 " * 333_333):
         number_error_message(shape)
-    assert time.process_time() - t0 < 2.0
+    assert time.process_time() - t0 < 5.0  # linear: well under a second on a quiet host
 
 
 # --- an upstream's lone surrogates ----------------------------------------------------------------

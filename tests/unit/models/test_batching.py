@@ -439,3 +439,17 @@ def test_a_process_that_exits_while_its_loops_decode_exits_cleanly() -> None:
     )
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert "exiting while 3 sequences decode" in done.stdout
+
+
+def test_a_forked_child_does_not_hold_its_parents_loops(model: Any, loops: Any) -> None:
+    """A fork's exit must not close (and end the requests of) the parent's loops: the child forgets them."""
+    import os
+
+    loop = loops(model)
+    assert loop in batching._live
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave at once, without the interpreter's exit
+        os._exit(0 if not batching._live else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert loop in batching._live  # the parent's are untouched
