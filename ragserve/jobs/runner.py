@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ragserve import tracing
+from ragserve.aio import wait_event
 from ragserve.errors import BadRequestError, ConflictError, NotFoundError, ServiceError
 from ragserve.jobs.store import Job, JobItem, JobStore
 from ragserve.jobs.webhook import WebhookNotifier, set_from_any_thread
@@ -171,8 +172,7 @@ class JobRunner:
                 self._claiming = False
             if claimed is None:
                 self._slots.release()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wakeup.wait(), self.poll_s)
+                await wait_event(self._wakeup, self.poll_s)
                 continue
             task = asyncio.create_task(self._run(*claimed), name=f"job-item-{claimed[0].id}-{claimed[1].seq}")
             self._running.add(task)

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ragserve.aio import wait_event, within
 from ragserve.jobs.store import Delivery, JobStore
 
 log = logging.getLogger("ragserve.jobs.webhook")
@@ -202,9 +203,9 @@ class WebhookNotifier:
             self._own_client = True
         error: str | None = None
         try:
-            # httpx's timeout bounds each network step; wait_for bounds the whole attempt (a
+            # httpx's timeout bounds each network step; within bounds the whole attempt (a
             # receiver that trickles its answer).
-            status = await asyncio.wait_for(self._post(body, headers), self.timeout_s)
+            status = await within(self._post(body, headers), self.timeout_s)
             if not 200 <= status < 300:
                 error = f"HTTP {status}"
         except httpx.HTTPError as e:
@@ -250,5 +251,4 @@ class WebhookNotifier:
             except Exception:
                 log.exception("webhook delivery pass failed; trying again in %.0f s", self.poll_s)
             wait_s = self.poll_s if due is None else min(self.poll_s, max(0.0, due - time.time()))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), wait_s)
+            await wait_event(self._wakeup, wait_s)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from ragserve.aio import wait_event
 from ragserve.api.usage import USAGE_METRICS, UsageReport, UsageRow, UsageTotal
 from ragserve.errors import ServiceError
 from ragserve.ports import TokenCounter
@@ -341,6 +342,10 @@ class RequestUsage:
         self.usage.completion_tokens += completion_tokens
 
 
+#: How long :meth:`UsageMeter.stop` waits for the sends under way.
+STOP_SEND_WAIT_S = 10.0
+
+
 class UsageMeter:
     """Buffers usage in an ingress replica and sends it to the backend in the background; admits
     requests of limited keys. Also reports each delta to the metrics as it is added."""
@@ -360,6 +365,7 @@ class UsageMeter:
         self._wake: asyncio.Event | None = None  # made by start, on the loop that serves
         self._task: asyncio.Task[None] | None = None
         self._finishing: set[asyncio.Task[None]] = set()
+        self._sending: set[asyncio.Task[None]] = set()
 
     async def admit(self, key: str, limits: KeyLimits) -> Decision:
         decision = await self.backend.admit(key, limits)
@@ -404,19 +410,32 @@ class UsageMeter:
             self._wake.set()
 
     async def flush(self) -> None:
-        """Send what is buffered; on failure it is kept for the next flush (and logged)."""
+        """Send what is buffered; on failure it is kept for the next flush (and logged).
+
+        A send, once started, runs to its end even when the caller is cancelled (the meter's loop
+        stopping, a client leaving ``GET /usage``): the caller only stops waiting. A cancelled call
+        may still have been recorded by the owner (a thread or a Ray call runs on), so keeping its
+        rows for the next flush would count them twice; its own answer says which."""
+        send = self._start_send()
+        if send is not None:
+            await asyncio.shield(send)
+
+    def _start_send(self) -> asyncio.Task[None] | None:
         if not self._buffer:
-            return
+            return None
         batch, self._buffer = list(self._buffer.values()), {}
+        send = asyncio.get_running_loop().create_task(self._send(batch))
+        self._sending.add(send)
+        send.add_done_callback(self._sending.discard)
+        return send
+
+    async def _send(self, batch: list[Usage]) -> None:
         try:
             await self.backend.record(batch)
-        except BaseException as e:  # cancelled too (stop, a client leaving GET /usage): kept, not lost
-            if isinstance(e, Exception):
-                log.exception("could not record usage (%d rows kept for the next flush)", len(batch))
+        except Exception:
+            log.exception("could not record usage (%d rows kept for the next flush)", len(batch))
             for u in batch:
                 self.add_back(u)
-            if not isinstance(e, Exception):
-                raise
 
     def add_back(self, usage: Usage) -> None:
         slot = self._buffer.get((usage.key, usage.indexes))
@@ -427,8 +446,7 @@ class UsageMeter:
 
     async def _run(self, wake: asyncio.Event) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self.interval_s)
+            await wait_event(wake, self.interval_s)
             wake.clear()
             await self.flush()
 
@@ -437,7 +455,10 @@ class UsageMeter:
             self._wake = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run(self._wake))
 
-    async def stop(self) -> None:
+    async def stop(self, timeout_s: float = STOP_SEND_WAIT_S) -> None:
+        """Count what requests left, stop the loop, send what is left and wait for every send (up to
+        ``timeout_s``: one whose owner never answers is cancelled, and its rows may be lost, which
+        is logged; one that failed is kept in the buffer)."""
         if self._finishing:  # requests that ended but are not counted yet
             await asyncio.gather(*self._finishing, return_exceptions=True)
         if self._task is not None:
@@ -445,4 +466,10 @@ class UsageMeter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task, self._wake = None, None
-        await self.flush()
+        self._start_send()
+        if self._sending:
+            _, late = await asyncio.wait(set(self._sending), timeout=timeout_s)
+            for send in late:
+                send.cancel()
+            if late:
+                log.error("usage: %d sends got no answer within %.0f s; their rows may be lost", len(late), timeout_s)

@@ -197,19 +197,29 @@ def test_the_meter_buffers_merges_and_keeps_what_it_could_not_send(tmp_path) -> 
     assert backend.calls == 2
 
 
-class StalledBackend(FlakyBackend):
-    """An owner whose record call never answers (until it is cancelled)."""
+class HeldBackend(FlakyBackend):
+    """An owner whose record call answers only once released (and then fails while ``fail``)."""
+
+    def __init__(self, service: UsageService):
+        super().__init__(service)
+        self.release = asyncio.Event()
 
     async def record(self, batch: list[Usage]) -> None:
         self.calls += 1
+        await self.release.wait()
         if self.fail:
-            await asyncio.Event().wait()
+            raise ConnectionError("owner unreachable")
         await self.service.record(batch)
 
 
-def test_a_flush_cancelled_mid_way_keeps_its_rows_for_the_next(tmp_path) -> None:
+@pytest.mark.parametrize("answer", ["recorded", "failed"])
+def test_a_flush_cancelled_mid_way_counts_its_rows_once(tmp_path, answer: str) -> None:
+    """A caller cancelled during a flush (the replica stopping, a client leaving GET /usage) stops
+    waiting; the send runs on, and its answer decides: recorded (not sent again, which would count
+    it twice) or failed (kept for the next flush)."""
     service = UsageService(UsageLedger(tmp_path / "u.sqlite3"))
-    backend = StalledBackend(service)
+    backend = HeldBackend(service)
+    backend.fail = answer == "failed"
     meter = UsageMeter(backend, NullTelemetry(), lambda text: len(text.split()), interval_s=30)
 
     async def run() -> None:
@@ -219,12 +229,28 @@ def test_a_flush_cancelled_mid_way_keeps_its_rows_for_the_next(tmp_path) -> None
         await meter.finish(r, failed=False)
         flushing = asyncio.create_task(meter.flush())
         await asyncio.sleep(0.05)
-        flushing.cancel()  # e.g. the replica stopping, or a client leaving GET /usage during its flush
+        flushing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await flushing
+        backend.release.set()
+        await asyncio.sleep(0.05)
         backend.fail = False
-        await meter.flush()
+        await meter.stop()
 
     asyncio.run(run())
     (row,) = service.ledger.report(0, 4e9).data
     assert (row.requests, row.prompt_tokens, row.completion_tokens) == (1, 7, 3)
+    assert backend.calls == (1 if answer == "recorded" else 2)
+
+
+def test_a_stop_gives_up_on_a_send_that_never_answers(tmp_path) -> None:
+    service = UsageService(UsageLedger(tmp_path / "u.sqlite3"))
+    backend = HeldBackend(service)
+    meter = UsageMeter(backend, NullTelemetry(), lambda text: len(text.split()), interval_s=30)
+
+    async def run() -> None:
+        await meter.finish(RequestUsage("k"), failed=False)
+        await asyncio.wait_for(meter.stop(timeout_s=0.1), 5)
+
+    asyncio.run(run())
+    assert backend.calls == 1 and service.ledger.report(0, 4e9).data == []
