@@ -49,9 +49,16 @@ lint: $(TEST_STAMP)
 typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
-# -X faulthandler: a crash after the last test (at the interpreter's exit) still prints where it was.
+# Two pytest-xdist workers (TEST_WORKERS=0 runs in one process): a test module stays on one worker,
+# since its module-scoped fixtures start Ray and deploy once; the benchmark smokes, each a subprocess
+# of its own, spread (tests/conftest.py). On two cores the workers overlap one module's waits on Ray
+# with another's CPU: 39 minutes in one process, about 25 on two workers (docs/testing notes in
+# README, "Tests"). PYTHONFAULTHANDLER: a crash after the last test (at a worker's exit) still
+# prints where it was.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
 test: lint typecheck
-	$(BIN)/python -X faulthandler -m pytest --durations=30
+	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=30
 
 # The same suite with line coverage of ragserve. Not part of `make test`: on Python 3.11 coverage's
 # tracer doubles the time of in-process tests (tests/unit/rag and test_dos_shapes: 115 against 53 s),
