@@ -49,14 +49,13 @@ lint: $(TEST_STAMP)
 typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
-# Two pytest-xdist workers (TEST_WORKERS=0 runs in one process): a test module stays on one worker,
-# since its module-scoped fixtures start Ray and deploy once; the benchmark smokes, each a subprocess
-# of its own, spread (tests/conftest.py). On two cores the workers overlap one module's waits on Ray
-# with another's CPU: 39 minutes in one process, about 25 on two workers (docs/testing notes in
-# README, "Tests"). PYTHONFAULTHANDLER: a crash after the last test (at a worker's exit) still
-# prints where it was.
+# Two pytest-xdist workers (TEST_WORKERS=0 runs in one process), a test file to one worker (its
+# module-scoped fixtures start Ray and deploy an application once): on two cores one file's waits on
+# Ray overlap another's CPU. (--dist loadgroup would spread the benchmark smokes too, but xdist 3.8
+# cannot regroup node ids under pytest 9.2.) PYTHONFAULTHANDLER: a crash after the last test (at a
+# worker's exit) still prints where it was.
 TEST_WORKERS ?= 2
-PYTEST_PARALLEL = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+PYTEST_PARALLEL = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 test: lint typecheck
 	PYTHONFAULTHANDLER=1 $(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=30
 
