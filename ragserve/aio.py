@@ -40,6 +40,7 @@ async def within(aw: Awaitable[_T], timeout_s: float) -> _T:
         done, _ = await asyncio.wait({task}, timeout=max(0.0, timeout_s))
     except BaseException:
         task.cancel()
+        await asyncio.wait({task})  # it is not running once this returns (a second cancel still ends the wait)
         raise
     if not done:
         task.cancel()
@@ -47,3 +48,13 @@ async def within(aw: Awaitable[_T], timeout_s: float) -> _T:
         if task.cancelled():
             raise asyncio.TimeoutError
     return task.result()  # it ended on its own (even while being cancelled): its outcome stands
+
+
+async def cancel_and_wait(task: asyncio.Task[_T]) -> None:
+    """Cancel ``task`` and wait until it has ended. Raises what it raised if it ended another way
+    than cancelled, and the caller's own cancellation (``with suppress(CancelledError): await
+    task`` would swallow that one too)."""
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.result()

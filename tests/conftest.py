@@ -23,4 +23,3 @@ def embedding_model():
 @pytest.fixture
 def embedder(embedding_model) -> InProcessEmbedder:
     return InProcessEmbedder(embedding_model)
-

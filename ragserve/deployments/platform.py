@@ -224,6 +224,10 @@ def init_local_ray(
     runtime_env: dict[str, Any] = {"env_vars": {**OFFLINE_ENV, **env, **(env_vars or {})}}
     if on:
         runtime_env["worker_process_setup_hook"] = SIDE_PORTS_HOOK
+    # address "local": always a Ray of its own. ray.init() with no address joins a cluster that
+    # another process started on this machine (/tmp/ray/ray_current_cluster: `ray start`, a test's
+    # multi-node cluster) and then refuses num_cpus.
+    kwargs.setdefault("address", "local")
     with _ray_params(**local_ray_params(on)):
         ray.init(
             num_cpus=num_cpus,

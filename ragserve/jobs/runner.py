@@ -27,7 +27,6 @@ enqueued is handed to the notifier at once (``wake``), which sends it on its own
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -126,8 +125,9 @@ class JobRunner:
         if task is not None:
             if not self._claiming:  # a claim in flight is let through, so the item it takes is run, not lost
                 task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait({task})  # raises only a cancel of the caller, never swallows it
+            if not task.cancelled():
+                task.result()
         if self._running:
             _, late = await asyncio.wait(set(self._running), timeout=timeout_s)
             for t in late:

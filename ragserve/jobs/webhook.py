@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import hashlib
 import hmac
 import json
@@ -40,7 +39,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from ragserve.aio import wait_event, within
+from ragserve.aio import cancel_and_wait, wait_event, within
 from ragserve.jobs.store import Delivery, JobStore
 
 log = logging.getLogger("ragserve.jobs.webhook")
@@ -161,9 +160,7 @@ class WebhookNotifier:
         lapses (``timeout_s`` after it was taken, plus a margin)."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None

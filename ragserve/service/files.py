@@ -174,6 +174,8 @@ class _Conversions:
         loop = asyncio.get_running_loop()
         gate = self._gates.setdefault(loop, asyncio.Semaphore(self.bound))
         try:
+            # wait_for, not ragserve.aio.within: a cancel that lands as the slot is taken is lost here
+            # (the conversion runs and frees it), where within would raise with the slot held.
             await asyncio.wait_for(gate.acquire(), wait_s)
         except asyncio.TimeoutError:
             raise ServiceUnavailableError(

@@ -29,7 +29,6 @@ seconds until the window that refused the request resets (next minute, next UTC 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import sqlite3
@@ -40,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ragserve.aio import wait_event
+from ragserve.aio import cancel_and_wait, wait_event
 from ragserve.api.usage import USAGE_METRICS, UsageReport, UsageRow, UsageTotal
 from ragserve.errors import ServiceError
 from ragserve.ports import TokenCounter
@@ -416,9 +415,9 @@ class UsageMeter:
         stopping, a client leaving ``GET /usage``): the caller only stops waiting. A cancelled call
         may still have been recorded by the owner (a thread or a Ray call runs on), so keeping its
         rows for the next flush would count them twice; its own answer says which."""
-        send = self._start_send()
-        if send is not None:
-            await asyncio.shield(send)
+        self._start_send()
+        if self._sending:  # this one and any under way (GET /usage reads after them)
+            await asyncio.shield(asyncio.gather(*self._sending, return_exceptions=True))
 
     def _start_send(self) -> asyncio.Task[None] | None:
         if not self._buffer:
@@ -462,14 +461,27 @@ class UsageMeter:
         if self._finishing:  # requests that ended but are not counted yet
             await asyncio.gather(*self._finishing, return_exceptions=True)
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task, self._wake = None, None
-        self._start_send()
-        if self._sending:
-            _, late = await asyncio.wait(set(self._sending), timeout=timeout_s)
-            for send in late:
-                send.cancel()
-            if late:
-                log.error("usage: %d sends got no answer within %.0f s; their rows may be lost", len(late), timeout_s)
+            task, self._task, self._wake = self._task, None, None
+            await cancel_and_wait(task)
+        # Send what is left until nothing is (a send that fails puts its rows back) or time is up.
+        deadline = time.monotonic() + timeout_s
+        while self._buffer or self._sending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._start_send()
+            _, pending = await asyncio.wait(set(self._sending), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            if self._buffer and not pending:  # the owner refused them just now: not at once again
+                await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        late = set(self._sending)
+        for send in late:
+            send.cancel()
+        if late:
+            await asyncio.wait(late)
+        if late or self._buffer:
+            log.error(
+                "usage: stopped with %d sends unanswered and %d rows unsent after %.0f s; they are lost",
+                len(late),
+                len(self._buffer),
+                timeout_s,
+            )

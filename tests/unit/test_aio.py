@@ -113,8 +113,7 @@ async def test_within_cancels_its_work_when_its_caller_is_cancelled() -> None:
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller
-    await asyncio.sleep(0)
-    assert cancelled.is_set()
+    assert cancelled.is_set()  # ended before the caller's cancel was raised, not some turns later
 
 
 @pytest.mark.parametrize("turns", TURNS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from ragserve.deployments.platform import HIGH_THROUGHPUT_VARS, SWITCH, high_throughput_enabled, serve_env
@@ -303,3 +305,23 @@ platform.serve_main(["config.yaml"])
     assert done.returncode == (3 if "exit" in failure else 1), done.stderr
     if "RuntimeError" in failure:
         assert "HAProxy crashed during startup" in done.stderr
+
+
+def test_a_local_ray_never_joins_a_cluster_another_process_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ray.init() with no address joins the cluster named in /tmp/ray/ray_current_cluster (``ray
+    start``, another test's multi-node cluster) and then refuses num_cpus: init_local_ray asks for
+    a Ray of its own unless told an address."""
+    import ray
+
+    from ragserve.deployments import platform
+
+    calls: list[dict] = []
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    for name in ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_THROUGHPUT_OPTIMIZED"):
+        monkeypatch.delenv(name, raising=False)
+    with monkeypatch.context() as m:
+        m.setattr(os, "environ", dict(os.environ))  # init_local_ray exports the mode's variables
+        platform.init_local_ray(num_cpus=2, high_throughput=False)
+        platform.init_local_ray(high_throughput=False, address="ray://head:10001")
+    assert calls[0]["address"] == "local" and calls[0]["num_cpus"] == 2
+    assert calls[1]["address"] == "ray://head:10001"

@@ -254,3 +254,53 @@ def test_a_stop_gives_up_on_a_send_that_never_answers(tmp_path) -> None:
 
     asyncio.run(run())
     assert backend.calls == 1 and service.ledger.report(0, 4e9).data == []
+
+
+class FailOnceHeldBackend(HeldBackend):
+    """The first record call waits to be released and then fails; later ones record."""
+
+    async def record(self, batch: list[Usage]) -> None:
+        self.calls += 1
+        if self.calls == 1:
+            await self.release.wait()
+            raise ConnectionError("owner unreachable")
+        await self.service.record(batch)
+
+
+def test_a_send_that_fails_while_the_meter_stops_is_sent_again(tmp_path) -> None:
+    service = UsageService(UsageLedger(tmp_path / "u.sqlite3"))
+    backend = FailOnceHeldBackend(service)
+    meter = UsageMeter(backend, NullTelemetry(), lambda text: len(text.split()), interval_s=30)
+
+    async def run() -> None:
+        r = RequestUsage("k")
+        r.indexes = ("docs",)
+        r.chat(5, 1)
+        await meter.finish(r, failed=False)
+        flushing = asyncio.create_task(meter.flush())  # the send is under way when stop() begins
+        await asyncio.sleep(0.02)
+        stopping = asyncio.create_task(meter.stop(timeout_s=5))
+        await asyncio.sleep(0.02)
+        backend.release.set()  # it fails now: its rows go back to the buffer, and stop sends them
+        await stopping
+        await flushing
+
+    asyncio.run(run())
+    (row,) = service.ledger.report(0, 4e9).data
+    assert (row.requests, row.prompt_tokens) == (1, 5) and backend.calls == 2
+
+
+def test_a_stop_whose_caller_is_cancelled_raises_the_cancel(tmp_path) -> None:
+    service = UsageService(UsageLedger(tmp_path / "u.sqlite3"))
+    meter = UsageMeter(HeldBackend(service), NullTelemetry(), lambda text: len(text.split()), interval_s=30)
+
+    async def run() -> None:
+        await meter.start()
+        await meter.finish(RequestUsage("k"), failed=False)
+        stopping = asyncio.create_task(meter.stop(timeout_s=30))  # its send never answers
+        await asyncio.sleep(0.05)
+        stopping.cancel()
+        done, _ = await asyncio.wait({stopping}, timeout=5)
+        assert done and stopping.cancelled()
+
+    asyncio.run(run())
