@@ -197,6 +197,19 @@ def test_the_meter_buffers_merges_and_keeps_what_it_could_not_send(tmp_path) -> 
     assert backend.calls == 2
 
 
+def _meter(tmp_path, backend_class: type[FlakyBackend]) -> tuple[UsageService, FlakyBackend, UsageMeter]:
+    service = UsageService(UsageLedger(tmp_path / "u.sqlite3"))
+    backend = backend_class(service)
+    return service, backend, UsageMeter(backend, NullTelemetry(), lambda text: len(text.split()), interval_s=30)
+
+
+async def _count_chat(meter: UsageMeter, prompt: int, completion: int) -> None:
+    r = RequestUsage("k")
+    r.indexes = ("docs",)
+    r.chat(prompt, completion)
+    await meter.finish(r, failed=False)
+
+
 class HeldBackend(FlakyBackend):
     """An owner whose record call answers only once released (and then fails while ``fail``)."""
 
@@ -217,16 +230,11 @@ def test_a_flush_cancelled_mid_way_counts_its_rows_once(tmp_path, answer: str) -
     """A caller cancelled during a flush (the replica stopping, a client leaving GET /usage) stops
     waiting; the send runs on, and its answer decides: recorded (not sent again, which would count
     it twice) or failed (kept for the next flush)."""
-    service = UsageService(UsageLedger(tmp_path / "u.sqlite3"))
-    backend = HeldBackend(service)
+    service, backend, meter = _meter(tmp_path, HeldBackend)
     backend.fail = answer == "failed"
-    meter = UsageMeter(backend, NullTelemetry(), lambda text: len(text.split()), interval_s=30)
 
     async def run() -> None:
-        r = RequestUsage("k")
-        r.indexes = ("docs",)
-        r.chat(7, 3)
-        await meter.finish(r, failed=False)
+        await _count_chat(meter, 7, 3)
         flushing = asyncio.create_task(meter.flush())
         await asyncio.sleep(0.05)
         flushing.cancel()
@@ -244,9 +252,7 @@ def test_a_flush_cancelled_mid_way_counts_its_rows_once(tmp_path, answer: str) -
 
 
 def test_a_stop_gives_up_on_a_send_that_never_answers(tmp_path) -> None:
-    service = UsageService(UsageLedger(tmp_path / "u.sqlite3"))
-    backend = HeldBackend(service)
-    meter = UsageMeter(backend, NullTelemetry(), lambda text: len(text.split()), interval_s=30)
+    service, backend, meter = _meter(tmp_path, HeldBackend)
 
     async def run() -> None:
         await meter.finish(RequestUsage("k"), failed=False)
@@ -268,15 +274,10 @@ class FailOnceHeldBackend(HeldBackend):
 
 
 def test_a_send_that_fails_while_the_meter_stops_is_sent_again(tmp_path) -> None:
-    service = UsageService(UsageLedger(tmp_path / "u.sqlite3"))
-    backend = FailOnceHeldBackend(service)
-    meter = UsageMeter(backend, NullTelemetry(), lambda text: len(text.split()), interval_s=30)
+    service, backend, meter = _meter(tmp_path, FailOnceHeldBackend)
 
     async def run() -> None:
-        r = RequestUsage("k")
-        r.indexes = ("docs",)
-        r.chat(5, 1)
-        await meter.finish(r, failed=False)
+        await _count_chat(meter, 5, 1)
         flushing = asyncio.create_task(meter.flush())  # the send is under way when stop() begins
         await asyncio.sleep(0.02)
         stopping = asyncio.create_task(meter.stop(timeout_s=5))
@@ -291,8 +292,7 @@ def test_a_send_that_fails_while_the_meter_stops_is_sent_again(tmp_path) -> None
 
 
 def test_a_stop_whose_caller_is_cancelled_raises_the_cancel(tmp_path) -> None:
-    service = UsageService(UsageLedger(tmp_path / "u.sqlite3"))
-    meter = UsageMeter(HeldBackend(service), NullTelemetry(), lambda text: len(text.split()), interval_s=30)
+    _, _, meter = _meter(tmp_path, HeldBackend)
 
     async def run() -> None:
         await meter.start()
