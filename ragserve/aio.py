@@ -55,6 +55,12 @@ async def cancel_and_wait(task: asyncio.Task[_T]) -> None:
     than cancelled, and the caller's own cancellation (``with suppress(CancelledError): await
     task`` would swallow that one too)."""
     task.cancel()
+    await wait_ended(task)
+
+
+async def wait_ended(task: asyncio.Task[_T]) -> None:
+    """Wait until ``task`` has ended; raise what it raised unless it was cancelled. Only the
+    caller's own cancellation interrupts the wait, and it is raised."""
     await asyncio.wait({task})
     if not task.cancelled():
         task.result()

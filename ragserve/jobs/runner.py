@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from ragserve import tracing
-from ragserve.aio import wait_event
+from ragserve.aio import wait_ended, wait_event
 from ragserve.errors import BadRequestError, ConflictError, NotFoundError, ServiceError
 from ragserve.jobs.store import Job, JobItem, JobStore
 from ragserve.jobs.webhook import WebhookNotifier, set_from_any_thread
@@ -125,9 +125,7 @@ class JobRunner:
         if task is not None:
             if not self._claiming:  # a claim in flight is let through, so the item it takes is run, not lost
                 task.cancel()
-            await asyncio.wait({task})  # raises only a cancel of the caller, never swallows it
-            if not task.cancelled():
-                task.result()
+            await wait_ended(task)
         if self._running:
             _, late = await asyncio.wait(set(self._running), timeout=timeout_s)
             for t in late:

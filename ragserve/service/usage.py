@@ -419,14 +419,14 @@ class UsageMeter:
         if self._sending:  # this one and any under way (GET /usage reads after them)
             await asyncio.shield(asyncio.gather(*self._sending, return_exceptions=True))
 
-    def _start_send(self) -> asyncio.Task[None] | None:
+    def _start_send(self) -> None:
+        """Send the buffer on a task of its own (in ``_sending`` until it ends), if it holds anything."""
         if not self._buffer:
-            return None
+            return
         batch, self._buffer = list(self._buffer.values()), {}
         send = asyncio.get_running_loop().create_task(self._send(batch))
         self._sending.add(send)
         send.add_done_callback(self._sending.discard)
-        return send
 
     async def _send(self, batch: list[Usage]) -> None:
         try:
