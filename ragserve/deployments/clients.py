@@ -20,6 +20,7 @@ from ragserve.api.messages import Message
 from ragserve.api.openai import ChatCompletionChunk, ChatCompletionResponse
 from ragserve.api.sampling import SamplingParams
 from ragserve.deployments.common import log, unwrap_error
+from ragserve.deployments.telemetry import CounterBatch
 from ragserve.errors import ServiceError
 from ragserve.models.tokenizers import counter_for_model
 from ragserve.ports import TokenCounter
@@ -41,16 +42,17 @@ def traced(**kwargs: Any) -> dict[str, Any]:
     return kwargs
 
 
-def query_cache_counters() -> Callable[[bool], None]:
+def query_cache_counters(batch: CounterBatch) -> Callable[[bool], None]:
     """Counts the ingress replica's query-vector cache lookups (hit or miss) as Serve metrics,
-    wherever its queries are embedded (``HandleEmbedder``, ``InProcessQueryEmbedder``)."""
+    wherever its queries are embedded (``HandleEmbedder``, ``InProcessQueryEmbedder``), summed in
+    ``batch``."""
     hits = metrics.Counter(
         "ragserve_ingress_query_cache_hits", "Query embeddings found in the ingress replica's cache."
     )
     misses = metrics.Counter(
         "ragserve_ingress_query_cache_misses", "Query embeddings computed here or asked of the embedder deployment."
     )
-    return lambda hit: (hits if hit else misses).inc()
+    return lambda hit: batch.inc(hits if hit else misses)
 
 
 class HandleEmbedder:

@@ -16,7 +16,7 @@ from ragserve.config import Settings
 from ragserve.deployments.clients import HandleEmbedder, HandleGenerator, query_cache_counters
 from ragserve.deployments.common import as_settings, log, proxy_host
 from ragserve.deployments.ingestion import remote_ingestion
-from ragserve.deployments.telemetry import ServeTelemetry
+from ragserve.deployments.telemetry import CounterBatch, ServeTelemetry
 from ragserve.deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
 from ragserve.http import create_app
 from ragserve.models.embeddings import LocalEmbeddingModel
@@ -45,7 +45,8 @@ class Ingress:
         self.query_embedding = choose_query_embedding(
             s.query_embedding, remote=info["remote"], device=info["device"], params=info["params"]
         )
-        self.embedder = await self._embedder(embedder, s, self.query_embedding)
+        self.telemetry = ServeTelemetry()
+        self.embedder = await self._embedder(embedder, s, self.query_embedding, self.telemetry.batch)
         # chunks are sized in the embedding model's tokens: its tokenizer, from the copy here if any
         tokenizer = (
             self.embedder.model.tokenizer
@@ -68,7 +69,7 @@ class Ingress:
             llm=self.llm,
             embedding_model=info["model_id"],
             embedding_tokenizer=tokenizer,
-            telemetry=ServeTelemetry(),
+            telemetry=self.telemetry,
             health=self._health,
             metrics_text=self._metrics_text,
             # files, jobs, vector stores: owned by the Ingestion deployment (one replica), reached here
@@ -85,12 +86,12 @@ class Ingress:
         )
 
     @staticmethod
-    async def _embedder(handle: Any, s: Settings, where: str) -> TextEmbedder:
+    async def _embedder(handle: Any, s: Settings, where: str, batch: CounterBatch) -> TextEmbedder:
         """The Embedder deployment behind its handle; with queries embedded here, a copy of the
         model in this replica in front of it for ``embed_query`` (documents and token counts still
         go to the deployment). It runs on ``query_embedding_threads`` (one by default), as
         ``query_embedding_graph`` says (a traced graph by default: a query is all overhead)."""
-        counted = query_cache_counters()
+        counted = query_cache_counters(batch)
         if where == "deployment":
             return HandleEmbedder(handle, s.embedding_cache_size, s.embedding_cache_ttl_s, on_lookup=counted)
         model = await asyncio.to_thread(
