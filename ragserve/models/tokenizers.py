@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -21,6 +23,67 @@ from ragserve.api.messages import Message, message_text
 from ragserve.ports import ChatRenderer, TokenCounter
 
 log = logging.getLogger(__name__)
+
+
+#: Characters of counted text a counter remembers the count of (``LengthMemo``): ~4 MB of text, a
+#: few hundred sources and prompts.
+MEMO_CHARS = 4_000_000
+#: Texts shorter than this are counted again each time: a dictionary lookup costs about as much.
+MEMO_MIN_CHARS = 64
+
+
+class LengthMemo:
+    """Token counts of texts already counted, by their exact text: least recently used first out,
+    bounded by the characters it holds. Thread-safe (the budget is fitted in worker threads).
+
+    Why: a RAG chat counts each source it may send, then the assembled prompt, and the same sources
+    come back for the same (and for related) questions; tokenizing was a quarter of the ingress's
+    CPU in a repeated chat (docs/benchmarks.md, issue 28). A count is a pure function of the text,
+    so a remembered one is the count itself. Pickles as an empty memo of the same bound (the
+    generator's counter travels to the ingress)."""
+
+    def __init__(self, max_chars: int = MEMO_CHARS):
+        if max_chars < 0:
+            raise ValueError("max_chars must be >= 0")
+        self._empty(max_chars)
+
+    def _empty(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+        self._data: OrderedDict[str, int] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def length(self, text: str, count: Callable[[str], int]) -> int:
+        """``count(text)``, remembered when ``text`` is long enough to be worth it and fits."""
+        if len(text) < MEMO_MIN_CHARS or len(text) > self.max_chars:
+            return count(text)
+        with self._lock:
+            n = self._data.get(text)
+            if n is not None:
+                self._data.move_to_end(text)
+                return n
+        n = count(text)  # outside the lock: two threads may count one text, never block each other
+        with self._lock:
+            if text not in self._data:
+                self._data[text] = n
+                self._chars += len(text)
+                while self._chars > self.max_chars:
+                    old, _ = self._data.popitem(last=False)
+                    self._chars -= len(old)
+        return n
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def chars(self) -> int:
+        return self._chars
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"max_chars": self.max_chars}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._empty(int(state["max_chars"]))
 
 
 def text_only(messages: Sequence[Message]) -> list[dict[str, str]]:
@@ -38,11 +101,15 @@ class HFTokenCounter:
         self._tok = tokenizer
         self._render = render
         self.name = name or f"hf:{getattr(tokenizer, 'name_or_path', 'tokenizer')}"
+        self.memo = LengthMemo()
+
+    def _encoded_length(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False))
 
     def count_text(self, text: str) -> int:
         if not text:
             return 0
-        return len(self._tok.encode(text, add_special_tokens=False))
+        return self.memo.length(text, self._encoded_length)
 
     def render(self, messages: Sequence[Message], *, grounded: bool = False) -> str:
         """The prompt string the model will be given for ``messages``; ``grounded`` as in the
@@ -56,7 +123,7 @@ class HFTokenCounter:
 
     def count_messages(self, messages: Sequence[Message], *, grounded: bool = False) -> int:
         # Rendered prompts carry their own special tokens (<bos>, turn markers) as text.
-        return len(self._tok.encode(self.render(messages, grounded=grounded), add_special_tokens=False))
+        return self.memo.length(self.render(messages, grounded=grounded), self._encoded_length)
 
 
 class TiktokenCounter:
@@ -71,9 +138,13 @@ class TiktokenCounter:
     def __init__(self, encoding: Any):
         self._enc = encoding
         self.name = f"tiktoken:{encoding.name}"
+        self.memo = LengthMemo()
+
+    def _encoded_length(self, text: str) -> int:
+        return len(self._enc.encode(text, disallowed_special=()))
 
     def count_text(self, text: str) -> int:
-        return len(self._enc.encode(text, disallowed_special=())) if text else 0
+        return self.memo.length(text, self._encoded_length) if text else 0
 
     def count_messages(self, messages: Sequence[Message], *, grounded: bool = False) -> int:
         """OpenAI's framing has no answer label: ``grounded`` changes nothing."""

@@ -23,6 +23,7 @@ every regex here matches runs of one character class or a bounded shape.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -326,6 +327,24 @@ def terms(text: str) -> list[str]:
     ]
 
 
+#: Texts whose ``terms`` are remembered (``term_set``), each at most ``TERM_MEMO_MAX_CHARS`` long (a
+#: window with its title): a source's sentences and windows come back with every question that
+#: retrieves it again, and reading their terms was a tenth of the ingress's CPU in a repeated chat
+#: (docs/benchmarks.md, issue 28). ~10,000 × 1 KB at most.
+TERM_MEMO_SIZE = 10_000
+TERM_MEMO_MAX_CHARS = MAX_WINDOW_CHARS + MAX_TITLE_CHARS + 8
+
+
+@functools.lru_cache(maxsize=TERM_MEMO_SIZE)
+def _remembered_terms(text: str) -> frozenset[str]:
+    return frozenset(terms(text))
+
+
+def term_set(text: str) -> frozenset[str]:
+    """The set of ``terms(text)``, remembered for texts no longer than a window."""
+    return _remembered_terms(text) if len(text) <= TERM_MEMO_MAX_CHARS else frozenset(terms(text))
+
+
 def _stem(word: str) -> str:
     """A crude stem, enough to match a question's words with a sentence's: "cached", "caches",
     "caching" and "cache" are "cach"; "configured" and "configuration" are "config"; "settings"
@@ -489,7 +508,7 @@ def _weights(query: str, texts: Sequence[str]) -> tuple[dict[str, float], list[s
     """The query's terms weighted by rarity among ``texts`` (a term no text holds weighs most), and
     the query terms each text holds."""
     wanted = set(terms(query[:MAX_QUERY_CHARS]))
-    held = [wanted.intersection(terms(t)) for t in texts]
+    held = [wanted.intersection(term_set(t)) for t in texts]
     df = Counter(t for h in held for t in h)
     n = len(texts)
     return {t: math.log(1.0 + (n + 1) / (df[t] + 1)) for t in wanted}, held
