@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 #: Characters of counted text a counter remembers the count of (``LengthMemo``): ~4 MB of text, a
 #: few hundred sources and prompts.
 MEMO_CHARS = 4_000_000
-#: Texts shorter than this are counted again each time: a dictionary lookup costs about as much.
-MEMO_MIN_CHARS = 64
+#: What an entry costs the memo's bound beyond its characters (the dictionary's slot, the count):
+#: a memo of short texts (roles, queries) holds fewer of them.
+MEMO_ENTRY_CHARS = 100
 
 
 class LengthMemo:
@@ -39,7 +40,9 @@ class LengthMemo:
     Why: a RAG chat counts each source it may send, then the assembled prompt, and the same sources
     come back for the same (and for related) questions; tokenizing was a quarter of the ingress's
     CPU in a repeated chat (docs/benchmarks.md, issue 28). A count is a pure function of the text,
-    so a remembered one is the count itself. Pickles as an empty memo of the same bound (the
+    so a remembered one is the count itself. Short texts (roles, the query) are remembered too: a
+    lookup costs a tenth of tiktoken's call, and the call lets go of the GIL, which a busy event loop
+    then holds for up to its switch interval. Pickles as an empty memo of the same bound (the
     generator's counter travels to the ingress)."""
 
     def __init__(self, max_chars: int = MEMO_CHARS):
@@ -54,8 +57,9 @@ class LengthMemo:
         self._lock = threading.Lock()
 
     def length(self, text: str, count: Callable[[str], int]) -> int:
-        """``count(text)``, remembered when ``text`` is long enough to be worth it and fits."""
-        if len(text) < MEMO_MIN_CHARS or len(text) > self.max_chars:
+        """``count(text)``, remembered unless ``text`` alone is larger than the memo."""
+        cost = len(text) + MEMO_ENTRY_CHARS
+        if cost > self.max_chars:
             return count(text)
         with self._lock:
             n = self._data.get(text)
@@ -66,10 +70,10 @@ class LengthMemo:
         with self._lock:
             if text not in self._data:
                 self._data[text] = n
-                self._chars += len(text)
+                self._chars += cost
                 while self._chars > self.max_chars:
                     old, _ = self._data.popitem(last=False)
-                    self._chars -= len(old)
+                    self._chars -= len(old) + MEMO_ENTRY_CHARS
         return n
 
     def __len__(self) -> int:
@@ -77,6 +81,7 @@ class LengthMemo:
 
     @property
     def chars(self) -> int:
+        """What the memo holds against its bound: its texts' characters and ``MEMO_ENTRY_CHARS`` each."""
         return self._chars
 
     def __getstate__(self) -> dict[str, Any]:

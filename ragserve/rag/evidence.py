@@ -27,8 +27,9 @@ import functools
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -327,22 +328,38 @@ def terms(text: str) -> list[str]:
     ]
 
 
-#: Texts whose ``terms`` are remembered (``term_set``), each at most ``TERM_MEMO_MAX_CHARS`` long (a
-#: window with its title): a source's sentences and windows come back with every question that
-#: retrieves it again, and reading their terms was a tenth of the ingress's CPU in a repeated chat
-#: (docs/benchmarks.md, issue 28). ~10,000 × 1 KB at most.
-TERM_MEMO_SIZE = 10_000
-TERM_MEMO_MAX_CHARS = MAX_WINDOW_CHARS + MAX_TITLE_CHARS + 8
+#: Texts whose terms (``term_set``) and model text (``model_text``) are remembered, each at most
+#: ``TEXT_MEMO_MAX_CHARS`` long (a window with its title): a source's sentences and windows come back
+#: with every question that retrieves it again, and reading them again was a seventh of the
+#: ingress's CPU in a repeated chat (docs/benchmarks.md, issue 28). ~10,000 × 1 KB at most each.
+TEXT_MEMO_SIZE = 10_000
+TEXT_MEMO_MAX_CHARS = MAX_WINDOW_CHARS + MAX_TITLE_CHARS + 8
+
+_T = TypeVar("_T")
 
 
-@functools.lru_cache(maxsize=TERM_MEMO_SIZE)
-def _remembered_terms(text: str) -> frozenset[str]:
-    return frozenset(terms(text))
+class _TextMemo(Generic[_T]):
+    """``fn(text)``, remembered (least recently used first out) for texts no longer than a window."""
+
+    def __init__(self, fn: Callable[[str], _T]):
+        self._fn = fn
+        self._cached = functools.lru_cache(maxsize=TEXT_MEMO_SIZE)(fn)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, text: str) -> _T:
+        return self._cached(text) if len(text) <= TEXT_MEMO_MAX_CHARS else self._fn(text)
+
+    def cache_info(self) -> Any:
+        return self._cached.cache_info()
+
+    def cache_clear(self) -> None:
+        self._cached.cache_clear()
 
 
+@_TextMemo
 def term_set(text: str) -> frozenset[str]:
-    """The set of ``terms(text)``, remembered for texts no longer than a window."""
-    return _remembered_terms(text) if len(text) <= TERM_MEMO_MAX_CHARS else frozenset(terms(text))
+    """The set of ``terms(text)``."""
+    return frozenset(terms(text))
 
 
 def _stem(word: str) -> str:
@@ -498,6 +515,7 @@ def embed_text(c: Candidate) -> str:
     return model_text(f"{c.title}: {c.text}" if c.title else c.text)
 
 
+@_TextMemo
 def model_text(passage: str) -> str:
     """What the embedder and the term count read of a passage: its words without the markup
     around them (RST roles ``:attr:``, backticks, ``~``; ``MAX_CONTENT_LENGTH`` as three words)."""

@@ -10,7 +10,7 @@ import pytest
 
 from ragserve.models.gemma import render_gemma
 from ragserve.models.tokenizers import (
-    MEMO_MIN_CHARS,
+    MEMO_ENTRY_CHARS,
     HFTokenCounter,
     LengthMemo,
     TiktokenCounter,
@@ -19,14 +19,14 @@ from ragserve.models.tokenizers import (
 
 TEXTS = [
     "Line 3's pump is serviced every 30 minutes by the night shift, as the manual says. " * k for k in range(1, 12)
-] + ["Ünïcödé — 日本語のテキスト, emoji 🙂 and a lone\u00a0space. " * 4, "x" * (MEMO_MIN_CHARS - 1)]
+] + ["Ünïcödé — 日本語のテキスト, emoji 🙂 and a lone\u00a0space. " * 4, "user", "x"]
 
 
 def _length(text: str) -> int:
     return len(text.split())
 
 
-def test_a_remembered_count_is_the_count_and_short_texts_are_not_kept() -> None:
+def test_a_remembered_count_is_the_count_and_each_text_is_counted_once() -> None:
     memo = LengthMemo(max_chars=100_000)
     calls: list[str] = []
 
@@ -36,25 +36,28 @@ def test_a_remembered_count_is_the_count_and_short_texts_are_not_kept() -> None:
 
     for _ in range(3):
         assert [memo.length(t, count) for t in TEXTS] == [_length(t) for t in TEXTS]
-    short = [t for t in TEXTS if len(t) < MEMO_MIN_CHARS]
-    assert len(calls) == len(TEXTS) + 2 * len(short)  # long texts counted once, short ones each time
-    assert len(memo) == len(TEXTS) - len(short)
+    assert calls == TEXTS and len(memo) == len(TEXTS)  # short ones too: a lookup is cheaper than a count
+    assert memo.chars == sum(len(t) + MEMO_ENTRY_CHARS for t in TEXTS)
 
 
-def test_the_memo_keeps_within_its_characters_dropping_the_least_recently_used() -> None:
-    memo = LengthMemo(max_chars=1_000)
-    texts = [f"{i:04d} " + "word " * 40 for i in range(50)]  # 205 characters each
+def test_the_memo_keeps_within_its_bound_dropping_the_least_recently_used() -> None:
+    memo = LengthMemo(max_chars=1_300)
+    texts = [f"{i:04d} " + "word " * 40 for i in range(50)]  # 205 characters each, 305 with the entry's cost
     for t in texts:
         memo.length(t, _length)
-        assert memo.chars <= 1_000
+        assert memo.chars <= 1_300
     assert len(memo) == 4
     kept_first = texts[-4]
     memo.length(kept_first, _length)  # used again: the newest now
     memo.length(texts[0], _length)  # a fifth: the oldest goes, which is not kept_first
     calls: list[str] = []
     memo.length(kept_first, lambda t: calls.append(t) or 0)
-    assert calls == [] and memo.chars <= 1_000
-    assert memo.length("y" * 2_000, _length) == 1 and memo.chars <= 1_000  # larger than the bound: counted, not kept
+    assert calls == [] and memo.chars <= 1_300
+    assert memo.length("y" * 2_000, _length) == 1 and memo.chars <= 1_300  # larger than the bound: counted, not kept
+    tiny = LengthMemo(max_chars=10 * (1 + MEMO_ENTRY_CHARS))
+    for i in range(1_000):  # many one-character texts: the entries' cost bounds them
+        tiny.length(chr(0x4E00 + i), _length)
+    assert len(tiny) == 10
 
 
 def test_a_memo_of_no_characters_remembers_nothing_and_a_negative_bound_is_refused() -> None:
@@ -80,7 +83,8 @@ def test_counts_on_many_threads_at_once_are_the_counts() -> None:
         th.start()
     for th in threads:
         th.join()
-    assert errors == [] and memo.chars <= 2_000 and memo.chars == sum(len(t) for t in memo._data)
+    assert errors == [] and memo.chars <= 2_000
+    assert memo.chars == sum(len(t) + MEMO_ENTRY_CHARS for t in memo._data)
 
 
 @pytest.fixture(scope="module")

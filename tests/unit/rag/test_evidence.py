@@ -412,17 +412,20 @@ def test_every_step_is_linear_on_a_megabyte_of_each_shape(unit: str) -> None:
 def test_the_terms_of_a_window_are_remembered_and_a_longer_text_is_read_each_time() -> None:
     from ragserve.rag import evidence
 
-    evidence._remembered_terms.cache_clear()
+    evidence.term_set.cache_clear()
     window = "The pumps on line 3 are serviced every 30 minutes; caching settings are configured."
     assert evidence.term_set(window) == frozenset(evidence.terms(window))
     assert evidence.term_set(window) is evidence.term_set(window)  # the same set: remembered
-    long_text = "word " * (evidence.TERM_MEMO_MAX_CHARS // 5 + 1)
+    long_text = "word " * (evidence.TEXT_MEMO_MAX_CHARS // 5 + 1)
     assert evidence.term_set(long_text) == frozenset(evidence.terms(long_text))
-    assert evidence._remembered_terms.cache_info().currsize == 1  # only the window is kept
-    assert evidence._remembered_terms.cache_info().maxsize == evidence.TERM_MEMO_SIZE
-    # what term_overlap and coverage read from it is what reading the terms again gives
+    assert evidence.term_set.cache_info().currsize == 1  # only the window is kept
+    assert evidence.term_set.cache_info().maxsize == evidence.TEXT_MEMO_SIZE
+    marked = "Set :attr:`cache_size` to ``0`` ~ off."
+    assert evidence.model_text(marked) == evidence.model_text(marked) and "`" not in evidence.model_text(marked)
+    assert evidence.model_text.cache_info().hits >= 1
+    # what term_overlap and coverage read from them is what reading the texts again gives
     texts = [window, "Nothing about it here.", "Pumps are serviced weekly."]
     query = "How often are the pumps serviced?"
     first = (evidence.term_overlap(query, texts), evidence.coverage(query, texts))
-    evidence._remembered_terms.cache_clear()
+    evidence.term_set.cache_clear()
     assert (evidence.term_overlap(query, texts), evidence.coverage(query, texts)) == first
