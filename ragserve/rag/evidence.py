@@ -339,15 +339,17 @@ _T = TypeVar("_T")
 
 
 class _TextMemo(Generic[_T]):
-    """``fn(text)``, remembered (least recently used first out) for texts no longer than a window."""
+    """``fn(text)``, remembered (least recently used first out, ``size`` of them) for texts of at
+    most ``max_chars``; a longer text is read each time."""
 
-    def __init__(self, fn: Callable[[str], _T]):
+    def __init__(self, fn: Callable[[str], _T], size: int = TEXT_MEMO_SIZE, max_chars: int = TEXT_MEMO_MAX_CHARS):
         self._fn = fn
-        self._cached = functools.lru_cache(maxsize=TEXT_MEMO_SIZE)(fn)
+        self._max_chars = max_chars
+        self._cached = functools.lru_cache(maxsize=size)(fn)
         functools.update_wrapper(self, fn)
 
     def __call__(self, text: str) -> _T:
-        return self._cached(text) if len(text) <= TEXT_MEMO_MAX_CHARS else self._fn(text)
+        return self._cached(text) if len(text) <= self._max_chars else self._fn(text)
 
     def cache_info(self) -> Any:
         return self._cached.cache_info()
@@ -446,6 +448,20 @@ def _joins(text: str, last: list[int], start: int) -> bool:
     return any((d := _directive(line.strip())) is not None and d[0] in _CODE_DIRECTIVES for line in gap)
 
 
+#: Sources whose passages and section titles are remembered (``_reading``), each of at most
+#: ``SOURCE_MEMO_MAX_CHARS``: the same chunks answer many questions. ~2,000 chunks of up to 16 KB.
+SOURCE_MEMO_SIZE = 2_000
+SOURCE_MEMO_MAX_CHARS = 16_384
+
+
+def _read_source(text: str) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, str], ...]]:
+    """``passages(text)`` and ``section_titles(text)``, as tuples: a remembered reading is shared."""
+    return tuple(passages(text)), tuple(section_titles(text))
+
+
+_reading = _TextMemo(_read_source, SOURCE_MEMO_SIZE, SOURCE_MEMO_MAX_CHARS)
+
+
 def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDATES) -> list[Candidate]:
     """The passages of ``nodes`` (in their order, the best source first) to score: each text once
     (overlapping chunks repeat sentences: the first source keeps it), at most ``max_sentences``,
@@ -459,9 +475,9 @@ def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDAT
         text = node.text[:budget]
         budget -= len(text)
         previous = False  # the last candidate is this source's sentence just before this one
-        heads = section_titles(text)
+        spans, heads = _reading(text)
         h = 0
-        for start, end in passages(text):
+        for start, end in spans:
             while h < len(heads) and heads[h][0] <= start:
                 h += 1
             piece = text[start:end]

@@ -429,3 +429,23 @@ def test_the_terms_of_a_window_are_remembered_and_a_longer_text_is_read_each_tim
     first = (evidence.term_overlap(query, texts), evidence.coverage(query, texts))
     evidence.term_set.cache_clear()
     assert (evidence.term_overlap(query, texts), evidence.coverage(query, texts)) == first
+
+
+def test_a_source_read_again_gives_the_same_candidates_from_its_remembered_reading() -> None:
+    from ragserve.rag import evidence
+
+    evidence._reading.cache_clear()
+    text = (
+        "Configuration\n=============\n\nSet PUMP_INTERVAL to 30 minutes. The night shift checks it.\n\n"
+        "Run this:\n\n    $ pumpctl service --line 3\n\n# Deployment\n\nDeploy with the usual tool, twice a year."
+    )
+    nodes = [NodeWithScore(doc_id="d", node_id="n1", text=text, score=0.9)]
+    first = evidence.candidates(nodes)
+    again = evidence.candidates(nodes)
+    assert again == first and evidence._reading.cache_info().hits == 1
+    evidence._reading.cache_clear()
+    assert evidence.candidates(nodes) == first  # read afresh: the same
+    assert [text[s:e] for s, e in evidence._reading(text)[0]] == [text[s:e] for s, e in evidence.passages(text)]
+    huge = "A sentence about pumps and lines. " * (evidence.SOURCE_MEMO_MAX_CHARS // 30)
+    evidence.candidates([NodeWithScore(doc_id="d", node_id="n2", text=huge, score=0.8)])
+    assert evidence._reading.cache_info().currsize == 1  # a source larger than the bound is not kept
