@@ -14,81 +14,51 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ragserve.api.messages import Message, message_text
+from ragserve.memo import TextMemo
 from ragserve.ports import ChatRenderer, TokenCounter
 
 log = logging.getLogger(__name__)
 
 
-#: Characters of counted text a counter remembers the count of (``LengthMemo``): ~4 MB of text, a
+#: What a counter's memo of counts may hold (``ragserve.memo.TextMemo``, in about bytes): ~4 MB, a
 #: few hundred sources and prompts.
-MEMO_CHARS = 4_000_000
-#: What an entry costs the memo's bound beyond its characters (the dictionary's slot, the count):
-#: a memo of short texts (roles, queries) holds fewer of them.
-MEMO_ENTRY_CHARS = 100
+MEMO_UNITS = 4_000_000
+#: A text longer than this is counted and not remembered: an unusually large prompt would evict
+#: every remembered source, and is seldom sent twice.
+MEMO_MAX_TEXT_CHARS = 64 * 1024
 
 
-class LengthMemo:
-    """Token counts of texts already counted, by their exact text: least recently used first out,
-    bounded by the characters it holds. Thread-safe (the budget is fitted in worker threads).
+def count_memo() -> TextMemo[int]:
+    """A counter's memo of token counts by exact text.
 
     Why: a RAG chat counts each source it may send, then the assembled prompt, and the same sources
     come back for the same (and for related) questions; tokenizing was a quarter of the ingress's
-    CPU in a repeated chat (docs/benchmarks.md, issue 28). A count is a pure function of the text,
-    so a remembered one is the count itself. Short texts (roles, the query) are remembered too: a
-    lookup costs a tenth of tiktoken's call, and the call lets go of the GIL, which a busy event loop
-    then holds for up to its switch interval. Pickles as an empty memo of the same bound (the
-    generator's counter travels to the ingress)."""
+    CPU in a repeated chat (docs/benchmarks.md, issue 28). Short texts (roles, the query) are
+    remembered too: a lookup costs a fraction of tiktoken's call, and the call lets go of the GIL,
+    which a busy event loop then holds for up to its switch interval. A counter pickles with an
+    empty memo (the generator's counter travels to the ingress)."""
+    return TextMemo(MEMO_UNITS, MEMO_MAX_TEXT_CHARS)
 
-    def __init__(self, max_chars: int = MEMO_CHARS):
-        if max_chars < 0:
-            raise ValueError("max_chars must be >= 0")
-        self._empty(max_chars)
 
-    def _empty(self, max_chars: int) -> None:
-        self.max_chars = max_chars
-        self._data: OrderedDict[str, int] = OrderedDict()
-        self._chars = 0
-        self._lock = threading.Lock()
+class _Remembering:
+    """A counter's memo, created when first used: a counter pickled before it had one (an older
+    replica's, during a rolling update) still counts."""
 
-    def length(self, text: str, count: Callable[[str], int]) -> int:
-        """``count(text)``, remembered unless ``text`` alone is larger than the memo."""
-        cost = len(text) + MEMO_ENTRY_CHARS
-        if cost > self.max_chars:
-            return count(text)
-        with self._lock:
-            n = self._data.get(text)
-            if n is not None:
-                self._data.move_to_end(text)
-                return n
-        n = count(text)  # outside the lock: two threads may count one text, never block each other
-        with self._lock:
-            if text not in self._data:
-                self._data[text] = n
-                self._chars += cost
-                while self._chars > self.max_chars:
-                    old, _ = self._data.popitem(last=False)
-                    self._chars -= len(old) + MEMO_ENTRY_CHARS
-        return n
-
-    def __len__(self) -> int:
-        return len(self._data)
+    _memo: TextMemo[int] | None = None
 
     @property
-    def chars(self) -> int:
-        """What the memo holds against its bound: its texts' characters and ``MEMO_ENTRY_CHARS`` each."""
-        return self._chars
+    def memo(self) -> TextMemo[int]:
+        if self._memo is None:
+            self._memo = count_memo()
+        return self._memo
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"max_chars": self.max_chars}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._empty(int(state["max_chars"]))
+    @memo.setter
+    def memo(self, value: TextMemo[int]) -> None:
+        self._memo = value
 
 
 def text_only(messages: Sequence[Message]) -> list[dict[str, str]]:
@@ -96,7 +66,7 @@ def text_only(messages: Sequence[Message]) -> list[dict[str, str]]:
     return [{"role": str(m.get("role", "user")), "content": message_text(m)} for m in messages]
 
 
-class HFTokenCounter:
+class HFTokenCounter(_Remembering):
     """The model's own tokenizer. Renders chats with ``render`` if given, else the tokenizer's
     chat template; a tokenizer with neither falls back to a plain ``role: content`` layout."""
 
@@ -106,7 +76,6 @@ class HFTokenCounter:
         self._tok = tokenizer
         self._render = render
         self.name = name or f"hf:{getattr(tokenizer, 'name_or_path', 'tokenizer')}"
-        self.memo = LengthMemo()
 
     def _encoded_length(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False))
@@ -114,7 +83,7 @@ class HFTokenCounter:
     def count_text(self, text: str) -> int:
         if not text:
             return 0
-        return self.memo.length(text, self._encoded_length)
+        return self.memo.get(text, self._encoded_length)
 
     def render(self, messages: Sequence[Message], *, grounded: bool = False) -> str:
         """The prompt string the model will be given for ``messages``; ``grounded`` as in the
@@ -128,10 +97,10 @@ class HFTokenCounter:
 
     def count_messages(self, messages: Sequence[Message], *, grounded: bool = False) -> int:
         # Rendered prompts carry their own special tokens (<bos>, turn markers) as text.
-        return self.memo.length(self.render(messages, grounded=grounded), self._encoded_length)
+        return self.memo.get(self.render(messages, grounded=grounded), self._encoded_length)
 
 
-class TiktokenCounter:
+class TiktokenCounter(_Remembering):
     """A tiktoken encoding with the per-message framing OpenAI documents for chat models:
     3 tokens a message, 1 more for a name, 3 to prime the reply."""
 
@@ -143,13 +112,12 @@ class TiktokenCounter:
     def __init__(self, encoding: Any):
         self._enc = encoding
         self.name = f"tiktoken:{encoding.name}"
-        self.memo = LengthMemo()
 
     def _encoded_length(self, text: str) -> int:
         return len(self._enc.encode(text, disallowed_special=()))
 
     def count_text(self, text: str) -> int:
-        return self.memo.length(text, self._encoded_length) if text else 0
+        return self.memo.get(text, self._encoded_length) if text else 0
 
     def count_messages(self, messages: Sequence[Message], *, grounded: bool = False) -> int:
         """OpenAI's framing has no answer label: ``grounded`` changes nothing."""

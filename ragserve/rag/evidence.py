@@ -23,18 +23,17 @@ every regex here matches runs of one character class or a bounded shape.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from ragserve.api.documents import Evidence, NodeWithScore
 from ragserve.ingest.sentence import sentence_spans
+from ragserve.memo import remembered
 from ragserve.store.lexical import STOPWORDS
 
 #: A passage with fewer words is no evidence (a heading, a code fragment, "No.").
@@ -328,37 +327,25 @@ def terms(text: str) -> list[str]:
     ]
 
 
-#: Texts whose terms (``term_set``) and model text (``model_text``) are remembered, each at most
-#: ``TEXT_MEMO_MAX_CHARS`` long (a window with its title): a source's sentences and windows come back
-#: with every question that retrieves it again, and reading them again was a seventh of the
-#: ingress's CPU in a repeated chat (docs/benchmarks.md, issue 28). ~10,000 × 1 KB at most each.
-TEXT_MEMO_SIZE = 10_000
+#: What the memos of ``term_set`` and ``model_text`` may hold each (``ragserve.memo.TextMemo``, in
+#: about bytes), for texts of at most ``TEXT_MEMO_MAX_CHARS`` (a window with its title): a source's
+#: sentences and windows come back with every question that retrieves it again, and reading them
+#: again was a seventh of the ingress's CPU in a repeated chat (docs/benchmarks.md, issue 28).
+TEXT_MEMO_UNITS = 8 * 1024 * 1024
 TEXT_MEMO_MAX_CHARS = MAX_WINDOW_CHARS + MAX_TITLE_CHARS + 8
-
-_T = TypeVar("_T")
-
-
-class _TextMemo(Generic[_T]):
-    """``fn(text)``, remembered (least recently used first out, ``size`` of them) for texts of at
-    most ``max_chars``; a longer text is read each time."""
-
-    def __init__(self, fn: Callable[[str], _T], size: int = TEXT_MEMO_SIZE, max_chars: int = TEXT_MEMO_MAX_CHARS):
-        self._fn = fn
-        self._max_chars = max_chars
-        self._cached = functools.lru_cache(maxsize=size)(fn)
-        functools.update_wrapper(self, fn)
-
-    def __call__(self, text: str) -> _T:
-        return self._cached(text) if len(text) <= self._max_chars else self._fn(text)
-
-    def cache_info(self) -> Any:
-        return self._cached.cache_info()
-
-    def cache_clear(self) -> None:
-        self._cached.cache_clear()
+#: What a set's slot and a short string's object cost besides its characters, about.
+_TERM_UNITS = 64
 
 
-@_TextMemo
+def _weigh_terms(value: frozenset[str]) -> int:
+    return sum(len(t) + _TERM_UNITS for t in value)
+
+
+def _weigh_text(value: str) -> int:
+    return len(value)
+
+
+@remembered(TEXT_MEMO_UNITS, TEXT_MEMO_MAX_CHARS, _weigh_terms)
 def term_set(text: str) -> frozenset[str]:
     """The set of ``terms(text)``."""
     return frozenset(terms(text))
@@ -448,18 +435,25 @@ def _joins(text: str, last: list[int], start: int) -> bool:
     return any((d := _directive(line.strip())) is not None and d[0] in _CODE_DIRECTIVES for line in gap)
 
 
-#: Sources whose passages and section titles are remembered (``_reading``), each of at most
-#: ``SOURCE_MEMO_MAX_CHARS``: the same chunks answer many questions. ~2,000 chunks of up to 16 KB.
-SOURCE_MEMO_SIZE = 2_000
+#: What the memo of sources' passages and section titles (``_reading``) may hold (about bytes), for
+#: sources of at most ``SOURCE_MEMO_MAX_CHARS``: the same chunks answer many questions.
+SOURCE_MEMO_UNITS = 32 * 1024 * 1024
 SOURCE_MEMO_MAX_CHARS = 16_384
+#: What a span's or a title's tuple and ints cost, about.
+_SPAN_UNITS = 100
+
+_Reading = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, str], ...]]
 
 
-def _read_source(text: str) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, str], ...]]:
+def _weigh_reading(value: _Reading) -> int:
+    spans, heads = value
+    return _SPAN_UNITS * (len(spans) + len(heads)) + sum(len(title) for _, title in heads)
+
+
+@remembered(SOURCE_MEMO_UNITS, SOURCE_MEMO_MAX_CHARS, _weigh_reading)
+def _reading(text: str) -> _Reading:
     """``passages(text)`` and ``section_titles(text)``, as tuples: a remembered reading is shared."""
     return tuple(passages(text)), tuple(section_titles(text))
-
-
-_reading = _TextMemo(_read_source, SOURCE_MEMO_SIZE, SOURCE_MEMO_MAX_CHARS)
 
 
 def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDATES) -> list[Candidate]:
@@ -531,7 +525,7 @@ def embed_text(c: Candidate) -> str:
     return model_text(f"{c.title}: {c.text}" if c.title else c.text)
 
 
-@_TextMemo
+@remembered(TEXT_MEMO_UNITS, TEXT_MEMO_MAX_CHARS, _weigh_text)
 def model_text(passage: str) -> str:
     """What the embedder and the term count read of a passage: its words without the markup
     around them (RST roles ``:attr:``, backticks, ``~``; ``MAX_CONTENT_LENGTH`` as three words)."""

@@ -387,7 +387,9 @@ SHAPES = [
 
 
 def _every_step(text: str, query: str) -> float:
-    """This thread's CPU seconds for every step a request runs over a source of ``text``."""
+    """This thread's CPU seconds for every step a request runs over a source of ``text``, nothing
+    of it remembered from an earlier call."""
+    _forget_readings()
     t0 = time.thread_time()
     prompt_text(text)
     passages(text)
@@ -409,32 +411,58 @@ def test_every_step_is_linear_on_a_megabyte_of_each_shape(unit: str) -> None:
     assert whole < 8 * max(quarter, 0.05), (quarter, whole)
 
 
-def test_the_terms_of_a_window_are_remembered_and_a_longer_text_is_read_each_time() -> None:
+def _forget_readings() -> None:
+    """Empty the memos of what evidence read (terms, model text, sources)."""
     from ragserve.rag import evidence
 
-    evidence.term_set.cache_clear()
+    for memoised in (evidence.term_set, evidence.model_text, evidence._reading):
+        memoised.memo.clear()
+
+
+def test_the_terms_of_a_window_are_remembered_and_a_longer_text_is_read_each_time(monkeypatch) -> None:
+    from ragserve.rag import evidence
+
+    _forget_readings()
     window = "The pumps on line 3 are serviced every 30 minutes; caching settings are configured."
     assert evidence.term_set(window) == frozenset(evidence.terms(window))
     assert evidence.term_set(window) is evidence.term_set(window)  # the same set: remembered
     long_text = "word " * (evidence.TEXT_MEMO_MAX_CHARS // 5 + 1)
     assert evidence.term_set(long_text) == frozenset(evidence.terms(long_text))
-    assert evidence.term_set.cache_info().currsize == 1  # only the window is kept
-    assert evidence.term_set.cache_info().maxsize == evidence.TEXT_MEMO_SIZE
+    assert len(evidence.term_set.memo) == 1 and window in evidence.term_set.memo  # only the window is kept
     marked = "Set :attr:`cache_size` to ``0`` ~ off."
     assert evidence.model_text(marked) == evidence.model_text(marked) and "`" not in evidence.model_text(marked)
-    assert evidence.model_text.cache_info().hits >= 1
-    # what term_overlap and coverage read from them is what reading the texts again gives
+    assert evidence.model_text.memo.hits >= 1
+    # what term_overlap and coverage read from remembered terms is what reading every text afresh gives
     texts = [window, "Nothing about it here.", "Pumps are serviced weekly."]
     query = "How often are the pumps serviced?"
-    first = (evidence.term_overlap(query, texts), evidence.coverage(query, texts))
-    evidence.term_set.cache_clear()
-    assert (evidence.term_overlap(query, texts), evidence.coverage(query, texts)) == first
+    for t in texts:
+        evidence.term_set(t)
+    remembered = (evidence.term_overlap(query, texts), evidence.coverage(query, texts))
+    assert evidence.term_set.memo.hits >= len(texts)
+    monkeypatch.setattr(evidence, "term_set", evidence.term_set.__wrapped__)  # no memo at all
+    assert (evidence.term_overlap(query, texts), evidence.coverage(query, texts)) == remembered
+
+
+def test_the_evidence_memos_are_bounded_by_what_they_hold() -> None:
+    """Texts of the worst shape for a memo (each a window of distinct short words: the largest term
+    sets) fill it to its bound in units, never past it."""
+    from ragserve.rag import evidence
+
+    _forget_readings()
+    memo = evidence.term_set.memo
+    size = evidence.TEXT_MEMO_MAX_CHARS
+    for i in range(12_000):
+        words = " ".join(f"w{i}x{j}" for j in range(size // 12))
+        evidence.term_set(words[:size])
+        assert memo.units <= memo.max_units
+    assert memo.units > memo.max_units * 0.9 and len(memo) < 12_000
+    _forget_readings()
 
 
 def test_a_source_read_again_gives_the_same_candidates_from_its_remembered_reading() -> None:
     from ragserve.rag import evidence
 
-    evidence._reading.cache_clear()
+    _forget_readings()
     text = (
         "Configuration\n=============\n\nSet PUMP_INTERVAL to 30 minutes. The night shift checks it.\n\n"
         "Run this:\n\n    $ pumpctl service --line 3\n\n# Deployment\n\nDeploy with the usual tool, twice a year."
@@ -442,10 +470,10 @@ def test_a_source_read_again_gives_the_same_candidates_from_its_remembered_readi
     nodes = [NodeWithScore(doc_id="d", node_id="n1", text=text, score=0.9)]
     first = evidence.candidates(nodes)
     again = evidence.candidates(nodes)
-    assert again == first and evidence._reading.cache_info().hits == 1
-    evidence._reading.cache_clear()
+    assert again == first and evidence._reading.memo.hits == 1
+    _forget_readings()
     assert evidence.candidates(nodes) == first  # read afresh: the same
     assert [text[s:e] for s, e in evidence._reading(text)[0]] == [text[s:e] for s, e in evidence.passages(text)]
     huge = "A sentence about pumps and lines. " * (evidence.SOURCE_MEMO_MAX_CHARS // 30)
     evidence.candidates([NodeWithScore(doc_id="d", node_id="n2", text=huge, score=0.8)])
-    assert evidence._reading.cache_info().currsize == 1  # a source larger than the bound is not kept
+    assert len(evidence._reading.memo) == 1 and huge not in evidence._reading.memo  # larger than the bound
