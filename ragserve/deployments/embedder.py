@@ -20,6 +20,7 @@ from ray.serve import metrics
 from ragserve import tracing
 from ragserve.config import Settings, secret
 from ragserve.deployments.common import as_settings, log
+from ragserve.deployments.telemetry import CounterBatch
 from ragserve.hardware import release_free_memory
 from ragserve.models.embeddings import LocalEmbeddingModel, RemoteEmbeddingModel, document_workers
 from ragserve.models.tokenizers import ApproxTokenCounter
@@ -46,6 +47,7 @@ class Embedder:
         self._queries_in_flight = 0
         self._approx = ApproxTokenCounter("the remote embedding model's tokenizer is not available here")
         self.cache: TTLCache[np.ndarray] = TTLCache(s.embedding_cache_size, s.embedding_cache_ttl_s)
+        self._counts = CounterBatch()
         self._hits = metrics.Counter("ragserve_embedding_cache_hits", "Query-embedding cache hits.")
         self._misses = metrics.Counter("ragserve_embedding_cache_misses", "Query-embedding cache misses.")
         self._latency = metrics.Histogram(
@@ -76,7 +78,7 @@ class Embedder:
             vec, hit = await self.cache.get_or_compute(key, lambda: self._encode_query(text))
             if tracing.ENABLED:
                 span.set_attribute("ragserve.cache_hit", hit)
-        (self._hits if hit else self._misses).inc()
+        self._counts.inc(self._hits if hit else self._misses)
         return vec
 
     async def _encode_query(self, text: str) -> np.ndarray:
@@ -116,6 +118,12 @@ class Embedder:
             "cache_hits": self.cache.hits,
             "cache_misses": self.cache.misses,
         }
+
+    def __del__(self) -> None:
+        """At the replica's shutdown: the counts of its last second reach Ray."""
+        counts = getattr(self, "_counts", None)
+        if counts is not None:
+            counts.close()
 
     def tokenizer(self) -> Any:
         """The embedding model's tokenizer, for sizing chunks in the ingress (pickled once)."""

@@ -136,3 +136,9 @@ class Ingress:
 
     async def check_health(self) -> None:
         await self.pool.wait_ready()
+
+    def __del__(self) -> None:
+        """At the replica's shutdown: the counts of its last second (usage included) reach Ray."""
+        telemetry = getattr(self, "telemetry", None)
+        if telemetry is not None:
+            telemetry.batch.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
 import weakref
 from typing import Any, Protocol
@@ -20,6 +22,7 @@ def _tags(*keys: str) -> dict[str, Any]:
 #: How often counted increments reach Ray's metrics (``CounterBatch``). Ray's agent exports every
 #: few seconds and Prometheus scrapes every 10-15: a second more is invisible to a dashboard.
 FLUSH_S = 1.0
+log = logging.getLogger("ragserve.telemetry")
 
 
 class _Incrementable(Protocol):
@@ -47,6 +50,15 @@ class CounterBatch:
         thread.start()
 
     def inc(self, counter: _Incrementable, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
+        """Count ``value`` under ``tags`` (str to str). Zero counts nothing; a value Ray's
+        ``Counter.inc`` would refuse (negative, not finite, not a number) or a tag that is not a str
+        is refused here, where it is counted, so that the flush that sums it cannot fail on it."""
+        if isinstance(value, int | float) and value == 0:
+            return
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            raise ValueError(f"a counter's increment must be a finite number > 0, not {value!r}")
+        if tags and not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
+            raise TypeError(f"a counter's tags must be str to str, not {tags!r}")
         key = (id(counter), tuple(sorted(tags.items())) if tags else ())
         with self._lock:
             entry = self._pending.get(key)
@@ -56,10 +68,15 @@ class CounterBatch:
                 entry[1] += value
 
     def flush(self) -> None:
+        """Hand each sum to its counter. One that fails is logged and dropped: the others, and the
+        flushes after it, still go out."""
         with self._lock:
             pending, self._pending = self._pending, {}
         for counter, value, tags in pending.values():
-            counter.inc(value, tags=tags)
+            try:
+                counter.inc(value, tags=tags)
+            except Exception:
+                log.exception("a metric counter refused %r with tags %r; dropped", value, tags)
 
     def close(self) -> None:
         """Flush what is counted and stop the thread."""
@@ -75,7 +92,10 @@ def _flush_every(batch: weakref.ref[CounterBatch], stop: threading.Event, flush_
         alive = batch()
         if alive is None:
             return
-        alive.flush()
+        try:
+            alive.flush()
+        except Exception:  # never end the thread: no counter would reach Ray again
+            log.exception("flushing the metric counters failed")
         del alive
 
 

@@ -4,9 +4,12 @@ set, from its own thread within a flush period, and on ``flush``/``close``."""
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from typing import Any
+
+import pytest
 
 from ragserve.deployments.telemetry import CounterBatch
 
@@ -86,3 +89,95 @@ def test_close_flushes_what_is_left_and_the_thread_ends_with_its_batch() -> None
     del dropped
     gc.collect()
     assert _wait(lambda: {t for t in threading.enumerate() if t.name == "metric-counter-flush"} <= before)
+
+
+class RefusingCounter(RecordingCounter):
+    """A counter that refuses one value, as Ray's may refuse what it does not expect."""
+
+    def inc(self, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
+        if value == 13:
+            raise RuntimeError("refused")
+        super().inc(value, tags)
+
+
+def test_a_value_or_tag_ray_would_refuse_is_refused_where_it_is_counted() -> None:
+    batch = CounterBatch(flush_s=3600)
+    counter = RecordingCounter()
+    for bad in (-1, float("nan"), float("inf"), "3", None):
+        with pytest.raises(ValueError):
+            batch.inc(counter, bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        batch.inc(counter, tags={"status": 200})  # type: ignore[dict-item]
+    batch.inc(counter, 0)  # nothing to count
+    batch.close()
+    assert counter.calls == []
+
+
+def test_a_counter_that_fails_neither_loses_the_others_nor_ends_the_thread(caplog) -> None:
+    batch = CounterBatch(flush_s=0.02)
+    refusing, good = RefusingCounter(), RecordingCounter()
+    batch.inc(refusing, 13)
+    batch.inc(good, 2)
+    with caplog.at_level(logging.ERROR, logger="ragserve.telemetry"):
+        assert _wait(lambda: good.calls == [(2, {})])
+        assert _wait(lambda: "refused" in caplog.text)
+    batch.inc(refusing, 1)
+    batch.inc(good, 3)  # a later flush of the same thread still goes out
+    assert _wait(lambda: good.calls == [(2, {}), (3, {})] and refusing.calls == [(1, {})])
+    batch.close()
+
+
+class _FakeMetrics:
+    """``ray.serve.metrics`` as ``ServeTelemetry`` builds on it, recording what reaches it."""
+
+    def __init__(self) -> None:
+        self.counters: dict[str, RecordingCounter] = {}
+        self.observed: dict[str, list[float]] = {}
+        fake = self
+
+        class Counter(RecordingCounter):
+            def __init__(self, name: str, description: str = "", tag_keys: Any = ()) -> None:
+                super().__init__()
+                fake.counters[name] = self
+
+        class Histogram:
+            def __init__(self, name: str, description: str = "", boundaries: Any = (), tag_keys: Any = ()) -> None:
+                self.name = name
+
+            def observe(self, value: float, tags: dict[str, str] | None = None) -> None:
+                fake.observed.setdefault(self.name, []).append(value)
+
+        self.Counter = Counter
+        self.Histogram = Histogram
+
+
+def test_serve_telemetry_counts_through_its_batch(monkeypatch) -> None:
+    from ragserve.deployments import clients, telemetry
+
+    fake = _FakeMetrics()
+    monkeypatch.setattr(telemetry, "metrics", fake)
+    monkeypatch.setattr(clients, "metrics", fake, raising=False)
+    tel = telemetry.ServeTelemetry()
+    for _ in range(3):
+        tel.request("/retrieve", 200, "rag", "")
+    tel.usage("team-a", "kb", "prompt_tokens", 120)
+    tel.usage("team-a", "kb", "prompt_tokens", 30)
+    tel.answer_cache("hit")
+    tel.chat_tokens(100, 20, 0)
+    tel.latency("retrieve", 0.012)
+    counted = clients.query_cache_counters(tel.batch)
+    counted(True)
+    counted(False)
+    counted(True)
+    assert all(c.calls == [] for c in fake.counters.values())  # nothing reaches Ray per request
+    assert fake.observed["ragserve_stage_latency_ms"] == [12.0]  # histograms are observed at once
+    tel.batch.close()
+    requests = {(("mode", "rag"), ("reason", ""), ("route", "/retrieve"), ("status", "200")): 3}
+    assert fake.counters["ragserve_requests"].totals() == requests
+    tokens = {(("index", "kb"), ("key", "team-a"), ("kind", "prompt")): 150}
+    assert fake.counters["ragserve_usage_tokens"].totals() == tokens
+    assert fake.counters["ragserve_answer_cache_hits"].calls == [(1, {})]
+    assert fake.counters["ragserve_history_messages_dropped"].calls == []
+    hits = [c for name, c in fake.counters.items() if "query" in name and "hit" in name]
+    misses = [c for name, c in fake.counters.items() if "query" in name and "miss" in name]
+    assert [c.calls for c in hits] == [[(2, {})]] and [c.calls for c in misses] == [[(1, {})]]
