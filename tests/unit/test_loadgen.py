@@ -47,10 +47,15 @@ def test_a_closed_loop_counts_completions_in_its_window_and_cold_queries_differ(
     base, seen = server
     seen.clear()
     spec = LoadSpec(
-        url=f"{base}/echo", body={"q": "{q}", "nested": ["{q}"]}, queries=["alpha"], concurrency=3, duration_s=0.6
+        url=f"{base}/echo",
+        body={"q": "{q}", "nested": ["{q}"]},
+        queries=["alpha"],
+        concurrency=3,
+        duration_s=1.5,
     )
     out = asyncio.run(run(spec))
-    assert out["ok"] > 10 and out["errors"] == {} and out["rps"] == pytest.approx(out["ok"] / 0.6)
+    # a few at least, even on a machine the other tests keep busy (a 0.6 s window once counted none)
+    assert out["ok"] >= 3 and out["errors"] == {} and out["rps"] == pytest.approx(out["ok"] / 1.5)
     assert out["p50_ms"] <= out["p99_ms"]
     texts = [b["q"] for b in seen]
     assert len(set(texts)) == len(texts) and all(t.startswith("alpha ") for t in texts)  # every one different
