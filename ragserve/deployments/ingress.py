@@ -41,6 +41,8 @@ class Ingress:
         tracing.configure("ingress")  # on when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
         self.settings = s = as_settings(settings)
         check_exposure(await proxy_host(), bool(s.api_keys), s.allow_unauthenticated)
+        # the shard actors start (a process and its imports each) while the embedder's replica does
+        shards = get_or_create_shards(s)
         info = await embedder.info.remote()
         self.query_embedding = choose_query_embedding(
             s.query_embedding, remote=info["remote"], device=info["device"], params=info["params"]
@@ -61,7 +63,7 @@ class Ingress:
             client = EngineClient(make_engine(s), s.context_window)
             self.llm = client
             llm_ready = client.start()
-        self.pool = RayShardPool(await reconcile_shards(s, get_or_create_shards(s)))
+        self.pool = RayShardPool(await reconcile_shards(s, shards))
         self.services: Services = build_services(
             s,
             pool=self.pool,
