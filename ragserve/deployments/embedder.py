@@ -100,8 +100,8 @@ class Embedder:
         return vecs
 
     async def count_tokens(self, texts: list[str]) -> int:
-        if isinstance(self.model, LocalEmbeddingModel):
-            return self.model.count_tokens(texts)
+        if isinstance(self.model, LocalEmbeddingModel):  # off the replica's event loop: 1 MB is seconds
+            return int(await self._workers.run(self.model.count_tokens, texts))
         return sum(self._approx.count_text(t) for t in texts)
 
     def info(self) -> dict[str, Any]:

@@ -30,6 +30,9 @@ MEMO_UNITS = 4_000_000
 #: A text longer than this is counted and not remembered: an unusually large prompt would evict
 #: every remembered source, and is seldom sent twice.
 MEMO_MAX_TEXT_CHARS = 64 * 1024
+#: The pieces a text is counted in when tiktoken refuses it whole (a run of whitespace too long for
+#: its regex: 300,000 spaces pass, 1,000,000 do not).
+TIKTOKEN_PIECE_CHARS = 100_000
 
 
 def count_memo() -> TextMemo[int]:
@@ -114,7 +117,15 @@ class TiktokenCounter(_Remembering):
         self.name = f"tiktoken:{encoding.name}"
 
     def _encoded_length(self, text: str) -> int:
-        return len(self._enc.encode(text, disallowed_special=()))
+        try:
+            return len(self._enc.encode(text, disallowed_special=()))
+        except ValueError:
+            # tiktoken's regex gives up on a very long run of whitespace ("Max stack size exceeded
+            # for backtracking", ~1 M spaces): count it in pieces, off by at most a token a cut
+            step = TIKTOKEN_PIECE_CHARS
+            return sum(
+                len(self._enc.encode(text[i : i + step], disallowed_special=())) for i in range(0, len(text), step)
+            )
 
     def count_text(self, text: str) -> int:
         return self.memo.get(text, self._encoded_length) if text else 0

@@ -33,4 +33,4 @@ class InProcessEmbedder:
         return (await asyncio.to_thread(self.model.encode, [text]))[0]
 
     async def count_tokens(self, texts: list[str]) -> int:
-        return sum(len(self.model.tokenizer.encode(t)) for t in texts)
+        return await asyncio.to_thread(self.model.count_tokens, texts)  # seconds for 1 MB: off the loop

@@ -172,3 +172,19 @@ def test_a_counter_counts_an_unusually_long_text_without_keeping_it(counters) ->
         n = counter.count_text(long_text)
         assert n == counter._encoded_length(long_text) and long_text not in counter.memo
         assert TEXTS[2] in counter.memo and len(counter.memo) == before
+
+
+def test_tiktoken_counts_a_run_of_whitespace_too_long_for_its_regex() -> None:
+    """tiktoken refuses ~1 M spaces whole ("Max stack size exceeded for backtracking"): the count
+    is taken in pieces instead of a 500, and a chat holding such a run is counted too."""
+    encoding = load_tiktoken_encoding()
+    assert encoding is not None
+    counter = TiktokenCounter(encoding)
+    for blank in (" ", "\t", "\u3000"):
+        text = "a" + blank * 1_000_000 + "b"
+        n = counter.count_text(text)
+        assert 2 < n <= len(text)
+        pieces = -(-len(text) // 100_000)
+        whole = sum(counter.count_text(text[i : i + 100_000]) for i in range(0, len(text), 100_000))
+        assert abs(n - whole) <= pieces
+        assert counter.count_messages([{"role": "user", "content": text}]) > n
