@@ -10,6 +10,7 @@ their bodies with :func:`error_bytes`, so their shape is the same.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, MutableMapping
 from typing import Any
@@ -24,6 +25,8 @@ from ragserve.api.values import json_error_message
 from ragserve.errors import EngineError, ServiceError
 from ragserve.service.usage import Decision, RateLimitError
 from ragserve.telemetry import Telemetry
+
+log = logging.getLogger("ragserve.http")
 
 #: What the OpenAPI document lists for the errors of each kind of route.
 _ERRORS = {
@@ -173,6 +176,18 @@ def install_error_handlers(app: FastAPI, telemetry: Telemetry) -> None:
         if isinstance(exc, EngineError) and exc.status >= 500:
             telemetry.upstream_error(exc.type)
         return error_response(request, exc)
+
+    @app.exception_handler(Exception)
+    async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # A defect, not a client mistake: a 500 in the route's error shape, the details in the log
+        # only (Starlette re-raises it after this answer, so the server logs its traceback too).
+        log.error("unexpected %s on %s", type(exc).__name__, route_path(request.scope))
+        body = error_model(
+            route_path(request.scope),
+            "internal server error; its details are in the server's log",
+            type_="server_error",
+        )
+        return JSONResponse(body.model_dump(), status_code=500)
 
 
 async def send_error(send: Any, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
