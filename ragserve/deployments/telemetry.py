@@ -50,15 +50,16 @@ class CounterBatch:
         thread.start()
 
     def inc(self, counter: _Incrementable, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
-        """Count ``value`` under ``tags`` (str to str). Zero counts nothing; a value Ray's
-        ``Counter.inc`` would refuse (negative, not finite, not a number) or a tag that is not a str
-        is refused here, where it is counted, so that the flush that sums it cannot fail on it."""
-        if isinstance(value, int | float) and value == 0:
+        """Count ``value`` under ``tags``. Metrics never fail a request: zero counts nothing, and a
+        value Ray's ``Counter.inc`` would refuse (negative, not finite, not a number) is logged and
+        dropped here, where it is counted; tag values are made str, so the flush cannot fail on them."""
+        if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            log.warning("a metric counter was given %r; not counted", value)
             return
-        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-            raise ValueError(f"a counter's increment must be a finite number > 0, not {value!r}")
+        if value == 0:
+            return
         if tags and not all(isinstance(k, str) and isinstance(v, str) for k, v in tags.items()):
-            raise TypeError(f"a counter's tags must be str to str, not {tags!r}")
+            tags = {str(k): str(v) for k, v in tags.items()}
         key = (id(counter), tuple(sorted(tags.items())) if tags else ())
         with self._lock:
             entry = self._pending.get(key)
