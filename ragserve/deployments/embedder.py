@@ -120,7 +120,7 @@ class Embedder:
         }
 
     def __del__(self) -> None:
-        """At the replica's shutdown: the counts of its last second reach Ray."""
+        """At the replica's shutdown: the counts of its last second are recorded in Ray's metrics."""
         counts = getattr(self, "_counts", None)
         if counts is not None:
             counts.close()

@@ -140,7 +140,7 @@ class Ingress:
         await self.pool.wait_ready()
 
     def __del__(self) -> None:
-        """At the replica's shutdown: the counts of its last second (usage included) reach Ray."""
+        """At the replica's shutdown: the counts of its last second (usage included) are recorded in Ray's metrics."""
         telemetry = getattr(self, "telemetry", None)
         if telemetry is not None:
             telemetry.batch.close()
