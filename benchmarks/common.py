@@ -377,7 +377,7 @@ class PrecomputedEmbedder:
         self._by_text = {t: v for t, v in zip(texts, vectors, strict=True)}
         self.model = model
 
-    async def embed_documents(self, texts: list[str]) -> np.ndarray:
+    async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> np.ndarray:
         return np.stack([self._by_text[t] for t in texts])
 
     async def embed_query(self, text: str) -> np.ndarray:

@@ -944,8 +944,8 @@ class EmbedderDocuments:
         self.batch_size = batch_size
         self.workers = document_workers(model)
 
-    async def embed_documents(self, texts: list[str]) -> Any:
-        return await self.workers.encode(texts, self.batch_size)
+    async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> Any:
+        return await self.workers.encode(texts, self.batch_size, bulk=bulk)
 
     async def embed_query(self, text: str) -> Any:
         return (await self.workers.run(self.model.encode, [text]))[0]
@@ -1003,7 +1003,7 @@ class FreeEmbedder:
         vectors = np.random.default_rng(seed).normal(size=(4096, model.dim)).astype(np.float32)
         self._vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
-    async def embed_documents(self, texts: list[str]) -> Any:
+    async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> Any:
         return self._vectors[[i % len(self._vectors) for i in range(len(texts))]]
 
     async def embed_query(self, text: str) -> Any:

@@ -56,7 +56,10 @@ class TextEmbedder(Protocol):
     """Turns texts into L2-normalised float32 vectors (one row per text) and counts the embedding
     model's tokens (``/v1/embeddings`` usage)."""
 
-    async def embed_documents(self, texts: list[str]) -> np.ndarray: ...
+    async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> np.ndarray:
+        """``bulk``: an ingestion's batches, which wait while interactive work (a query, a chat's
+        passages, ``/v1/embeddings``) goes first (``ragserve.models.embeddings.EncodeWorkers``)."""
+        ...
 
     async def embed_query(self, text: str) -> np.ndarray: ...
 

@@ -73,8 +73,8 @@ class HandleEmbedder:
         self._cache: TTLCache[np.ndarray] = TTLCache(cache_size, cache_ttl_s)
         self._on_lookup = on_lookup
 
-    async def embed_documents(self, texts: list[str]) -> np.ndarray:
-        return await self._h.embed_documents.remote(texts, **traced())
+    async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> np.ndarray:
+        return await self._h.embed_documents.remote(texts, bulk=bulk, **traced())
 
     async def embed_query(self, text: str) -> np.ndarray:
         vec, hit = await self._cache.get_or_compute(

@@ -3,8 +3,8 @@
 Queries from concurrent requests are gathered by ``@serve.batch`` into one model call; a query
 that arrives alone skips the batch queue (waiting for company that is not coming would only add
 the batch wait to its latency). Documents arrive already in batches; ``EncodeWorkers`` encodes
-them on a worker thread per core, a batch each (``embedding_workers``). Query vectors are cached
-(LRU + TTL) by model and normalised text.
+them on a worker thread per core, a batch each (``embedding_workers``), an ingestion's (``bulk``)
+after any query or passage waiting. Query vectors are cached (LRU + TTL) by model and normalised text.
 """
 
 from __future__ import annotations
@@ -60,9 +60,9 @@ class Embedder:
             "embedder ready: model=%s dim=%d workers=%d", self.model.model_id, self.model.dim, self._workers.workers
         )
 
-    async def _encode(self, texts: list[str], kind: str) -> np.ndarray:
+    async def _encode(self, texts: list[str], kind: str, bulk: bool = False) -> np.ndarray:
         t0 = time.perf_counter()
-        vecs = await self._workers.encode(texts, self.batch_size)
+        vecs = await self._workers.encode(texts, self.batch_size, bulk=bulk)
         self._latency.observe((time.perf_counter() - t0) * 1000, tags={"kind": kind})
         return vecs
 
@@ -91,12 +91,15 @@ class Embedder:
         finally:
             self._queries_in_flight -= 1
 
-    async def embed_documents(self, texts: list[str], trace: Mapping[str, str] | None = None) -> np.ndarray:
+    async def embed_documents(
+        self, texts: list[str], trace: Mapping[str, str] | None = None, bulk: bool = False
+    ) -> np.ndarray:
+        """``bulk`` (an ingestion's batches): its parts wait while queries and passages go first."""
         attributes = {"ragserve.texts": len(texts)} if tracing.ENABLED else None
         with tracing.remote_span("embedder.embed_documents", trace, attributes):
-            vecs = await self._encode(texts, "documents")
+            vecs = await self._encode(texts, "documents", bulk)
         # a batch of long documents leaves its activations' pages in the C heap: give them back
-        await self._workers.run(release_free_memory)
+        await self._workers.run(release_free_memory, bulk=bulk)
         return vecs
 
     async def count_tokens(self, texts: list[str]) -> int:

@@ -7,6 +7,8 @@ Both return L2-normalised float32 vectors, so inner product is cosine similarity
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import json
 import logging
 import threading
@@ -287,7 +289,7 @@ class LocalEmbeddingModel:
 
 
 class EncodeWorkers:
-    """Encodes document batches on ``workers`` threads side by side, one batch each.
+    """Encodes on ``workers`` threads side by side, one part each, interactive work first.
 
     On a CPU the alternative, one batch at a time on a team of torch threads, loses far more
     than its share whenever another process takes a core: the team meets at a barrier after
@@ -296,15 +298,31 @@ class EncodeWorkers:
     ~0.3 of a core taken by other processes: 81 chunks/s as a team of two, 97 as two workers;
     115 against 111 on an idle machine (docs/benchmarks.md, ingestion).
 
-    A call's texts are sorted by length and cut into batches of ``batch_size`` (similar lengths:
+    A call's texts are sorted by length and cut into parts of ``batch_size`` (similar lengths:
     little padding), or into one part per worker when there are fewer batches than workers, so
-    a single request still uses every worker. Queries go through ``run`` (one worker each).
-    A model that is not ``concurrent`` gets one worker."""
+    a single request still uses every worker. A model that is not ``concurrent`` gets one worker.
+
+    **Who goes first.** Each part takes a worker only when one is free, and waiting work is
+    started in priority order: interactive work (a query, a chat's passages, a token count) before
+    ``bulk`` work (an ingestion's batches), each in arrival order, and among bulk calls the first
+    parts of each before the second parts of any (they take turns: a small document is not queued
+    behind every part of a large one). So a megabyte of document, a few thousand chunks and
+    minutes of one core, delays a query by at most the part a worker is already encoding, instead
+    of queueing it behind every one of its chunks; and a caller that is
+    cancelled (its client left) takes its parts not yet started out of the queue: only the parts
+    already on a worker finish. Any thread and any event loop may call; each part holds its worker
+    until its thread is done, also when its caller was cancelled meanwhile."""
+
+    INTERACTIVE, BULK = 0, 1
 
     def __init__(self, model: Any, workers: int):
         self.model = model
         self.workers = workers if getattr(model, "concurrent", False) else 1
         self._executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="embed")
+        self._lock = threading.Lock()
+        self._free = self.workers  # > 0 only while nothing waits
+        self._waiting: list[tuple[tuple[int, int], int, asyncio.Future[None]]] = []  # heap: (priority, arrival, turn)
+        self._arrivals = itertools.count()
 
     def parts(self, texts: list[str], batch_size: int) -> list[list[int]]:
         """Positions of ``texts`` in the parts encoded side by side, longest texts first."""
@@ -314,18 +332,64 @@ class EncodeWorkers:
             size = max(1, -(-len(texts) // self.workers))
         return [order[i : i + size] for i in range(0, len(order), size)]
 
-    async def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+    async def encode(self, texts: list[str], batch_size: int, *, bulk: bool = False) -> np.ndarray:
         parts = self.parts(texts, batch_size)
         if len(parts) <= 1:
-            return await self.run(self.model.encode, texts, batch_size)
-        done = await asyncio.gather(*(self.run(self.model.encode, [texts[i] for i in p], batch_size) for p in parts))
+            return await self.run(self.model.encode, texts, batch_size, bulk=bulk)
+        done = await asyncio.gather(
+            *(
+                self.run(self.model.encode, [texts[i] for i in p], batch_size, bulk=bulk, turn=k)
+                for k, p in enumerate(parts)
+            )
+        )
         out = np.empty((len(texts), self.model.dim), dtype=np.float32)
         for p, vecs in zip(parts, done, strict=True):
             out[p] = vecs
         return out
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+    async def run(self, fn: Callable[..., Any], *args: Any, bulk: bool = False, turn: int = 0) -> Any:
+        """``fn(*args)`` on a worker, once one is free and no work before it in line waits: interactive
+        work first, then bulk work by ``turn`` (a call's k-th part), each in arrival order."""
+        await self._take((self.BULK, turn) if bulk else (self.INTERACTIVE, 0))
+        try:
+            job = self._executor.submit(fn, *args)
+        except BaseException:
+            self._give_back()
+            raise
+        job.add_done_callback(lambda _: self._give_back())  # when the thread is done, not the caller
+        return await asyncio.wrap_future(job)
+
+    async def _take(self, priority: tuple[int, int]) -> None:
+        with self._lock:
+            if self._free > 0:
+                self._free -= 1
+                return
+            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiting, (priority, next(self._arrivals), turn))
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # given a worker just as it was cancelled
+                self._give_back()
+            raise  # a turn cancelled while it waits is passed over by ``_hand``
+
+    def _give_back(self) -> None:
+        """A worker is free: to the first in line (on its own loop), else back to the pool."""
+        with self._lock:
+            if not self._waiting:
+                self._free += 1
+                return
+            _, _, turn = heapq.heappop(self._waiting)
+        try:
+            turn.get_loop().call_soon_threadsafe(self._hand, turn)
+        except RuntimeError:  # its loop is closed: nobody is left to wait on it
+            self._give_back()
+
+    def _hand(self, turn: asyncio.Future[None]) -> None:
+        if turn.done():  # its caller was cancelled while it waited: the next in line gets the worker
+            self._give_back()
+        else:
+            turn.set_result(None)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)

@@ -49,6 +49,10 @@ from ragserve.service.snapshots import Snapshots
 from ragserve.store import ChunkWrite, DocumentWrite, StoredDocument
 
 MAX_CONTENT_ID_ATTEMPTS = 16
+#: Embedding batches of one request in flight at once: enough to keep a few embedder replicas busy,
+#: few enough that a request of thousands of chunks neither fills the embedder's queue (other
+#: requests' batches take turns with its next ones) nor goes on being sent once it is cancelled.
+EMBED_BATCHES_IN_FLIGHT = 4
 _CONTENT_NAMESPACE = uuid.UUID("0b6f1f0e-7c3a-4d52-9b1e-2f8a64c1d9e3")
 
 
@@ -94,6 +98,7 @@ class DocumentService:
         storage_dir: str | Path,
         embedding_model: str = "",
         embed_batch: int = 128,
+        embed_in_flight: int = EMBED_BATCHES_IN_FLIGHT,
         retriever: Retriever | None = None,
     ):
         self.pool = pool
@@ -102,6 +107,7 @@ class DocumentService:
         self.storage_dir = Path(storage_dir)
         self.embedding_model = embedding_model
         self.embed_batch = embed_batch
+        self.embed_in_flight = max(1, embed_in_flight)
         self.retriever = retriever or Retriever(pool, embedder)
         self.snapshots = Snapshots(pool, storage_dir, index_exists=self.index_exists, embedding_model=embedding_model)
 
@@ -186,10 +192,32 @@ class DocumentService:
             seen[doc_id] = i
 
     async def _embed_chunks(self, prepared: Sequence[_Prepared]) -> dict[str, list[ChunkWrite]]:
-        """Embed every chunk of ``prepared`` in batches sent concurrently (replicas share the work)."""
+        """Embed every chunk of ``prepared`` in batches, ``embed_in_flight`` of them at a time
+        (replicas share the work), each as ``bulk`` work: queries and chats' passages go first in the
+        embedder. Cancelled (its client left), it sends no more batches."""
         flat = [(p.doc_id, i, t) for p in prepared for i, t in enumerate(p.chunk_texts)]
         batches = [flat[i : i + self.embed_batch] for i in range(0, len(flat), self.embed_batch)]
-        vectors = await asyncio.gather(*(self._embed_batch([t for _, _, t in b]) for b in batches))
+        turns = asyncio.Semaphore(self.embed_in_flight)
+        failed = False
+
+        async def embed(batch: list[tuple[str, int, str]]) -> Any:
+            nonlocal failed
+            async with turns:
+                if failed:  # woken by the batch that failed: the request's answer is that failure
+                    return None
+                try:
+                    return await self._embed_batch([t for _, _, t in batch])
+                except BaseException:
+                    failed = True
+                    raise
+
+        sent = [asyncio.ensure_future(embed(b)) for b in batches]
+        try:
+            vectors = await asyncio.gather(*sent)
+        except BaseException:  # one failed, or this was cancelled: the others send nothing more
+            for task in sent:
+                task.cancel()
+            raise
         out: dict[str, list[ChunkWrite]] = {p.doc_id: [] for p in prepared}
         for batch, vecs in zip(batches, vectors, strict=True):
             for (doc_id, i, text), vec in zip(batch, vecs, strict=True):
@@ -205,7 +233,7 @@ class DocumentService:
 
     async def _embed_batch(self, texts: list[str]) -> Any:
         with tracing.span("embedding.documents", {"ragserve.texts": len(texts)} if tracing.ENABLED else None):
-            return await self.embedder.embed_documents(texts)
+            return await self.embedder.embed_documents(texts, bulk=True)
 
     @staticmethod
     def _as_write(p: _Prepared, chunks: list[ChunkWrite], doc_id: str | None = None) -> DocumentWrite:

@@ -83,8 +83,8 @@ class InProcessQueryEmbedder:
             self._on_lookup(hit)
         return vec
 
-    async def embed_documents(self, texts: list[str]) -> np.ndarray:
-        return await self._documents.embed_documents(texts)
+    async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> np.ndarray:
+        return await self._documents.embed_documents(texts, bulk=bulk)
 
     async def count_tokens(self, texts: list[str]) -> int:
         return await self._documents.count_tokens(texts)

@@ -30,9 +30,9 @@ class SlowEmbedder:
     def __init__(self, inner, delay_s: float):
         self.inner, self.delay_s = inner, delay_s
 
-    async def embed_documents(self, texts):
+    async def embed_documents(self, texts, *, bulk=False):
         await asyncio.sleep(self.delay_s)
-        return await self.inner.embed_documents(texts)
+        return await self.inner.embed_documents(texts, bulk=bulk)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

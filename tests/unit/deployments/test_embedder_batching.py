@@ -77,3 +77,19 @@ async def test_repeated_query_is_served_from_the_cache(embedder) -> None:  # typ
         "device": "cpu",
         "params": 4,
     }
+
+
+async def test_a_query_goes_before_an_ingestions_waiting_batches(embedder) -> None:  # type: ignore[no-untyped-def]
+    """An ingestion's batches are ``bulk``: a query arriving behind ten of them is encoded after the
+    one on the worker, not after all ten; the documents still come back whole and in order."""
+    texts = [f"chunk {i:03d} " + "x" * (i % 5) for i in range(320)]  # ten parts of 32, one worker
+    ingest = asyncio.ensure_future(embedder.embed_documents(texts, bulk=True))
+    while not embedder.model.calls:
+        await asyncio.sleep(0.001)
+    vec = await embedder.embed_query("a question in the middle of an ingestion")
+    assert vec.shape == (4,)
+    order = [c[0] for c in embedder.model.calls]
+    assert order.index("a question in the middle of an ingestion") == 1, order
+    vectors = await ingest
+    assert vectors.shape == (320, 4) and [v[0] for v in vectors] == [float(len(t)) for t in texts]
+    assert len(embedder.model.calls) == 11

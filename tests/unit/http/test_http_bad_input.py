@@ -222,8 +222,8 @@ class SmallerEmbedder:
         v = np.asarray(vectors)[..., :64]
         return v / np.linalg.norm(v, axis=-1, keepdims=True)
 
-    async def embed_documents(self, texts: list[str]) -> Any:
-        return self._shrink(await self._inner.embed_documents(texts))
+    async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> Any:
+        return self._shrink(await self._inner.embed_documents(texts, bulk=bulk))
 
     async def embed_query(self, text: str) -> Any:
         return self._shrink(await self._inner.embed_query(text))

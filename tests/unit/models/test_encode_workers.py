@@ -201,3 +201,136 @@ async def test_workers_and_token_counts_share_the_model_safely(embedding_model) 
         assert vecs.shape == (len(texts), 384) and n > 0
     finally:
         pool.close()
+
+
+class GatedModel:
+    """Each encode waits until the test lets one more through, and records the order calls began."""
+
+    dim = 3
+    device = "cpu"
+    concurrent = True
+
+    def __init__(self) -> None:
+        self.began: list[str] = []
+        self.gate = threading.Semaphore(0)
+        self.running = 0
+        self._lock = threading.Lock()
+
+    def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
+        with self._lock:
+            self.began.append(texts[0])
+            self.running += 1
+        assert self.gate.acquire(timeout=10), "the test never let this call finish"
+        with self._lock:
+            self.running -= 1
+        return expected(texts)
+
+
+async def _until(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+async def test_interactive_work_goes_before_waiting_bulk_parts_each_in_arrival_order() -> None:
+    """A megabyte of document is thousands of bulk parts: a query that comes after them waits for the
+    part a worker is on, not for every part queued before it."""
+    model = GatedModel()
+    pool = EncodeWorkers(model, 2)
+    try:
+        bulk = asyncio.ensure_future(pool.encode([f"bulk{i:02d}" for i in range(8)], 1, bulk=True))
+        await _until(lambda: model.running == 2)  # two bulk parts on the workers, six waiting
+        query = asyncio.ensure_future(pool.run(model.encode, ["query"]))
+        count = asyncio.ensure_future(pool.run(model.encode, ["count"]))
+        await asyncio.sleep(0.05)
+        assert model.began == ["bulk00", "bulk01"] and not query.done()
+        model.gate.release()  # one bulk part ends: its worker goes to the first interactive call
+        await _until(lambda: len(model.began) == 3)
+        assert model.began[2] == "query"
+        model.gate.release()
+        await _until(lambda: len(model.began) == 4)
+        assert model.began[3] == "count"  # interactive calls keep their order among themselves
+        for _ in range(8):
+            model.gate.release()
+        vectors = await bulk
+        assert np.array_equal(vectors, expected([f"bulk{i:02d}" for i in range(8)]))
+        assert np.array_equal((await query), expected(["query"])) and np.array_equal(await count, expected(["count"]))
+        assert model.began[4:] == [f"bulk{i:02d}" for i in range(2, 8)]  # the rest of the bulk, in order
+        assert pool._free == 2 and not pool._waiting  # every worker back
+    finally:
+        pool.close()
+
+
+async def test_a_cancelled_caller_takes_its_waiting_parts_out_and_frees_every_worker() -> None:
+    """A client that leaves cancels its request: the parts not started never run, the parts on a
+    worker finish and give the worker back then (not before: no more threads than workers)."""
+    model = GatedModel()
+    pool = EncodeWorkers(model, 2)
+    try:
+        bulk = asyncio.ensure_future(pool.encode([f"bulk{i:02d}" for i in range(20)], 1, bulk=True))
+        await _until(lambda: model.running == 2)
+        bulk.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await bulk
+        later = asyncio.ensure_future(pool.run(model.encode, ["later"]))
+        await asyncio.sleep(0.05)
+        assert not later.done() and pool._free == 0  # both workers still busy with their parts
+        model.gate.release()
+        model.gate.release()
+        model.gate.release()
+        assert np.array_equal(await later, expected(["later"]))
+        await _until(lambda: pool._free == 2)
+        assert model.began == ["bulk00", "bulk01", "later"]  # none of the 18 waiting parts ran
+    finally:
+        pool.close()
+
+
+def test_callers_on_other_event_loops_share_the_workers_in_order() -> None:
+    """The Embedder's loop and a thread's own loop (a test, the in-process app) may share one pool: a
+    worker freed by one loop's call is handed to a waiter of another on that waiter's loop."""
+    model = GatedModel()
+    pool = EncodeWorkers(model, 1)
+    results: dict[str, np.ndarray] = {}
+
+    def call(name: str) -> None:
+        results[name] = asyncio.run(pool.run(model.encode, [name]))
+
+    try:
+        first = threading.Thread(target=call, args=("first",))
+        first.start()
+        deadline = time.monotonic() + 5
+        while model.running < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        second = threading.Thread(target=call, args=("second",))
+        second.start()
+        while not pool._waiting:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        model.gate.release()
+        model.gate.release()
+        first.join(5)
+        second.join(5)
+        assert model.began == ["first", "second"] and set(results) == {"first", "second"}
+        assert pool._free == 1
+    finally:
+        pool.close()
+
+
+async def test_bulk_calls_take_turns_part_by_part() -> None:
+    """A small document's batch is not queued behind every part of a large one sent before it: the
+    first part of each bulk call goes before the second part of any."""
+    model = GatedModel()
+    pool = EncodeWorkers(model, 1)
+    try:
+        large = asyncio.ensure_future(pool.encode([f"large{i}" for i in range(5)], 1, bulk=True))
+        await _until(lambda: model.running == 1)
+        small = asyncio.ensure_future(pool.encode(["small0"], 1, bulk=True))
+        await _until(lambda: len(pool._waiting) == 5)
+        for _ in range(6):
+            model.gate.release()
+        await asyncio.gather(large, small)
+        assert model.began == ["large0", "small0", "large1", "large2", "large3", "large4"]
+    finally:
+        pool.close()

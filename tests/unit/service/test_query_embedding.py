@@ -42,7 +42,7 @@ class Deployment:
     def __init__(self) -> None:
         self.documents: list[list[str]] = []
 
-    async def embed_documents(self, texts: list[str]) -> np.ndarray:
+    async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> np.ndarray:
         self.documents.append(texts)
         return np.zeros((len(texts), 2), dtype=np.float32)
 

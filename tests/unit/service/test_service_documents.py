@@ -277,3 +277,108 @@ async def test_the_query_encoder_gets_a_bounded_part_of_a_pasted_page(service: D
         del embedder.embed_query
     assert [len(t) for t in seen] == [QUERY_EMBED_CHARS] and seen[0].startswith(question)
     assert nodes[0].metadata["topic"] == "kaito"
+
+
+class _HeldEmbedder:
+    """The embedder seam as the Embedder's handle is: each call waits until the test lets it
+    answer; records every call (its ``bulk`` flag too) and how many were in flight at once."""
+
+    def __init__(self, inner) -> None:
+        import asyncio
+
+        self.inner, self.model = inner, inner.model
+        self.calls: list[tuple[int, bool]] = []
+        self.in_flight = self.most_in_flight = 0
+        self.release = asyncio.Semaphore(0)
+
+    async def embed_documents(self, texts: list[str], *, bulk: bool = False):
+        import numpy as np
+
+        self.calls.append((len(texts), bulk))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await self.release.acquire()
+        finally:
+            self.in_flight -= 1
+        return np.ones((len(texts), self.model.dim), dtype=np.float32) / np.sqrt(self.model.dim)
+
+    async def embed_query(self, text: str):
+        return await self.inner.embed_query(text)
+
+    async def count_tokens(self, texts: list[str]) -> int:
+        return await self.inner.count_tokens(texts)
+
+
+async def test_a_large_document_sends_a_few_bulk_batches_at_a_time_and_none_once_cancelled(
+    tmp_path: Path, embedder
+) -> None:
+    """A megabyte of "." is ~4,600 chunks, minutes of one core: its batches go a few at a time as
+    ``bulk`` work (which waits for queries in the embedder), so they never fill the embedder's queue;
+    and a request cancelled (its client left) sends no batch after that."""
+    import asyncio
+
+    from ragserve.service.documents import EMBED_BATCHES_IN_FLIGHT
+
+    held = _HeldEmbedder(embedder)
+    svc, pool = make_service(tmp_path, held)
+    svc.embed_batch = 8
+    try:
+        text = " ".join(f"Sentence number {i} is about a topic of its own." for i in range(400))
+        task = asyncio.ensure_future(svc.add_documents("kb", [Document(text=text, doc_id="big")]))
+        while len(held.calls) < EMBED_BATCHES_IN_FLIGHT:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert held.in_flight == EMBED_BATCHES_IN_FLIGHT and len(held.calls) == EMBED_BATCHES_IN_FLIGHT
+        for _ in range(6):  # six answer: six more are sent, never more than the bound at once
+            held.release.release()
+            await asyncio.sleep(0.02)
+        assert len(held.calls) == EMBED_BATCHES_IN_FLIGHT + 6 and held.most_in_flight == EMBED_BATCHES_IN_FLIGHT
+        assert all(bulk for _, bulk in held.calls)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(50):
+            held.release.release()
+        await asyncio.sleep(0.05)
+        assert len(held.calls) == EMBED_BATCHES_IN_FLIGHT + 6  # nothing sent after the cancel
+        assert held.in_flight == 0
+        assert not await svc.index_exists("kb")  # nothing stored half-way
+        # a request that is not cancelled gets every batch (the bound only paces them)
+        held.release = asyncio.Semaphore(10_000)
+        (record,) = await svc.add_documents("kb", [Document(text=text, doc_id="big")])
+        assert record.doc_id == "big" and held.most_in_flight == EMBED_BATCHES_IN_FLIGHT
+        assert (await svc.list_documents("kb")).total_items == 1
+    finally:
+        pool.close()
+
+
+async def test_a_failed_batch_stops_the_request_sending_the_others(tmp_path: Path, embedder) -> None:
+    """One batch refused (the embedder down, a 4xx): the request fails at once with that error and
+    its batches still waiting are not sent."""
+    import asyncio
+
+    held = _HeldEmbedder(embedder)
+    svc, pool = make_service(tmp_path, held)
+    svc.embed_batch = 8
+    calls = 0
+
+    async def failing(texts: list[str], *, bulk: bool = False):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise ConflictError("the embedder refused a batch")
+        await asyncio.sleep(0.05)
+        return await held.embed_documents(texts, bulk=bulk)
+
+    held.release = asyncio.Semaphore(10_000)
+    svc.embedder.embed_documents = failing  # type: ignore[method-assign]
+    try:
+        text = " ".join(f"Sentence number {i} is about a topic of its own." for i in range(400))
+        with pytest.raises(ConflictError, match="refused a batch"):
+            await svc.add_documents("kb", [Document(text=text, doc_id="big")])
+        await asyncio.sleep(0.2)
+        assert calls <= 4  # the bound's first batches; none sent after the failure
+        assert not await svc.index_exists("kb")
+    finally:
+        pool.close()

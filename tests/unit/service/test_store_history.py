@@ -59,7 +59,7 @@ async def later(op: Awaitable[Any], delay: float) -> Any:
 class HashEmbedder:
     """Same text, same vector; different texts, nearly orthogonal ones."""
 
-    async def embed_documents(self, texts: list[str]) -> np.ndarray:
+    async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> np.ndarray:
         return np.stack([vector(t) for t in texts])
 
     async def embed_query(self, text: str) -> np.ndarray:
