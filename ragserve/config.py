@@ -408,6 +408,11 @@ class Settings(BaseSettings):
         "cores this process may use.",
     )
     max_chat_messages: int = Field(default=1000, ge=1, description="Messages in one chat completion request.")
+    max_content_parts: int = Field(
+        default=4096,
+        ge=1,
+        description="Content parts (text, image_url, ...) of all the messages of one chat completion request.",
+    )
     max_top_k: int = Field(default=100, ge=1, le=1000, description="Largest top_k / max_node_count.")
     max_list_limit: int = Field(default=100, ge=1, le=MAX_LIST_PAGE, description="Largest page of a document listing.")
 

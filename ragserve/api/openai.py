@@ -40,6 +40,10 @@ RAG_FIELDS = frozenset(
 )
 
 
+#: Tools (or legacy functions) in one chat request: OpenAI's own limit.
+MAX_TOOLS = 128
+
+
 class ContentPart(RequestModel):
     """One part of an array-valued message content (text, image_url, input_audio, ...)."""
 
@@ -83,9 +87,9 @@ class ChatCompletionRequest(RequestModel):
     stop: str | list[str] | None = None
     user: str | None = None
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Any = None
-    functions: list[dict[str, Any]] | None = None
+    functions: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     function_call: Any = None
 
     # RAG extensions

@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import Depends, Request, Response
 from fastapi.routing import APIRoute
 
 from ragserve.api.values import check_json_depth, number_error_message
@@ -66,3 +66,23 @@ class CheckedJSONRoute(APIRoute):
             return await handler(request)
 
         return checked
+
+
+def counted_first(**checks: Callable[[Any], None]) -> Any:
+    """A route dependency (``dependencies=[counted_first(messages=...)]``) that hands each check the
+    value of its top-level field in the JSON body as it came, before FastAPI validates the body
+    (FastAPI runs a route's dependencies first): a list too long to accept is refused before its
+    items are validated one by one on the event loop. A body that is not a JSON object, or lacks
+    the field, is left to validation."""
+
+    async def check(request: Request) -> None:
+        try:
+            body = await request.json()  # parsed once already (``_parse_once``): kept on the request
+        except ValueError:
+            return  # not JSON: FastAPI's own report
+        if isinstance(body, dict):
+            for field, fn in checks.items():
+                if field in body:
+                    fn(body[field])
+
+    return Depends(check)

@@ -73,16 +73,20 @@ class JobService:
         self.webhook_configured = webhook_configured
 
     # --- the API --------------------------------------------------------------------------------
+    def document_count(self, n: int) -> None:
+        """A 413 for a job of more than ``max_documents_per_job`` documents."""
+        if n > self.max_documents:
+            raise PayloadTooLargeError(
+                f"documents: {n} in one job; at most {self.max_documents} are accepted "
+                "(max_documents_per_job), send them in several jobs",
+                param="documents",
+            )
+
     async def submit(self, req: IndexJobRequest, usage_key: str | None = None) -> JobInfo:
         """Store the job whole (one transaction) and return it, queued; the runner starts it.
         ``usage_key``: the name of the key that submits it, whose usage its batches' embedding is."""
         docs = req.documents
-        if len(docs) > self.max_documents:
-            raise PayloadTooLargeError(
-                f"documents: {len(docs)} in one job; at most {self.max_documents} are accepted "
-                "(max_documents_per_job), send them in several jobs",
-                param="documents",
-            )
+        self.document_count(len(docs))
         for i, d in enumerate(docs):
             if len(d.text) > self.max_document_chars:
                 raise PayloadTooLargeError(

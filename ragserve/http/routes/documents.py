@@ -25,7 +25,7 @@ from ragserve.api.stats import IndexStats
 from ragserve.api.values import parse_json
 from ragserve.errors import BadRequestError
 from ragserve.http.errors import DOCUMENT_ERRORS
-from ragserve.http.json_body import CheckedJSONRoute
+from ragserve.http.json_body import CheckedJSONRoute, counted_first
 from ragserve.http.routes.common import allow, checked_index, metered_documents, metered_query, scoped_knowledge
 from ragserve.http.server_timing import server_timing
 from ragserve.http.usage import usage_of
@@ -38,7 +38,7 @@ def documents_router(services: Services) -> APIRouter:
     router = APIRouter(tags=["documents"], responses=DOCUMENT_ERRORS, route_class=CheckedJSONRoute)
     docs, chat, limits, tel = services.documents, services.chat, services.limits, services.telemetry
 
-    @router.post("/index")
+    @router.post("/index", dependencies=[counted_first(documents=limits.raw_documents("documents"))])
     async def index_documents(body: IndexRequest, request: Request) -> list[DocumentRecord]:
         """Create an index or extend it; the stored documents come back with their ids and hashes."""
         allow(request, Role.WRITE, body.index_name)
@@ -89,7 +89,9 @@ def documents_router(services: Services) -> APIRouter:
         """One document by id: its whole text (or its first `max_text_length` characters) and metadata."""
         return await knowledge(request).get_document(checked_index(index_name), doc_id, max_text_length)
 
-    @router.post("/indexes/{index_name}/documents")
+    @router.post(
+        "/indexes/{index_name}/documents", dependencies=[counted_first(documents=limits.raw_documents("documents"))]
+    )
     async def update_documents(
         index_name: str, body: UpdateDocumentsRequest, request: Request
     ) -> UpdateDocumentsResponse:
@@ -100,7 +102,9 @@ def documents_router(services: Services) -> APIRouter:
         metered_documents(request, [d.text for d in body.documents])
         return result
 
-    @router.post("/indexes/{index_name}/documents/delete")
+    @router.post(
+        "/indexes/{index_name}/documents/delete", dependencies=[counted_first(doc_ids=limits.raw_documents("doc_ids"))]
+    )
     async def delete_documents(
         index_name: str, body: DeleteDocumentsRequest, request: Request
     ) -> DeleteDocumentsResponse:

@@ -9,10 +9,11 @@ from fastapi import APIRouter, Query, Request, Response
 
 from ragserve.api.jobs import IndexJobRequest, JobInfo, JobList, JobStatusName
 from ragserve.http.errors import DOCUMENT_ERRORS
-from ragserve.http.json_body import CheckedJSONRoute
+from ragserve.http.json_body import CheckedJSONRoute, counted_first
 from ragserve.http.routes.common import allow, checked_index, metered_documents
 from ragserve.service.access import Role
 from ragserve.service.ingest_jobs import JobService
+from ragserve.service.limits import raw_list
 
 #: How soon a client polling a running job should ask again (``Retry-After``-like hint).
 POLL_AFTER_S = 1
@@ -21,7 +22,7 @@ POLL_AFTER_S = 1
 def jobs_router(jobs: JobService) -> APIRouter:
     router = APIRouter(tags=["jobs"], responses=DOCUMENT_ERRORS, route_class=CheckedJSONRoute)
 
-    @router.post("/jobs", status_code=202)
+    @router.post("/jobs", status_code=202, dependencies=[counted_first(documents=raw_list(jobs.document_count))])
     async def submit_job(body: IndexJobRequest, request: Request, response: Response) -> JobInfo:
         """Index documents in the background: accepted at once (202) with the job's id; the job
         survives a restart of the server. Poll ``GET /jobs/{id}`` (the ``Location`` header)."""

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from ragserve.api.openai import (
+    MAX_TOOLS,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -22,12 +23,13 @@ from ragserve.api.openai import (
 from ragserve.errors import EngineError, ServiceError
 from ragserve.http.errors import OPENAI_ERRORS, error_event
 from ragserve.http.headers import query_headers
-from ragserve.http.json_body import CheckedJSONRoute
+from ragserve.http.json_body import CheckedJSONRoute, counted_first
 from ragserve.http.routes.common import allow, metered_chat, report_latencies
 from ragserve.http.server_timing import server_timing
 from ragserve.http.usage import usage_of
 from ragserve.service.access import Role
 from ragserve.service.chat import ChatOutcome
+from ragserve.service.limits import at_most, raw_list
 from ragserve.service.wiring import Services
 from ragserve.telemetry import Telemetry
 
@@ -55,7 +57,18 @@ def openai_router(services: Services) -> APIRouter:
     router = APIRouter(tags=["openai"], responses=OPENAI_ERRORS, route_class=CheckedJSONRoute)
     chat, limits, tel = services.chat, services.limits, services.telemetry
 
-    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=_CHAT_RESPONSES)
+    @router.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletionResponse,
+        responses=_CHAT_RESPONSES,
+        dependencies=[
+            counted_first(
+                messages=limits.raw_messages,
+                tools=raw_list(at_most("tools", MAX_TOOLS)),
+                functions=raw_list(at_most("functions", MAX_TOOLS)),
+            )
+        ],
+    )
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         """OpenAI chat completions; with `index_name`, answered from the index (RAG). The response
         says which with `X-RAG-Mode` (and `X-RAG-Reason` for a passthrough), and the query retrieval
@@ -127,7 +140,7 @@ def openai_router(services: Services) -> APIRouter:
         llm = chat.llm
         return ModelList(data=[ModelCard(id=llm.model_id, max_model_len=await llm.context_window())])
 
-    @router.post("/v1/embeddings")
+    @router.post("/v1/embeddings", dependencies=[counted_first(input=limits.raw_documents("input"))])
     async def embeddings(body: EmbeddingRequest, request: Request) -> EmbeddingResponse:
         allow(request, Role.READ)
         limits.documents(body.inputs(), "input")
