@@ -6,7 +6,8 @@ sentence's terms, a passage's model text and a source's reading (``ragserve.rag.
 value is a pure function of its text, so a remembered one is the value itself (docs/architecture.md §5;
 the measurements are in docs/benchmarks.md, "Remembered counts and terms").
 
-The bound is in *units*, about a byte each: the text's characters, ``entry_units`` for the entry
+The bound is in *units*, about a byte each: the text's size in memory (``sys.getsizeof``: a
+character of emoji text is four bytes), ``entry_units`` for the entry
 itself (so a million one-letter texts are bounded too), and what ``weigh`` says the value holds. A
 text longer than ``max_text_chars`` is computed and not kept: one huge prompt neither evicts every
 remembered source nor is worth keeping. Least recently used first out. Thread-safe: the budget is
@@ -17,6 +18,7 @@ be immutable (ints, strings, frozensets, tuples). Pickles as an empty memo of th
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -61,15 +63,20 @@ class TextMemo(Generic[V]):
         """``compute(text)``, the remembered one if there is one."""
         if len(text) > self.max_text_chars:
             return compute(text)
-        with self._lock:
-            found = self._data.get(text)
-            if found is not None:
-                self._data.move_to_end(text)
-                self.hits += 1
-                return found[0]
-            self.misses += 1
+        found = self._data.get(text)  # a hit takes no lock (one dict read is atomic), a chat asks thousands
+        if found is not None:
+            self.hits += 1  # an increment lost to another thread's only undercounts
+            if self._lock.acquire(blocking=False):  # most recently used, unless another thread is writing
+                try:
+                    self._data.move_to_end(text)
+                except KeyError:  # evicted since
+                    pass
+                finally:
+                    self._lock.release()
+            return found[0]
+        self.misses += 1
         value = compute(text)  # outside the lock: nobody waits for another thread's computation
-        cost = len(text) + self.entry_units + self._weigh(value)
+        cost = sys.getsizeof(text) + self.entry_units + self._weigh(value)
         if cost > self.max_units:
             return value
         with self._lock:

@@ -42,7 +42,10 @@ class CounterBatch:
     time (a sum would lose their distribution). The thread holds the batch weakly and ends with it."""
 
     def __init__(self, flush_s: float = FLUSH_S):
-        self._lock = threading.Lock()
+        # re-entrant: a ``__del__`` the garbage collector runs on a thread inside ``inc`` or ``flush``
+        # may close a batch there, and must not wait for itself
+        self._lock = threading.RLock()
+        self._closed = False
         self._pending: dict[tuple[int, tuple[tuple[str, str], ...]], list[Any]] = {}
         self._stop = threading.Event()
         thread = threading.Thread(target=_flush_every, args=(weakref.ref(self), self._stop, flush_s), daemon=True)
@@ -67,6 +70,8 @@ class CounterBatch:
                 self._pending[key] = [counter, value, dict(tags or {})]
             else:
                 entry[1] += value
+        if self._closed:  # no thread flushes any more (a request still finishing at shutdown)
+            self.flush()
 
     def flush(self) -> None:
         """Hand each sum to its counter. One that fails is logged and dropped: the others, and the
@@ -80,7 +85,8 @@ class CounterBatch:
                 log.exception("a metric counter refused %r with tags %r; dropped", value, tags)
 
     def close(self) -> None:
-        """Flush what is counted and stop the thread."""
+        """Flush what is counted and stop the thread; a count after this is handed over at once."""
+        self._closed = True
         self._stop.set()
         self.flush()
 

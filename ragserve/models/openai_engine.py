@@ -19,6 +19,7 @@ import codecs
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
@@ -90,7 +91,8 @@ def _error_message(status: int, reason: str | None, text: str) -> tuple[str, str
     if isinstance(body, dict):
         err = body.get("error")
         if isinstance(err, dict) and err.get("message"):
-            return str(err["message"]), err.get("type"), body
+            kind = err.get("type")  # a str where the error's type goes (a metric tag, the client's type)
+            return str(err["message"]), (str(kind) if kind not in (None, "") else None), body
         if isinstance(err, str):
             return err, None, body
         for key in ("message", "detail"):
@@ -98,6 +100,16 @@ def _error_message(status: int, reason: str | None, text: str) -> tuple[str, str
                 detail = body[key]
                 return (detail if isinstance(detail, str) else json.dumps(detail)), None, body
     return text.strip() or f"HTTP {status}", None, body
+
+
+def _token_count(value: Any) -> int | None:
+    """An upstream's usage count as a count of tokens: a whole number >= 0 (``12.0`` too); None for
+    anything else (absent, negative, a string, a bool, NaN), which is then counted here instead."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if value >= 0 else None
 
 
 def env_proxy(url: str) -> str | None:
@@ -426,9 +438,9 @@ class OpenAIEngine(GenerationEngine):
             raise EngineError(502, "upstream LLM returned no choices")
         message = choices[0].get("message") or {}
         text = message_text(message) if isinstance(message, dict) else ""
-        usage = data.get("usage") or {}
-        prompt_tokens = usage.get("prompt_tokens")
-        completion_tokens = usage.get("completion_tokens")
+        usage: dict[str, Any] = data["usage"] if isinstance(data.get("usage"), dict) else {}
+        prompt_tokens = _token_count(usage.get("prompt_tokens"))
+        completion_tokens = _token_count(usage.get("completion_tokens"))
         if prompt_tokens is None:
             prompt_tokens = self.token_counter().count_messages(messages)
         if completion_tokens is None:
@@ -436,8 +448,8 @@ class OpenAIEngine(GenerationEngine):
         return GenerationResult(
             text=text,
             finish_reason=choices[0].get("finish_reason") or "stop",
-            prompt_tokens=int(prompt_tokens),
-            completion_tokens=int(completion_tokens),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
             model=str(data.get("model") or body_model(params, self.model_id)),
         )
 
@@ -463,8 +475,8 @@ class OpenAIEngine(GenerationEngine):
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
         usage = usage or {}
-        prompt_tokens = usage.get("prompt_tokens")
-        completion_tokens = usage.get("completion_tokens")
+        prompt_tokens = _token_count(usage.get("prompt_tokens"))
+        completion_tokens = _token_count(usage.get("completion_tokens"))
         if prompt_tokens is None:
             prompt_tokens = self.token_counter().count_messages(messages)
         if completion_tokens is None:
@@ -472,8 +484,8 @@ class OpenAIEngine(GenerationEngine):
         yield GenerationDelta(
             text="",
             finish_reason=finish or "stop",
-            prompt_tokens=int(prompt_tokens),
-            completion_tokens=int(completion_tokens),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
         )
 
     async def passthrough(self, body: dict[str, Any], default_max_tokens: int) -> ChatCompletionResponse:

@@ -47,6 +47,15 @@ def count_memo() -> TextMemo[int]:
     return TextMemo(MEMO_UNITS, MEMO_MAX_TEXT_CHARS)
 
 
+class LengthMemo:
+    """The name of the memo an older counter held, kept only so that a counter pickled by an older
+    replica (during a rolling update) unpickles here: what it held is dropped, and the counter makes
+    its ``TextMemo`` on first use (``_Remembering``)."""
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+
 class _Remembering:
     """A counter's memo, created when first used: a counter pickled before it had one (an older
     replica's, during a rolling update) still counts."""

@@ -5,6 +5,7 @@ with it (the generator's counter travels to the ingress, perhaps from an older r
 from __future__ import annotations
 
 import pickle
+import sys
 import threading
 
 import pytest
@@ -38,27 +39,32 @@ def test_a_remembered_count_is_the_count_and_each_text_is_counted_once() -> None
     for _ in range(3):
         assert [memo.get(t, count) for t in TEXTS] == [_length(t) for t in TEXTS]
     assert calls == TEXTS and len(memo) == len(TEXTS)  # short ones too: a lookup is cheaper than a count
-    assert memo.units == sum(len(t) + ENTRY_UNITS for t in TEXTS)
+    assert memo.units == sum(sys.getsizeof(t) + ENTRY_UNITS for t in TEXTS)
 
 
 def test_the_memo_keeps_within_its_bound_dropping_the_least_recently_used() -> None:
     memo = TextMemo(1_300)
-    texts = [f"{i:04d} " + "word " * 40 for i in range(50)]  # 205 characters each, 305 with the entry's cost
+    texts = [f"{i:04d} " + "word " * 40 for i in range(50)]  # 205 characters, 254 bytes, 354 with the entry's cost
     for t in texts:
         memo.get(t, _length)
         assert memo.units <= 1_300
-    assert len(memo) == 4
-    kept_first = texts[-4]
+    assert len(memo) == 3
+    kept_first = texts[-3]
     memo.get(kept_first, _length)  # used again: the newest now
-    memo.get(texts[0], _length)  # a fifth: the oldest goes, which is not kept_first
+    memo.get(texts[0], _length)  # a fourth: the oldest goes, which is not kept_first
     calls: list[str] = []
     memo.get(kept_first, lambda t: calls.append(t) or 0)
     assert calls == [] and memo.units <= 1_300
     assert memo.get("y" * 2_000, _length) == 1 and memo.units <= 1_300  # larger than the bound: counted, not kept
-    tiny = TextMemo(10 * (1 + ENTRY_UNITS))
+    tiny = TextMemo(10 * (sys.getsizeof(chr(0x4E00)) + ENTRY_UNITS))
     for i in range(1_000):  # many one-character texts: the entries' cost bounds them
         tiny.get(chr(0x4E00 + i), _length)
     assert len(tiny) == 10
+    emoji = TextMemo(10_000)
+    for i in range(100):  # a character of emoji text is 4 bytes: charged as such, not as one
+        emoji.get(f"{i:03d}" + "\U0001f600" * 200, _length)
+        assert emoji.units <= 10_000
+    assert len(emoji) == 10_000 // (sys.getsizeof("\U0001f600" * 203) + ENTRY_UNITS)
 
 
 def test_a_memo_of_no_characters_remembers_nothing_and_a_negative_bound_is_refused() -> None:
@@ -85,7 +91,7 @@ def test_counts_on_many_threads_at_once_are_the_counts() -> None:
     for th in threads:
         th.join()
     assert errors == [] and memo.units <= 2_000
-    assert memo.units == sum(len(t) + ENTRY_UNITS for t in memo._data)
+    assert memo.units == sum(sys.getsizeof(t) + ENTRY_UNITS for t in memo._data)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +123,7 @@ def test_the_counters_count_the_same_with_their_memo_and_without(counters) -> No
 def test_what_a_value_holds_counts_against_the_bound_and_a_long_text_is_not_kept() -> None:
     memo: TextMemo[tuple[str, ...]] = TextMemo(5_000, max_text_chars=200, weigh=lambda v: sum(map(len, v)))
     words = memo.get("alpha beta gamma", lambda t: tuple(t.split()))
-    assert words == ("alpha", "beta", "gamma") and memo.units == len("alpha beta gamma") + ENTRY_UNITS + 14
+    assert words == ("alpha", "beta", "gamma") and memo.units == sys.getsizeof("alpha beta gamma") + ENTRY_UNITS + 14
     assert memo.get("x " * 150, lambda t: tuple(t.split())) == ("x",) * 150 and "x " * 150 not in memo  # > 200 chars
     heavy = memo.get("heavy", lambda t: (t * 2_000,))  # its value alone outweighs the memo
     assert heavy == ("heavy" * 2_000,) and "heavy" not in memo and memo.units <= 5_000
@@ -162,6 +168,23 @@ def test_a_counter_pickled_without_a_memo_still_counts(counters) -> None:
         old = type(counter).__new__(type(counter))
         old.__dict__.update(state)
         assert old.count_text(TEXTS[4]) == counter.count_text(TEXTS[4]) and len(old.memo) == 1
+
+
+def test_a_counter_pickled_with_the_old_length_memo_unpickles_and_counts(counters) -> None:
+    """A replica of the release before TextMemo pickled its counter with a ``LengthMemo`` (state
+    ``{"max_chars": ...}``) under ``memo``: the name still unpickles, and the counter counts with a
+    memo of its own."""
+    from ragserve.models.tokenizers import LengthMemo
+
+    for counter in counters:
+        old = type(counter).__new__(type(counter))
+        state = {k: v for k, v in counter.__dict__.items() if k != "_memo"}
+        memo = LengthMemo()
+        memo.__dict__["max_chars"] = 4_000_000  # what the old memo's __getstate__ gave
+        old.__dict__.update(state, memo=memo)
+        loaded = pickle.loads(pickle.dumps(old))
+        assert loaded.count_text(TEXTS[4]) == counter.count_text(TEXTS[4])
+        assert isinstance(loaded.memo, TextMemo) and len(loaded.memo) == 1
 
 
 def test_a_counter_counts_an_unusually_long_text_without_keeping_it(counters) -> None:

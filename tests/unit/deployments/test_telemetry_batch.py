@@ -178,3 +178,33 @@ def test_serve_telemetry_counts_through_its_batch(monkeypatch) -> None:
     hits = [c for name, c in fake.counters.items() if "query" in name and "hit" in name]
     misses = [c for name, c in fake.counters.items() if "query" in name and "miss" in name]
     assert [c.calls for c in hits] == [[(2, {})]] and [c.calls for c in misses] == [[(1, {})]]
+
+
+def test_a_count_after_close_is_handed_over_at_once_and_close_inside_a_flush_does_not_wait_for_itself() -> None:
+    """A request finishing during shutdown counts after ``close``: no thread flushes any more, so the
+    count goes to its counter at once. And a ``__del__`` the garbage collector runs inside ``flush``
+    (on the thread holding the batch's lock) may close the batch there: the lock is re-entrant."""
+    counter = RecordingCounter()
+    batch = CounterBatch(flush_s=60)
+    batch.close()
+    batch.inc(counter, 2, {"route": "/late"})
+    assert counter.totals() == {(("route", "/late"),): 2}
+
+    class ClosesInside(RecordingCounter):
+        def inc(self, value: float = 1.0, tags: dict[str, str] | None = None) -> None:
+            inner.close()  # as a finaliser run here would
+            super().inc(value, tags)
+
+    inner = CounterBatch(flush_s=60)
+    closing = ClosesInside()
+    inner.inc(closing, 1)
+    done = threading.Event()
+
+    def flush() -> None:
+        with inner._lock:  # the flush of a collector run inside a locked section
+            inner.flush()
+        done.set()
+
+    threading.Thread(target=flush, daemon=True).start()
+    assert done.wait(5), "close inside flush deadlocked"
+    assert closing.totals() == {(): 1}

@@ -376,3 +376,47 @@ def test_upstream_json_replaces_lone_surrogates_everywhere() -> None:
     raw = '{"a\\udc00": ["x\\ud800", {"b": "\\ud83d\\ude00", "c": 1}], "d": "plain"}'
     assert upstream_json(raw) == {"a\ufffd": ["x\ufffd", {"b": "\U0001f600", "c": 1}], "d": "plain"}
     assert upstream_json('"\\uDFFF"') == "\ufffd"
+
+
+@pytest.mark.parametrize(
+    "body, kind",
+    [
+        ('{"error": {"message": "busy", "type": 503}}', "503"),
+        ('{"error": {"message": "busy", "type": ["a"]}}', "['a']"),
+        ('{"error": {"message": "busy", "type": ""}}', None),
+        ('{"error": {"message": "busy", "type": "overloaded"}}', "overloaded"),
+        ('{"error": {"message": "busy"}}', None),
+    ],
+)
+def test_an_upstream_errors_type_is_a_str_whatever_it_sent(body: str, kind: str | None) -> None:
+    """The type goes to the client's error object and to a metric tag: a number there turned a 503
+    into a 500 once (the tag refused inside the error handler)."""
+    from ragserve.models.openai_engine import _error_message
+
+    message, type_, _ = _error_message(503, "Service Unavailable", body)
+    assert message == "busy" and type_ == kind
+
+
+@pytest.mark.parametrize(
+    "value, count",
+    [
+        (12, 12),
+        (12.0, 12),
+        (0, 0),
+        (-3, None),
+        (1.5, None),
+        (float("nan"), None),
+        (float("inf"), None),
+        (True, None),
+        ("12", None),
+        (None, None),
+        ([1], None),
+        (2**70, 2**70),
+    ],
+)
+def test_an_upstream_usage_count_is_taken_only_as_a_whole_number_not_below_zero(value: Any, count: int | None) -> None:
+    """Anything else is counted here instead (``None``): a negative count dropped a usage record, a
+    string count was a 500."""
+    from ragserve.models.openai_engine import _token_count
+
+    assert _token_count(value) == count
