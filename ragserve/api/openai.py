@@ -77,16 +77,18 @@ class ChatCompletionRequest(RequestModel):
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
+    stream: bool = Field(default=False, strict=True)
     stream_options: dict[str, Any] | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int | None = Field(default=None, ge=1, le=1, description="Only n=1 is supported.")
+    # numbers and flags strictly typed, as OpenAI's API and /query's llm_params take them: "5" or
+    # true where a number belongs is the client's mistake to hear about (a 400 naming the field)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, strict=True)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0, strict=True)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0, strict=True)
+    n: int | None = Field(default=None, ge=1, le=1, strict=True, description="Only n=1 is supported.")
     stop: str | list[str] | None = None
     user: str | None = None
-    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX, strict=True)
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Any = None
     functions: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_TOOLS)
@@ -96,9 +98,9 @@ class ChatCompletionRequest(RequestModel):
     index_name: IndexNames | None = Field(
         default=None, description="Answer from this index, or from several searched as one ranking (a list)."
     )
-    context_token_ratio: float | None = Field(default=None, ge=0.2, le=0.8)
-    top_k: int | None = Field(default=None, ge=1, le=1000)
-    similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
+    context_token_ratio: float | None = Field(default=None, ge=0.2, le=0.8, strict=True)
+    top_k: int | None = Field(default=None, ge=1, le=1000, strict=True)
+    similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0, strict=True)
     metadata_filter: dict[str, Any] | None = None
     retrieval_mode: RetrievalMode | None = Field(
         default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted."
@@ -110,12 +112,14 @@ class ChatCompletionRequest(RequestModel):
     )
     sources_in_content: bool | None = Field(
         default=None,
+        strict=True,
         description="Append a plain 'Sources:' list to the answer's text; the server's "
         "sources_in_content when omitted.",
     )
 
     cache: bool | None = Field(
         default=None,
+        strict=True,
         description="The answer cache (RAG answers): false neither reads nor keeps this answer; true also "
         "caches a request with temperature > 0; omitted: the server's rules (X-RAG-Cache says what happened).",
     )
@@ -311,7 +315,10 @@ class EmbeddingRequest(RequestModel):
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(
-        default=None, ge=1, description="Truncate (and re-normalise) to this many dimensions; at most the model's own."
+        default=None,
+        ge=1,
+        strict=True,
+        description="Truncate (and re-normalise) to this many dimensions; at most the model's own.",
     )
     user: str | None = None
 

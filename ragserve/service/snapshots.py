@@ -30,7 +30,7 @@ from urllib.parse import unquote
 
 from ragserve.errors import BadRequestError, ConflictError, NotFoundError
 from ragserve.ports import ShardPool
-from ragserve.service.access import FULL_ACCESS, Principal
+from ragserve.service.access import FULL_ACCESS, ForbiddenError, Principal
 from ragserve.service.shard_service import HOME_SHARD, STAGING_PREFIX, ShardService
 
 MANIFEST = "manifest.json"
@@ -220,9 +220,21 @@ class Snapshots:
         checks ``overwrite`` again, atomically) and then on the others.
 
         ``principal`` must also reach the index the snapshot was persisted from (its manifest's
-        ``index_name``): a 403 otherwise, and for a scoped key when the manifest does not say."""
+        ``index_name``): a 403 otherwise, and for a scoped key when the manifest does not say. A
+        scoped key hears that one 403 for every path it may not load, a snapshot of another index's
+        or none at all: a 404 for one and a 403 for the other told it which paths exist."""
         src = self._confine(path, index)
         shown = self._shown(src)
+        if not principal.sees_all:
+            source = _recorded_source(src / MANIFEST)
+            if not (isinstance(source, str) and source and principal.sees(source)):
+                raise ForbiddenError(
+                    f"there is no snapshot at {shown!r} this API key may load: a snapshot is loaded by a key "
+                    f"that reaches the index it was persisted from, and this key reaches only "
+                    f"{list(principal.indexes)}",
+                    param="path",
+                    code="source_not_allowed",
+                )
         if src.exists() and not src.is_dir():
             raise BadRequestError(
                 f"path names a file, not a snapshot directory: {shown!r}; pass the directory that holds manifest.json",
@@ -296,3 +308,13 @@ class Snapshots:
             )
         )
         return f"Successfully loaded index {index} from {shown}."
+
+
+def _recorded_source(manifest_file: Path) -> object:
+    """The index a snapshot's manifest says it was persisted from; None when there is no readable
+    manifest there (for a scoped key, that is the same answer as a snapshot it may not read)."""
+    try:
+        manifest = json.loads(manifest_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest.get("index_name") if isinstance(manifest, dict) else None

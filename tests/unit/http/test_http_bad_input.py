@@ -155,8 +155,50 @@ def test_query_llm_params_reach_the_engine(client: TestClient, fake: FakeOpenAI)
     assert (sent["max_tokens"], sent["temperature"], sent["stop"]) == (20, 0.2, ["\n\n"])
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"max_tokens": "100"},
+        {"max_tokens": True},
+        {"max_tokens": 100.0},
+        {"max_completion_tokens": "5"},
+        {"temperature": "0.5"},
+        {"temperature": True},
+        {"top_p": "1"},
+        {"n": True},
+        {"seed": "7"},
+        {"stream": "true"},
+        {"stream": 1},
+        {"top_k": "3"},
+        {"top_k": True},
+        {"context_token_ratio": "0.5"},
+        {"similarity_threshold": False},
+        {"sources_in_content": "yes"},
+        {"cache": 0},
+    ],
+)
+def test_chat_numbers_and_flags_are_strictly_typed_as_openai_takes_them(
+    client: TestClient, fake: FakeOpenAI, params: dict[str, Any]
+) -> None:
+    """As ``/query``'s llm_params: a string or a bool where a number belongs (a flag given as a string
+    or number) is a 400 naming the field, not coerced and forwarded."""
+    before = len(fake.requests)
+    body = {"index_name": "kb", "messages": [{"role": "user", "content": "What is KAITO?"}], **params}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert next(iter(params)) in r.text
+    assert len(fake.requests) == before
+
+
+def test_chat_numbers_of_the_right_kind_pass(client: TestClient, fake: FakeOpenAI) -> None:
+    """An integer where a float belongs is a number (``temperature: 0``, as SDKs send it)."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0, "top_p": 1, "max_tokens": 8}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert (fake.requests[-1]["temperature"], fake.requests[-1]["top_p"]) == (0, 1)
+
+
 def test_embedding_dimensions_are_checked(client: TestClient) -> None:
-    for bad in (0, -3, 385):
+    for bad in (0, -3, 385, True, "64", 64.0):
         r = client.post("/v1/embeddings", json={"input": "hello", "dimensions": bad})
         assert r.status_code == 400 and "dimensions" in r.json()["error"]["message"], r.text
     r = client.post("/v1/embeddings", json={"input": "hello", "dimensions": 64})

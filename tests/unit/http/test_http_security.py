@@ -342,7 +342,7 @@ def test_a_scoped_key_cannot_load_another_indexs_snapshot_into_its_own(scoped: T
         r = scoped.post(f"/load/team-a-docs?path={path}&overwrite=true", headers=bearer(TEAM))
         assert r.status_code == 403, r.text
         detail = r.json()["detail"]
-        assert f"snapshot at '{path}'" in detail and "does not grant access" in detail and "team-a*" in detail
+        assert f"no snapshot at '{path}' this API key may load" in detail and "team-a*" in detail
         r = scoped.post(f"/load/team-a-new?path={path}", headers=bearer(TEAM))
         assert r.status_code == 403, r.text
     # nothing was loaded: the scoped index still holds its own document, the new one does not exist
@@ -363,8 +363,25 @@ def test_a_snapshot_without_a_recorded_source_is_refused_to_a_scoped_key(scoped:
     del manifest["index_name"]  # e.g. a snapshot written by another tool
     (snapshots[0] / "manifest.json").write_text(json.dumps(manifest))
     r = scoped.post("/load/team-a-new?path=team-a-docs", headers=bearer(TEAM))
-    assert r.status_code == 403 and "does not record the index" in r.json()["detail"], r.text
+    assert r.status_code == 403 and "this API key may load" in r.json()["detail"], r.text
     assert scoped.post("/load/team-a-new?path=team-a-docs", headers=bearer(ADMIN)).status_code == 200
+
+
+def test_a_scoped_key_cannot_tell_a_missing_snapshot_from_one_it_may_not_read(scoped: TestClient, tmp_path) -> None:
+    """A 404 for a path with nothing there and a 403 for another index's snapshot told a scoped key
+    which paths exist (the hostile probe): every path it may not load gets the same 403, whatever
+    is or is not there. A key for every index still hears what is wrong."""
+    assert scoped.post("/persist/kb?path=elsewhere", headers=bearer(ADMIN)).status_code == 200
+    (tmp_path / "snapshots" / "afile").parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "snapshots" / "afile").write_text("not a snapshot")
+    answers = set()
+    for path in ("elsewhere/kb", "nothing/here", "elsewhere", "afile"):
+        r = scoped.post(f"/load/team-a-new?path={path}", headers=bearer(TEAM))
+        assert r.status_code == 403, (path, r.text)
+        answers.add(r.json()["detail"].replace(f"'{path}'", "'P'"))
+    assert len(answers) == 1, answers
+    assert scoped.post("/load/team-a-new?path=nothing/here", headers=bearer(ADMIN)).status_code == 404
+    assert scoped.post("/load/team-a-new?path=afile", headers=bearer(ADMIN)).status_code == 400
 
 
 @pytest.mark.parametrize(
