@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, get_args
 
@@ -76,6 +77,23 @@ class Document(RequestModel):
     text: Text
     metadata: Metadata = Field(default_factory=dict)
     doc_id: str | None = Field(default=None, min_length=1, max_length=256)
+
+    @field_validator("doc_id")
+    @classmethod
+    def _printable_id(cls, v: str | None) -> str | None:
+        """A new document's id is text a URL, a log line and a terminal can carry: not blank, no
+        control characters (a NUL, a newline). Ids stored before this rule can still be updated and
+        deleted: only a new id is checked."""
+        if v is None:
+            return v
+        if not v.strip():
+            raise ValueError("doc_id must not be blank (only whitespace)")
+        bad = next((c for c in v if unicodedata.category(c) == "Cc"), None)
+        if bad is not None:
+            raise ValueError(
+                f"doc_id contains a control character (U+{ord(bad):04X}) at {v.index(bad)}: use printable text"
+            )
+        return v
 
 
 class IndexRequest(RequestModel):

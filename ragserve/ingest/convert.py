@@ -31,6 +31,7 @@ import io
 import math
 import multiprocessing
 import re
+import unicodedata
 import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -633,12 +634,15 @@ def iso_mtime(mtime: float) -> str:
 
 
 def doc_id_for(rel: str, suffix: str = "") -> str:
-    """``rel`` + ``suffix``; a path too long for an id keeps its start and a hash of the whole."""
+    """``rel`` + ``suffix``; a path too long for an id keeps its start and a hash of the whole, and
+    so does a path with control characters (a file name may hold a newline; an id may not), each
+    shown as ``?``."""
     doc_id = rel + suffix
-    if len(doc_id) <= MAX_DOC_ID:
+    printable = "".join("?" if unicodedata.category(c) == "Cc" else c for c in rel)
+    if len(doc_id) <= MAX_DOC_ID and printable == rel:
         return doc_id
-    digest = hashlib.sha256(rel.encode()).hexdigest()[:16]
-    return f"{rel[: MAX_DOC_ID - len(suffix) - 18]}~{digest}{suffix}"
+    digest = hashlib.sha256(rel.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{printable[: MAX_DOC_ID - len(suffix) - 18]}~{digest}{suffix}"
 
 
 def file_documents(rel: str, mtime: float, converted: Converted, max_chars: int) -> list[dict[str, Any]]:

@@ -295,3 +295,15 @@ def test_an_index_built_with_another_embedding_model_is_a_409_that_says_so(tmp_p
         assert c.post("/index", json={"index_name": "kb64", "documents": [DOC]}).status_code == 200
         hits = c.post("/retrieve", json={"index_name": "kb64", "query": "What is KAITO?"}).json()
         assert hits["results"] and hits["results"][0]["text"] == DOC["text"]
+
+
+@pytest.mark.parametrize("doc_id", ["   ", "\t", "a\x00b", "line\nbreak", "esc\x1b[31m", "del\x7f", "c1\x85"])
+def test_a_new_document_id_is_printable_text(client: TestClient, doc_id: str) -> None:
+    """A NUL, a newline or a blank id was stored (the hostile probe): ids travel in URLs, logs and
+    terminals. Nothing is stored, and the index keeps what it had."""
+    before = client.get("/indexes/kb/documents").json()["total_items"]
+    r = client.post("/index", json={"index_name": "kb", "documents": [{"text": "hello", "doc_id": doc_id}]})
+    assert r.status_code == 422 and "doc_id" in r.text, r.text
+    r = client.post("/jobs", json={"index_name": "kb", "documents": [{"text": "hello", "doc_id": doc_id}]})
+    assert r.status_code == 422 and "doc_id" in r.text, r.text
+    assert client.get("/indexes/kb/documents").json()["total_items"] == before

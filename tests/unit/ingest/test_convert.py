@@ -84,3 +84,17 @@ def test_split_text_and_documents_ids() -> None:
     long_rel = "d/" * 200 + "x.md"
     (doc,) = file_documents(long_rel, 0.0, convert(b"hi", "x.md"), 100)
     assert len(doc["doc_id"]) <= 256
+
+
+@pytest.mark.parametrize("rel", ["notes/a\nb.md", "tab\there.txt", "nul\x00.md", "bell\x07" + "x" * 400 + ".md"])
+def test_a_file_name_with_control_characters_gets_an_id_the_api_accepts(rel: str) -> None:
+    """A file name may hold a newline; a document id may not (``Document.doc_id``): the id shows
+    each as ``?`` and keeps a hash of the whole path, so two such names never share an id."""
+    from ragserve.api.documents import Document
+    from ragserve.ingest.convert import MAX_DOC_ID, doc_id_for
+
+    doc_id = doc_id_for(rel, "#p2")
+    assert Document(text="x", doc_id=doc_id).doc_id == doc_id and len(doc_id) <= MAX_DOC_ID
+    assert doc_id.endswith("#p2") and "?" in doc_id
+    assert doc_id_for(rel.replace("\n", "\r").replace("\t", "\r").replace("\x00", "\r").replace("\x07", "\r")) != doc_id
+    assert doc_id_for("plain/path.md", "#p2") == "plain/path.md#p2"  # a printable path is its own id
