@@ -130,12 +130,22 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     for err in exc.errors()[:5]:
         if err.get("type") == "json_invalid":  # FastAPI's: loc is ("body", offset), the doc exc.body
             return _json_error(exc.body, err), None
-        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path") and not _union_tag(x)]
+        raw = list(err.get("loc", ()))
+        if raw and raw[0] in _SOURCES:  # where FastAPI found it; a field may be named "query" too
+            raw = raw[1:]
+        loc = [str(x) for x in raw if not _union_tag(x)]
         where = ".".join(loc) or "body"
         param = param or (".".join(loc) or None)  # a field, or none for the body as a whole
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+        msg = _UNICODE_MESSAGE if err.get("type") == "string_unicode" else err.get("msg", "invalid")
+        parts.append(f"{where}: {msg}")
     return "; ".join(parts) or "invalid request", param
 
+
+#: The first part of a FastAPI error's location: where in the request the value was.
+_SOURCES = frozenset({"body", "query", "path", "header", "cookie"})
+#: pydantic's words for a string it cannot read as text (a lone surrogate, in a constrained field
+#: that pydantic checks before ``RequestModel`` does), in ``RequestModel``'s.
+_UNICODE_MESSAGE = "contains a lone surrogate (\\ud800-\\udfff): send valid UTF-8 text"
 
 #: What pydantic puts in an error's location for the member of a union that failed (``str``,
 #: ``list[ContentPart]``, ``function-after[...]``): not a field, so not shown.
