@@ -304,3 +304,16 @@ def test_document_chunker_dispatch() -> None:
         == "One sentence. Two sentences."
     )
     assert chunker.chunk("Plain text.", None)[0].text == "Plain text."
+
+
+@pytest.mark.parametrize("shape", [".", "a ", "a. ", "?!", "\u3002", "ab" * 40 + "-"])
+def test_pathological_runs_are_cut_into_windows_within_the_chunk_size(embedding_model, shape: str) -> None:
+    """Runs of punctuation, one-letter words and a word longer than the tokenizer reads whole: every
+    chunk within the size by the real tokenizer, the text covered in order, chunks well filled
+    (windows grow back after a cut, so they are not left at a fraction of the size)."""
+    count = hf_token_counter(embedding_model.tokenizer)
+    text = shape * (20_000 // len(shape))
+    chunks = SentenceChunker(count, chunk_size=64, chunk_overlap=8).split(text)
+    _check(chunks, text, count, 64, 8)
+    sizes = [count(c.text) for c in chunks[:-1]]
+    assert sizes and min(sizes) >= 64 // 2, sizes[:20]
