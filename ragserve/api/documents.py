@@ -70,6 +70,18 @@ QueryRewrite = Literal["off", "llm"]
 MAX_LIST_PAGE = 1000
 
 
+#: Format characters that reorder or break what a terminal or a log line shows (bidirectional
+#: embeddings, overrides and isolates); other format characters (a zero-width joiner in an emoji)
+#: are text.
+_BIDI_CONTROLS = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def id_character(c: str) -> bool:
+    """Whether ``c`` may stand in a new document's id: not a control character (C0, C1), a line or
+    paragraph separator, or a bidirectional control."""
+    return unicodedata.category(c) not in ("Cc", "Zl", "Zp") and c not in _BIDI_CONTROLS
+
+
 class Document(RequestModel):
     """A document to index: text plus optional metadata and client-chosen id."""
 
@@ -88,7 +100,7 @@ class Document(RequestModel):
             return v
         if not v.strip():
             raise ValueError("doc_id must not be blank (only whitespace)")
-        bad = next((c for c in v if unicodedata.category(c) == "Cc"), None)
+        bad = next((c for c in v if not id_character(c)), None)
         if bad is not None:
             raise ValueError(
                 f"doc_id contains a control character (U+{ord(bad):04X}) at {v.index(bad)}: use printable text"

@@ -195,13 +195,21 @@ _DEPTH_BLOCK = 1 << 20
 
 
 def json_depth(text: str | bytes) -> int:
-    """How deep arrays and objects nest in ``text`` (JSON, valid or not; bytes: UTF-8), found without
-    parsing it, in linear time and without recursion: escaped backslashes and quotes are dropped, so
-    that every quote left opens or closes a string, and the depth is the highest running count of
-    the openings over the closings outside strings (numpy, a block at a time)."""
+    """How deep arrays and objects nest in ``text`` (``json_shape``)."""
+    return json_shape(text)[0]
+
+
+def json_shape(text: str | bytes) -> tuple[int, int]:
+    """``(depth, values)`` of ``text`` (JSON, valid or not; bytes: UTF-8), found without parsing it,
+    in linear time and without recursion: how deep arrays and objects nest, and about how many
+    values it holds (every array item and object member: the commas and the openings outside
+    strings, plus one). Escaped backslashes and quotes are dropped, so that every quote left opens
+    or closes a string; the depth is the highest running count of the openings over the closings
+    outside strings (numpy, a block at a time)."""
     raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")
     data = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
     deepest = level = quotes = 0
+    values = 1
     for start in range(0, len(data), _DEPTH_BLOCK):
         block = np.frombuffer(data, np.uint8, count=min(_DEPTH_BLOCK, len(data) - start), offset=start)
         is_quote = block == ord('"')
@@ -209,9 +217,10 @@ def json_depth(text: str | bytes) -> int:
         quotes += int(is_quote.sum())
         opens = outside & ((block == ord("[")) | (block == ord("{")))
         closes = outside & ((block == ord("]")) | (block == ord("}")))
+        values += int(opens.sum()) + int((outside & (block == ord(","))).sum())
         levels = np.cumsum(opens.astype(np.int64) - closes.astype(np.int64)) + level
         deepest, level = max(deepest, int(levels.max())), int(levels[-1])
-    return deepest
+    return deepest, values
 
 
 def check_json_depth(text: str | bytes, where: str, limit: int = MAX_JSON_DEPTH) -> None:

@@ -70,11 +70,20 @@ class HandleEmbedder:
         on_lookup: Callable[[bool], None] | None = None,
     ):
         self._h = handle
+        self._bulk_served = True  # until an older Embedder refuses the keyword
         self._cache: TTLCache[np.ndarray] = TTLCache(cache_size, cache_ttl_s)
         self._on_lookup = on_lookup
 
     async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> np.ndarray:
-        return await self._h.embed_documents.remote(texts, bulk=bulk, **traced())
+        if not bulk or not self._bulk_served:
+            return await self._h.embed_documents.remote(texts, **traced())
+        try:
+            return await self._h.embed_documents.remote(texts, bulk=True, **traced())
+        except TypeError as e:  # an Embedder replica from before ``bulk`` (a rolling update): first in line
+            if "bulk" not in str(e):
+                raise
+            self._bulk_served = False
+            return await self._h.embed_documents.remote(texts, **traced())
 
     async def embed_query(self, text: str) -> np.ndarray:
         vec, hit = await self._cache.get_or_compute(

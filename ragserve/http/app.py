@@ -69,7 +69,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(openai_router(services))
     app.include_router(files_router(services))
     app.include_router(vector_stores_router(services.vector_stores))
-    app.include_router(jobs_router(services.jobs))
+    app.include_router(jobs_router(services.jobs, services.limits))
     app.include_router(documents_router(services))
     app.include_router(probes_router(services))
     app.include_router(usage_router(services))

@@ -31,12 +31,13 @@ import io
 import math
 import multiprocessing
 import re
-import unicodedata
 import zipfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import PurePath
 from typing import Any
+
+from ragserve.api.documents import id_character
 
 # Extensions the code-aware chunker has a grammar for (ragserve.ingest.code.SUPPORTED_LANGUAGES).
 CODE_LANGUAGES: dict[str, str] = {
@@ -635,11 +636,11 @@ def iso_mtime(mtime: float) -> str:
 
 def doc_id_for(rel: str, suffix: str = "") -> str:
     """``rel`` + ``suffix``; a path too long for an id keeps its start and a hash of the whole, and
-    so does a path with control characters (a file name may hold a newline; an id may not), each
-    shown as ``?``."""
+    so does a path with characters an id may not hold (``id_character``: a file name may hold a
+    newline), each shown as ``?``, and a blank one (a file named " ")."""
     doc_id = rel + suffix
-    printable = "".join("?" if unicodedata.category(c) == "Cc" else c for c in rel)
-    if len(doc_id) <= MAX_DOC_ID and printable == rel:
+    printable = "".join(c if id_character(c) else "?" for c in rel)
+    if len(doc_id) <= MAX_DOC_ID and printable == rel and rel.strip():
         return doc_id
     digest = hashlib.sha256(rel.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return f"{printable[: MAX_DOC_ID - len(suffix) - 18]}~{digest}{suffix}"

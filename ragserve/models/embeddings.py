@@ -304,9 +304,10 @@ class EncodeWorkers:
 
     **Who goes first.** Each part takes a worker only when one is free, and waiting work is
     started in priority order: interactive work (a query, a chat's passages, a token count) before
-    ``bulk`` work (an ingestion's batches), each in arrival order, and among bulk calls the first
-    parts of each before the second parts of any (they take turns: a small document is not queued
-    behind every part of a large one). So a megabyte of document, a few thousand chunks and
+    ``bulk`` work (an ingestion's batches); within each, calls take turns, the first parts of each
+    before the second parts of any, then in arrival order (a query is not queued behind every part
+    of a ``/v1/embeddings`` call of 2,048 inputs, nor a small document behind a large one). So a
+    megabyte of document, a few thousand chunks and
     minutes of one core, delays a query by at most the part a worker is already encoding, instead
     of queueing it behind every one of its chunks; and a caller that is
     cancelled (its client left) takes its parts not yet started out of the queue: only the parts
@@ -349,8 +350,8 @@ class EncodeWorkers:
 
     async def run(self, fn: Callable[..., Any], *args: Any, bulk: bool = False, turn: int = 0) -> Any:
         """``fn(*args)`` on a worker, once one is free and no work before it in line waits: interactive
-        work first, then bulk work by ``turn`` (a call's k-th part), each in arrival order."""
-        await self._take((self.BULK, turn) if bulk else (self.INTERACTIVE, 0))
+        work first, then bulk work, each by ``turn`` (a call's k-th part), then in arrival order."""
+        await self._take((self.BULK if bulk else self.INTERACTIVE, turn))
         try:
             job = self._executor.submit(fn, *args)
         except BaseException:
@@ -379,11 +380,29 @@ class EncodeWorkers:
             if not self._waiting:
                 self._free += 1
                 return
-            _, _, turn = heapq.heappop(self._waiting)
+            priority, arrival, turn = heapq.heappop(self._waiting)
+        loop = turn.get_loop()
         try:
-            turn.get_loop().call_soon_threadsafe(self._hand, turn)
+            if loop.is_running():
+                loop.call_soon_threadsafe(self._hand, turn)
+                return
+            # a loop that is stopped (or between its last run and its close) would hold the worker
+            # until it runs again: the worker goes on, and the turn gets back in line if it does
+            loop.call_soon_threadsafe(self._requeue, priority, arrival, turn)
         except RuntimeError:  # its loop is closed: nobody is left to wait on it
-            self._give_back()
+            pass
+        self._give_back()
+
+    def _requeue(self, priority: tuple[int, int], arrival: int, turn: asyncio.Future[None]) -> None:
+        """On ``turn``'s loop, running again: its turn back in line (or a free worker at once)."""
+        if turn.done():
+            return
+        with self._lock:
+            if self._free <= 0:
+                heapq.heappush(self._waiting, (priority, arrival, turn))
+                return
+            self._free -= 1
+        turn.set_result(None)
 
     def _hand(self, turn: asyncio.Future[None]) -> None:
         if turn.done():  # its caller was cancelled while it waited: the next in line gets the worker

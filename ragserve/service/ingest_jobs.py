@@ -22,6 +22,7 @@ from ragserve.api.jobs import DocumentError, DocumentProgress, IndexJobRequest, 
 from ragserve.errors import NotFoundError, PayloadTooLargeError, ServiceError
 from ragserve.jobs.store import Job, JobItem, JobStore
 from ragserve.service.documents import DocumentService
+from ragserve.service.limits import job_document_count
 from ragserve.service.usage import Usage, UsageBackend
 
 log = logging.getLogger(__name__)
@@ -73,20 +74,11 @@ class JobService:
         self.webhook_configured = webhook_configured
 
     # --- the API --------------------------------------------------------------------------------
-    def document_count(self, n: int) -> None:
-        """A 413 for a job of more than ``max_documents_per_job`` documents."""
-        if n > self.max_documents:
-            raise PayloadTooLargeError(
-                f"documents: {n} in one job; at most {self.max_documents} are accepted "
-                "(max_documents_per_job), send them in several jobs",
-                param="documents",
-            )
-
     async def submit(self, req: IndexJobRequest, usage_key: str | None = None) -> JobInfo:
         """Store the job whole (one transaction) and return it, queued; the runner starts it.
         ``usage_key``: the name of the key that submits it, whose usage its batches' embedding is."""
         docs = req.documents
-        self.document_count(len(docs))
+        job_document_count(len(docs), self.max_documents)
         for i, d in enumerate(docs):
             if len(d.text) > self.max_document_chars:
                 raise PayloadTooLargeError(

@@ -23,6 +23,7 @@ class RequestLimits:
     max_request_bytes: int
     max_file_bytes: int
     max_documents_per_request: int
+    max_documents_per_job: int
     max_document_chars: int
     max_unpacked_bytes: int
     max_convert_seconds: float
@@ -78,6 +79,10 @@ class RequestLimits:
                 param="messages",
             )
 
+    def raw_job_documents(self, value: Any) -> None:
+        """A job's ``documents`` as sent: at most ``max_documents_per_job``."""
+        raw_list(lambda n: job_document_count(n, self.max_documents_per_job))(value)
+
     def raw_documents(self, field: str) -> Callable[[Any], None]:
         """The list ``field`` as sent: at most ``max_documents_per_request`` items (``document_count``)."""
         return raw_list(lambda n: self.document_count(n, field))
@@ -110,3 +115,13 @@ def at_most(field: str, most: int) -> Callable[[int], None]:
             raise BadRequestError(f"{field}: {n} items; at most {most} are accepted", param=field)
 
     return check
+
+
+def job_document_count(n: int, most: int) -> None:
+    """A 413 for a job of more than ``most`` (``max_documents_per_job``) documents."""
+    if n > most:
+        raise PayloadTooLargeError(
+            f"documents: {n} in one job; at most {most} are accepted (max_documents_per_job), "
+            "send them in several jobs",
+            param="documents",
+        )

@@ -43,3 +43,7 @@ class InProcessEmbedder:
 
     async def count_tokens(self, texts: list[str]) -> int:
         return int(await self.workers.run(self.model.count_tokens, texts))  # seconds for 1 MB: off the loop
+
+    def close(self) -> None:
+        """Stop the workers' threads (they also end when the embedder is collected)."""
+        self.workers.close()

@@ -13,16 +13,16 @@ from ragserve.http.json_body import CheckedJSONRoute, counted_first
 from ragserve.http.routes.common import allow, checked_index, metered_documents
 from ragserve.service.access import Role
 from ragserve.service.ingest_jobs import JobService
-from ragserve.service.limits import raw_list
+from ragserve.service.limits import RequestLimits
 
 #: How soon a client polling a running job should ask again (``Retry-After``-like hint).
 POLL_AFTER_S = 1
 
 
-def jobs_router(jobs: JobService) -> APIRouter:
+def jobs_router(jobs: JobService, limits: RequestLimits) -> APIRouter:
     router = APIRouter(tags=["jobs"], responses=DOCUMENT_ERRORS, route_class=CheckedJSONRoute)
 
-    @router.post("/jobs", status_code=202, dependencies=[counted_first(documents=raw_list(jobs.document_count))])
+    @router.post("/jobs", status_code=202, dependencies=[counted_first(documents=limits.raw_job_documents)])
     async def submit_job(body: IndexJobRequest, request: Request, response: Response) -> JobInfo:
         """Index documents in the background: accepted at once (202) with the job's id; the job
         survives a restart of the server. Poll ``GET /jobs/{id}`` (the ``Location`` header)."""

@@ -23,7 +23,7 @@ from ragserve.api.openai import (
 from ragserve.errors import EngineError, ServiceError
 from ragserve.http.errors import OPENAI_ERRORS, error_event
 from ragserve.http.headers import query_headers
-from ragserve.http.json_body import CheckedJSONRoute, counted_first
+from ragserve.http.json_body import ChatJSONRoute, counted_first
 from ragserve.http.routes.common import allow, metered_chat, report_latencies
 from ragserve.http.server_timing import server_timing
 from ragserve.http.usage import usage_of
@@ -54,7 +54,8 @@ def _sse_error(error: ServiceError) -> str:
 
 
 def openai_router(services: Services) -> APIRouter:
-    router = APIRouter(tags=["openai"], responses=OPENAI_ERRORS, route_class=CheckedJSONRoute)
+    # chat completions and embeddings: bodies of at most MAX_CHAT_JSON_VALUES values
+    router = APIRouter(tags=["openai"], responses=OPENAI_ERRORS, route_class=ChatJSONRoute)
     chat, limits, tel = services.chat, services.limits, services.telemetry
 
     @router.post(

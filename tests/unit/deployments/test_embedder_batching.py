@@ -93,3 +93,32 @@ async def test_a_query_goes_before_an_ingestions_waiting_batches(embedder) -> No
     vectors = await ingest
     assert vectors.shape == (320, 4) and [v[0] for v in vectors] == [float(len(t)) for t in texts]
     assert len(embedder.model.calls) == 11
+
+
+class _OldEmbedderHandle:
+    """An Embedder replica from before ``bulk`` behind its handle: the keyword is a TypeError there,
+    as Ray raises the replica's exception (a subclass of its cause) at the caller."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict] = []
+        self.embed_documents = self
+
+    async def remote(self, texts: list[str], **kwargs):  # type: ignore[no-untyped-def]
+        self.calls.append(dict(kwargs))
+        if "bulk" in kwargs:
+            raise TypeError("Embedder.embed_documents() got an unexpected keyword argument 'bulk'")
+        return np.zeros((len(texts), 4), dtype=np.float32)
+
+
+async def test_an_older_embedder_without_bulk_still_embeds_an_ingestion() -> None:
+    """During a rolling update a new ingress meets an old Embedder: its ingestion is embedded (first
+    in line, as before) instead of failing every POST /index until the rollout ends; interactive
+    calls never send the keyword."""
+    from ragserve.deployments.clients import HandleEmbedder
+
+    handle = _OldEmbedderHandle()
+    client = HandleEmbedder(handle)
+    assert (await client.embed_documents(["a", "b"], bulk=True)).shape == (2, 4)
+    assert (await client.embed_documents(["c"], bulk=True)).shape == (1, 4)
+    assert (await client.embed_documents(["d"])).shape == (1, 4)
+    assert ["bulk" in c for c in handle.calls] == [True, False, False, False]  # asked once, then remembered

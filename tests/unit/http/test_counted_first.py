@@ -109,3 +109,41 @@ def test_within_the_limits_validation_still_names_the_bad_item(client: TestClien
     r = client.post("/index", json={"index_name": "kb", "documents": [BAD_DOCUMENT]})
     assert r.status_code in (400, 422) and "documents" in r.text
     assert client.post("/v1/chat/completions", json={"messages": "not a list"}).status_code == 400
+
+
+@pytest.mark.parametrize("where", ["top", "message", "tool_call"])
+def test_a_body_of_too_many_json_values_is_refused_before_parsing(
+    client: TestClient, fake: FakeOpenAI, where: str
+) -> None:
+    """Free-form fields are validated value by value too (an extra field, a message's tool calls):
+    the hostile review's 3 M empty objects in one were 9.5 s of a stopped event loop, then sent
+    upstream. The body's values are counted in the scan that bounds its depth, before it is parsed."""
+    from ragserve.http.json_body import MAX_CHAT_JSON_VALUES
+
+    many = [{}] * (MAX_CHAT_JSON_VALUES + 10)
+    message: dict = {"role": "user", "content": "hi"}
+    body: dict = {"messages": [message]}
+    if where == "top":
+        body["foo"] = many
+    elif where == "message":
+        message["foo"] = many
+    else:
+        message["tool_calls"] = many
+    before = len(fake.requests)
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 413, r.text
+    assert "JSON values" in r.json()["error"]["message"]
+    assert len(fake.requests) == before
+
+
+def test_the_document_api_takes_a_larger_body_of_values(client: TestClient) -> None:
+    """Documents with metadata count many values: past the chat bound, within the body bound."""
+    from ragserve.http.json_body import MAX_CHAT_JSON_VALUES, MAX_JSON_VALUES
+
+    docs = [{"text": f"doc {i}", "metadata": {"tags": list(range(1000))}} for i in range(3)]
+    values = 3 * 1000
+    assert values < MAX_JSON_VALUES
+    assert client.post("/index", json={"index_name": "kb", "documents": docs}).status_code == 200
+    r = client.post("/index", json={"index_name": "kb", "documents": [{"text": "x", "extra": [0] * MAX_JSON_VALUES}]})
+    assert r.status_code == 413 and "JSON values" in r.text
+    assert MAX_CHAT_JSON_VALUES < MAX_JSON_VALUES

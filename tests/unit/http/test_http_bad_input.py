@@ -297,7 +297,9 @@ def test_an_index_built_with_another_embedding_model_is_a_409_that_says_so(tmp_p
         assert hits["results"] and hits["results"][0]["text"] == DOC["text"]
 
 
-@pytest.mark.parametrize("doc_id", ["   ", "\t", "a\x00b", "line\nbreak", "esc\x1b[31m", "del\x7f", "c1\x85"])
+@pytest.mark.parametrize(
+    "doc_id", ["   ", "\t", "a\x00b", "line\nbreak", "esc\x1b[31m", "del\x7f", "c1\x85", "ls\u2028", "rtl\u202efdp.exe"]
+)
 def test_a_new_document_id_is_printable_text(client: TestClient, doc_id: str) -> None:
     """A NUL, a newline or a blank id was stored (the hostile probe): ids travel in URLs, logs and
     terminals. Nothing is stored, and the index keeps what it had."""

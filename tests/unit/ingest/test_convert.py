@@ -86,7 +86,10 @@ def test_split_text_and_documents_ids() -> None:
     assert len(doc["doc_id"]) <= 256
 
 
-@pytest.mark.parametrize("rel", ["notes/a\nb.md", "tab\there.txt", "nul\x00.md", "bell\x07" + "x" * 400 + ".md"])
+@pytest.mark.parametrize(
+    "rel",
+    ["notes/a\nb.md", "tab\there.txt", "nul\x00.md", "bell\x07" + "x" * 400 + ".md", "rtl\u202egpj.md", "ls\u2028"],
+)
 def test_a_file_name_with_control_characters_gets_an_id_the_api_accepts(rel: str) -> None:
     """A file name may hold a newline; a document id may not (``Document.doc_id``): the id shows
     each as ``?`` and keeps a hash of the whole path, so two such names never share an id."""
@@ -98,3 +101,15 @@ def test_a_file_name_with_control_characters_gets_an_id_the_api_accepts(rel: str
     assert doc_id.endswith("#p2") and "?" in doc_id
     assert doc_id_for(rel.replace("\n", "\r").replace("\t", "\r").replace("\x00", "\r").replace("\x07", "\r")) != doc_id
     assert doc_id_for("plain/path.md", "#p2") == "plain/path.md#p2"  # a printable path is its own id
+    assert (
+        doc_id_for("emoji \U0001f468\u200d\U0001f469.md") == "emoji \U0001f468\u200d\U0001f469.md"
+    )  # a joiner is text
+
+
+def test_a_blank_file_name_gets_an_id_the_api_accepts() -> None:
+    from ragserve.api.documents import Document
+    from ragserve.ingest.convert import doc_id_for
+
+    for rel in (" ", "\u3000"):
+        doc_id = doc_id_for(rel)
+        assert Document(text="x", doc_id=doc_id).doc_id == doc_id and doc_id != doc_id_for("  ")

@@ -334,3 +334,53 @@ async def test_bulk_calls_take_turns_part_by_part() -> None:
         assert model.began == ["large0", "small0", "large1", "large2", "large3", "large4"]
     finally:
         pool.close()
+
+
+async def test_interactive_calls_take_turns_too() -> None:
+    """A query is not queued behind every part of a ``/v1/embeddings`` call of 2,048 inputs sent
+    before it (the hostile review): interactive calls take turns part by part as bulk calls do."""
+    model = GatedModel()
+    pool = EncodeWorkers(model, 1)
+    try:
+        big = asyncio.ensure_future(pool.encode([f"input{i}" for i in range(5)], 1))
+        await _until(lambda: model.running == 1)
+        query = asyncio.ensure_future(pool.run(model.encode, ["query"]))
+        await _until(lambda: len(pool._waiting) == 5)
+        for _ in range(6):
+            model.gate.release()
+        await asyncio.gather(big, query)
+        assert model.began[:2] == ["input0", "query"]
+    finally:
+        pool.close()
+
+
+def test_a_waiter_whose_loop_stopped_does_not_keep_the_worker_from_other_loops() -> None:
+    """A waiter's loop that stops without being closed (a synchronous wrapper's
+    ``run_until_complete`` that returned, or ``asyncio.run`` between its last run and its close)
+    would never run the callback handing it the worker: the worker goes on to the next caller, and
+    the stopped loop's waiter gets back in line if its loop runs again."""
+    model = GatedModel()
+    pool = EncodeWorkers(model, 1)
+    stopped = asyncio.new_event_loop()
+    try:
+        holder = stopped.create_task(pool.run(model.encode, ["holder"]))
+        waiter = stopped.create_task(pool.run(model.encode, ["waiter"]))
+        stopped.run_until_complete(asyncio.sleep(0.05))  # holder on the worker, waiter in line; the loop stops
+        assert model.began == ["holder"] and len(pool._waiting) == 1
+        model.gate.release()  # holder's part ends while its loop is stopped
+        deadline = time.monotonic() + 5
+        while pool._free != 1:  # the worker was not handed to the stopped loop's waiter
+            assert time.monotonic() < deadline, (pool._free, pool._waiting)
+            time.sleep(0.01)
+
+        async def later() -> np.ndarray:
+            return await asyncio.wait_for(pool.run(model.encode, ["later"]), 5)
+
+        model.gate.release()
+        assert np.array_equal(asyncio.run(later()), expected(["later"]))
+        model.gate.release()
+        stopped.run_until_complete(asyncio.wait_for(asyncio.gather(holder, waiter), 5))  # runs again: back in line
+        assert model.began == ["holder", "later", "waiter"] and pool._free == 1
+    finally:
+        stopped.close()
+        pool.close()
