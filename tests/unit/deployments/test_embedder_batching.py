@@ -45,7 +45,11 @@ def embedder(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     replica = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=128))
     monkeypatch.setattr(serve, "get_replica_context", lambda: replica)
     cls = embedder_mod.Embedder.func_or_class
-    return cls(Settings(embedding_batch_wait_s=0.05, embedding_batch_size=32))
+    yield cls(Settings(embedding_batch_wait_s=0.05, embedding_batch_size=32))
+    # @serve.batch keeps its queue on the class, made at the first batched call: left there, it
+    # holds weakrefs, and a deployment of the class later in this process (pickled by value: the
+    # module's name is the Deployment) fails "cannot pickle 'weakref.ReferenceType' object"
+    cls._embed_query_batch.set_max_batch_size.__self__._queue = None
 
 
 async def test_a_query_alone_does_not_wait_for_the_batch_timeout(embedder) -> None:  # type: ignore[no-untyped-def]
