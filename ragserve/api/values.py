@@ -223,11 +223,13 @@ def json_shape(text: str | bytes) -> tuple[int, int]:
     return deepest, values
 
 
-def check_json_depth(text: str | bytes, where: str, limit: int = MAX_JSON_DEPTH) -> None:
-    """``ValueError`` naming ``where`` when ``text`` nests arrays and objects deeper than ``limit``."""
-    depth = json_depth(text)
+def check_json_depth(text: str | bytes, where: str, limit: int = MAX_JSON_DEPTH) -> int:
+    """``ValueError`` naming ``where`` when ``text`` nests arrays and objects deeper than ``limit``;
+    else about how many values it holds (``json_shape``, the same scan)."""
+    depth, values = json_shape(text)
     if depth > limit:
         raise ValueError(f"{where} nests arrays and objects {depth} levels deep; at most {limit} levels are accepted")
+    return values
 
 
 def json_error_message(error: json.JSONDecodeError) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Depends, Request, Response
 from fastapi.routing import APIRoute
 
-from ragserve.api.values import MAX_JSON_DEPTH, json_shape, number_error_message
+from ragserve.api.values import check_json_depth, number_error_message
 from ragserve.errors import BadRequestError, PayloadTooLargeError
 
 #: JSON values (array items and object members, at any depth) one body may hold: validating one
@@ -40,13 +40,10 @@ def check_json_body(body: bytes, max_values: int = MAX_JSON_VALUES) -> None:
         raise BadRequestError(
             f"the body is not valid {encoding.upper()} (byte {e.start}): send JSON as UTF-8 text", code="invalid_json"
         ) from e
-    # UTF-8 is scanned as the bytes it came as (no second encoding of the whole body)
-    depth, values = json_shape(body if encoding == "utf-8" else text)
-    if depth > MAX_JSON_DEPTH:
-        raise BadRequestError(
-            f"the body nests arrays and objects {depth} levels deep; at most {MAX_JSON_DEPTH} levels are accepted",
-            code="json_too_deep",
-        )
+    try:  # UTF-8 is scanned as the bytes it came as (no second encoding of the whole body)
+        values = check_json_depth(body if encoding == "utf-8" else text, "the body")
+    except ValueError as e:
+        raise BadRequestError(str(e), code="json_too_deep") from e
     if values > max_values:
         raise PayloadTooLargeError(
             f"the body holds about {values} JSON values (array items and object members); at most {max_values} "

@@ -307,11 +307,10 @@ class EncodeWorkers:
     ``bulk`` work (an ingestion's batches); within each, calls take turns, the first parts of each
     before the second parts of any, then in arrival order (a query is not queued behind every part
     of a ``/v1/embeddings`` call of 2,048 inputs, nor a small document behind a large one). So a
-    megabyte of document, a few thousand chunks and
-    minutes of one core, delays a query by at most the part a worker is already encoding, instead
-    of queueing it behind every one of its chunks; and a caller that is
-    cancelled (its client left) takes its parts not yet started out of the queue: only the parts
-    already on a worker finish. Any thread and any event loop may call; each part holds its worker
+    megabyte of document, a few thousand chunks and minutes of one core, delays a query by at most
+    the part a worker is already encoding, instead of queueing it behind every one of its chunks;
+    and a caller that is cancelled (its client left) takes its parts not yet started out of the
+    queue: only the parts already on a worker finish. Any thread and any event loop may call; each part holds its worker
     until its thread is done, also when its caller was cancelled meanwhile."""
 
     INTERACTIVE, BULK = 0, 1
@@ -361,12 +360,9 @@ class EncodeWorkers:
         return await asyncio.wrap_future(job)
 
     async def _take(self, priority: tuple[int, int]) -> None:
-        with self._lock:
-            if self._free > 0:
-                self._free -= 1
-                return
-            turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            heapq.heappush(self._waiting, (priority, next(self._arrivals), turn))
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._enter(priority, next(self._arrivals), turn):
+            return
         try:
             await turn
         except asyncio.CancelledError:
@@ -393,16 +389,19 @@ class EncodeWorkers:
             pass
         self._give_back()
 
+    def _enter(self, priority: tuple[int, int], arrival: int, turn: asyncio.Future[None]) -> bool:
+        """A free worker taken (True), or ``turn`` in line for one."""
+        with self._lock:
+            if self._free > 0:
+                self._free -= 1
+                return True
+            heapq.heappush(self._waiting, (priority, arrival, turn))
+            return False
+
     def _requeue(self, priority: tuple[int, int], arrival: int, turn: asyncio.Future[None]) -> None:
         """On ``turn``'s loop, running again: its turn back in line (or a free worker at once)."""
-        if turn.done():
-            return
-        with self._lock:
-            if self._free <= 0:
-                heapq.heappush(self._waiting, (priority, arrival, turn))
-                return
-            self._free -= 1
-        turn.set_result(None)
+        if not turn.done() and self._enter(priority, arrival, turn):
+            turn.set_result(None)
 
     def _hand(self, turn: asyncio.Future[None]) -> None:
         if turn.done():  # its caller was cancelled while it waited: the next in line gets the worker

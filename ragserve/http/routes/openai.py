@@ -80,8 +80,7 @@ def openai_router(services: Services) -> APIRouter:
         `X-RAG-Query-Truncated: true` says so; the body's `rag` has it whole."""
         allow(request, Role.READ, body.index_name)
         t0 = time.perf_counter()
-        limits.messages(len(body.messages))
-        limits.top_k(body.top_k)
+        limits.top_k(body.top_k)  # messages: counted before validation (counted_first)
         outcome = await chat.complete(body, request.headers.get("cache-control"))
         headers = {"X-RAG-Mode": outcome.mode}
         if outcome.reason:
