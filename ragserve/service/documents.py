@@ -515,9 +515,9 @@ class DocumentService:
         spent (``Retriever.retrieve``)."""
         return await self.retriever.retrieve(indexes, query, k, metadata_filter, mode)
 
-    async def persist(self, index: str, path: str | None = None) -> str:
+    async def persist(self, index: str, path: str | None = None, principal: Principal = FULL_ACCESS) -> str:
         """Write a snapshot of ``index`` (``Snapshots.persist``)."""
-        return await self.snapshots.persist(index, path)
+        return await self.snapshots.persist(index, path, principal)
 
     async def load(
         self, index: str, path: str | None = None, overwrite: bool = False, principal: Principal = FULL_ACCESS

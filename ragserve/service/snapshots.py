@@ -9,6 +9,13 @@ Paths: KAITO accepts any filesystem path; ragserve resolves a client's path (fol
 URL-decoding it) and refuses anything that lands outside the snapshots directory, which lies apart
 from the live data, so a path can never name a shard or model folder (``confine``).
 
+Scopes: a key for every index names paths in the whole snapshots directory. A key scoped to some
+indexes names them in a folder of its scope's own, ``<snapshots>/.scopes/<digest of its index
+patterns>`` (``scope_folder``), so nothing another scope keeps there can be seen by what persist or
+load answer it: a persist refused because another snapshot is in the way, against one that succeeds,
+told a scoped key which paths another tenant's snapshots have. Keys with the same patterns share a
+folder; an unscoped admin hands a snapshot over by persisting or copying it into that folder.
+
 Crash safety: a persist writes part files of its own beside the current ones, then replaces the
 manifest atomically (the commit point) and only then removes the parts the old manifest named,
 under a file lock shared by every process on the host, so a crash leaves the old snapshot or the
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
 import json
 import os
 import time
@@ -37,6 +45,17 @@ MANIFEST = "manifest.json"
 SNAPSHOTS = "snapshots"  # persist/load paths are relative to <storage_dir>/snapshots
 SNAPSHOT_FORMAT = 1
 LOCK_FILE = ".persist.lock"
+SCOPES = ".scopes"  # scoped keys' folders; no index name starts with "."
+
+
+def scope_folder(principal: Principal) -> str:
+    """The folder, relative to the snapshots directory, that a key scoped to some indexes names its
+    snapshot paths in: the same for every key with the same index patterns (in any order), and never
+    one that another scope's key can name. "" for a key that reaches every index."""
+    if principal.sees_all:
+        return ""
+    patterns = json.dumps(sorted(set(principal.indexes)))
+    return f"{SCOPES}/{hashlib.sha256(patterns.encode()).hexdigest()[:24]}"
 
 
 class PathOutsideStorageError(ValueError):
@@ -88,47 +107,52 @@ class Snapshots:
     def snapshots_dir(self) -> Path:
         return (Path(self.storage_dir) / SNAPSHOTS).resolve()
 
-    def _confine(self, path: str | None, default: str) -> Path:
+    def root_of(self, principal: Principal) -> Path:
+        """The folder ``principal``'s paths are relative to (``scope_folder``)."""
+        return (self.snapshots_dir / scope_folder(principal)).resolve()
+
+    def _confine(self, root: Path, path: str | None, default: str) -> Path:
         try:
             # Snapshots live apart from the live data: a path can never name a shard or model folder.
-            return confine(self.snapshots_dir, path, default=default)
+            return confine(root, path, default=default)
         except PathOutsideStorageError as e:
             raise BadRequestError(str(e), param="path") from e
 
-    def _shown(self, path: Path) -> str:
-        """``path`` as the client names it: relative to the snapshots directory."""
-        return path.relative_to(self.snapshots_dir).as_posix()
+    @staticmethod
+    def _shown(root: Path, path: Path) -> str:
+        """``path`` as the client names it: relative to its snapshots folder ``root``."""
+        return path.relative_to(root).as_posix()
 
-    def _check_snapshot_target(self, dest: Path) -> None:
-        """``dest`` may hold a snapshot: no file on the way to it, not inside another snapshot (its
-        files would mix with that one's), and no other snapshot inside it. Each is a 400 saying
-        which path is in the way."""
-        root = self.snapshots_dir
+    def _check_snapshot_target(self, root: Path, dest: Path) -> None:
+        """``dest`` may hold a snapshot: no file on the way to it from ``root``, not inside another
+        snapshot (its files would mix with that one's), and no other snapshot inside it. Each is a
+        400 saying which path is in the way."""
         rel = dest.relative_to(root)
         folders = [root / f for f in [*list(reversed(rel.parents))[1:], rel]]  # shallowest first, root left out
         for here in folders:
             if here.exists() and not here.is_dir():
                 raise BadRequestError(
-                    f"path names a file, not a directory: {self._shown(here)!r}; pass a directory to persist into",
+                    f"path names a file, not a directory: {self._shown(root, here)!r}; "
+                    "pass a directory to persist into",
                     param="path",
                 )
         for here in folders[:-1]:
             if (here / MANIFEST).is_file():
                 raise BadRequestError(
-                    f"{self._shown(dest)!r} is inside the snapshot at {self._shown(here)!r}; persist to a path "
-                    "outside it",
+                    f"{self._shown(root, dest)!r} is inside the snapshot at {self._shown(root, here)!r}; "
+                    "persist to a path outside it",
                     param="path",
                 )
         if dest.is_dir():
             for manifest in dest.rglob(MANIFEST):
                 if manifest.parent != dest:
                     raise BadRequestError(
-                        f"{self._shown(dest)!r} contains the snapshot at {self._shown(manifest.parent)!r}; "
+                        f"{self._shown(root, dest)!r} contains the snapshot at {self._shown(root, manifest.parent)!r}; "
                         "persist to a path that holds no other snapshot",
                         param="path",
                     )
 
-    async def persist(self, index: str, path: str | None = None) -> str:
+    async def persist(self, index: str, path: str | None = None, principal: Principal = FULL_ACCESS) -> str:
         """Write a portable snapshot of ``index`` (one part per shard + a manifest), KAITO's layout:
         ``path=P`` writes ``<snapshots>/P/<index>``, no path writes ``<snapshots>/<index>``; a
         KAITO client then loads it with ``path=P/<index>``. Paths are relative to
@@ -138,15 +162,17 @@ class Snapshots:
         current ones, then replaces ``manifest.json`` atomically (the commit point), then removes the
         parts the old manifest named. At every instant the manifest names a complete snapshot, old or
         new. Persisting into or around another snapshot is refused (400), so one can never remove
-        another's files."""
+        another's files. A scoped ``principal``'s paths are relative to its scope's folder
+        (``scope_folder``), so what is in the way is only ever its own scope's."""
         if not await self._index_exists(index):
             raise NotFoundError(f"No such index: '{index}' exists.")
         if "/" in index or index in {".", ".."}:
             raise BadRequestError(f"invalid index name {index!r}")
+        root = self.root_of(principal)
         if path:
-            self._confine(path, index)  # the path itself must be a folder inside the snapshots folder
-        dest = self._confine(f"{path}/{index}" if path else index, index)
-        self._check_snapshot_target(dest)
+            self._confine(root, path, index)  # the path itself must be a folder inside the snapshots folder
+        dest = self._confine(root, f"{path}/{index}" if path else index, index)
+        self._check_snapshot_target(root, dest)
         try:
             dest.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError) as e:
@@ -178,7 +204,7 @@ class Snapshots:
                 if part.name not in kept:
                     part.unlink(missing_ok=True)
             raise
-        return f"Successfully persisted index {index} to {self._shown(dest)}."
+        return f"Successfully persisted index {index} to {self._shown(root, dest)}."
 
     @staticmethod
     def _manifest_parts(snapshot: Path) -> set[str]:
@@ -222,9 +248,11 @@ class Snapshots:
         ``principal`` must also reach the index the snapshot was persisted from (its manifest's
         ``index_name``): a 403 otherwise, and for a scoped key when the manifest does not say. A
         scoped key hears that one 403 for every path it may not load, a snapshot of another index's
-        or none at all: a 404 for one and a 403 for the other told it which paths exist."""
-        src = self._confine(path, index)
-        shown = self._shown(src)
+        or none at all: a 404 for one and a 403 for the other told it which paths exist. Its paths are
+        relative to its scope's folder (``scope_folder``)."""
+        root = self.root_of(principal)
+        src = self._confine(root, path, index)
+        shown = self._shown(root, src)
         if not principal.sees_all:
             source = _recorded_source(src / MANIFEST)
             if not (isinstance(source, str) and source and principal.sees(source)):

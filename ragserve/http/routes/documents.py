@@ -119,9 +119,10 @@ def documents_router(services: Services) -> APIRouter:
 
     @router.post("/persist/{index_name}")
     async def persist(index_name: str, request: Request, path: str | None = None) -> MessageResponse:
-        """A portable snapshot under `<storage_dir>/snapshots`."""
-        allow(request, Role.ADMIN, index_name)
-        return MessageResponse(message=await docs.persist(checked_index(index_name), path))
+        """A portable snapshot under `<storage_dir>/snapshots` (a key scoped to some indexes: under
+        its scope's own folder there)."""
+        principal = allow(request, Role.ADMIN, index_name)
+        return MessageResponse(message=await docs.persist(checked_index(index_name), path, principal))
 
     @router.post("/load/{index_name}")
     async def load(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from ragserve.http.security import KeyChecker
 from ragserve.service.access import FULL_ACCESS, Principal, Role
+from ragserve.service.snapshots import scope_folder
 from ragserve.testing.fake_openai import FakeOpenAI
 from ragserve.testing.inprocess import inprocess_app
 
@@ -338,6 +340,9 @@ def test_remote_llm_config_listens_on_the_loopback() -> None:
 def test_a_scoped_key_cannot_load_another_indexs_snapshot_into_its_own(scoped: TestClient) -> None:
     assert scoped.post("/persist/kb", headers=bearer(ADMIN)).status_code == 200  # snapshots/kb, from kb
     assert scoped.post("/persist/kb?path=shared", headers=bearer(ADMIN)).status_code == 200  # shared/kb
+    # the same snapshots put into the team's own scope folder by an unscoped admin are refused too
+    folder = scope_folder(Principal(Role.ADMIN, ("team-a*",)))
+    assert scoped.post(f"/persist/kb?path={folder}", headers=bearer(ADMIN)).status_code == 200  # <team>/kb
     for path in ("kb", "shared/kb"):
         r = scoped.post(f"/load/team-a-docs?path={path}&overwrite=true", headers=bearer(TEAM))
         assert r.status_code == 403, r.text
@@ -357,14 +362,56 @@ def test_a_scoped_key_cannot_load_another_indexs_snapshot_into_its_own(scoped: T
 
 def test_a_snapshot_without_a_recorded_source_is_refused_to_a_scoped_key(scoped: TestClient, tmp_path) -> None:
     assert scoped.post("/persist/team-a-docs", headers=bearer(TEAM)).status_code == 200
-    snapshots = [p.parent for p in tmp_path.rglob("snapshots/team-a-docs/manifest.json")]
+    folder = scope_folder(Principal(Role.ADMIN, ("team-a*",)))
+    snapshots = [p.parent for p in tmp_path.rglob(f"snapshots/{folder}/team-a-docs/manifest.json")]
     assert len(snapshots) == 1
     manifest = json.loads((snapshots[0] / "manifest.json").read_text())
     del manifest["index_name"]  # e.g. a snapshot written by another tool
     (snapshots[0] / "manifest.json").write_text(json.dumps(manifest))
     r = scoped.post("/load/team-a-new?path=team-a-docs", headers=bearer(TEAM))
     assert r.status_code == 403 and "this API key may load" in r.json()["detail"], r.text
-    assert scoped.post("/load/team-a-new?path=team-a-docs", headers=bearer(ADMIN)).status_code == 200
+    r = scoped.post(f"/load/team-a-new?path={folder}/team-a-docs", headers=bearer(ADMIN))
+    assert r.status_code == 200, r.text
+
+
+def test_a_scoped_keys_persist_cannot_tell_what_other_scopes_keep(scoped: TestClient, tmp_path) -> None:
+    """A persist refused because another snapshot was in the way (around the path, inside it, a
+    file on it), against one that succeeds, told a scoped key which paths held another tenant's
+    snapshots (the hostile review). A scoped key's paths are its scope folder's: what any other
+    scope keeps, anywhere, changes nothing it hears."""
+
+    def answers() -> list[tuple[int, str]]:
+        got = []
+        for path in ("x", "x/kb", "x/kb/deeper", "afile", "afile/below", ""):
+            r = scoped.post("/persist/team-a-docs", params={"path": path} if path else {}, headers=bearer(TEAM))
+            got.append((r.status_code, r.text))
+        shutil.rmtree(tmp_path / "snapshots" / scope_folder(Principal(Role.ADMIN, ("team-a*",))))
+        return got
+
+    alone = answers()
+    assert [code for code, _ in alone] == [200] * 6, alone
+    # another scope fills the shared snapshots folder with everything that used to be in the way
+    assert scoped.post("/persist/kb?path=x", headers=bearer(ADMIN)).status_code == 200  # x/kb
+    assert scoped.post("/persist/kb", headers=bearer(ADMIN)).status_code == 200
+    (tmp_path / "snapshots" / "afile").write_text("a file in the way")
+    (tmp_path / "snapshots" / "team-a-docs").mkdir()
+    (tmp_path / "snapshots" / "team-a-docs" / "manifest.json").write_text('{"index_name": "kb", "parts": []}')
+    assert answers() == alone
+    # the team's snapshots never landed among the others', and those are whole
+    assert (tmp_path / "snapshots" / "team-a-docs" / "manifest.json").read_text().startswith('{"index_name": "kb"')
+    assert scoped.post("/load/kb-again?path=x/kb", headers=bearer(ADMIN)).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("indexes", "same_as_team"),
+    [(("team-a*",), True), (("team-a*", "team-a*"), True), (("team-a-docs",), False), (("kb",), False)],
+)
+def test_scope_folders(indexes: tuple[str, ...], same_as_team: bool) -> None:
+    team = scope_folder(Principal(Role.ADMIN, ("team-a*",)))
+    assert team.startswith(".scopes/") and scope_folder(FULL_ACCESS) == ""
+    assert (scope_folder(Principal(Role.ADMIN, indexes)) == team) is same_as_team
+    assert scope_folder(Principal(Role.ADMIN, ("b", "a"))) == scope_folder(Principal(Role.ADMIN, ("a", "b")))
+    assert scope_folder(Principal(Role.ADMIN, ("a\nb",))) != scope_folder(Principal(Role.ADMIN, ("a", "b")))
 
 
 def test_a_scoped_key_cannot_tell_a_missing_snapshot_from_one_it_may_not_read(scoped: TestClient, tmp_path) -> None:
