@@ -299,8 +299,9 @@ class EncodeWorkers:
     115 against 111 on an idle machine (docs/benchmarks.md, ingestion).
 
     A call's texts are sorted by length and cut into parts of ``batch_size`` (similar lengths:
-    little padding), or into one part per worker when there are fewer batches than workers, so
-    a single request still uses every worker. A model that is not ``concurrent`` gets one worker.
+    little padding; on the CPU also at most ``PART_TOKENS``), or into one part per worker
+    when there are fewer parts than workers, so a single request still uses every worker. A model
+    that is not ``concurrent`` gets one worker.
 
     **Who goes first.** Each part takes a worker only when one is free, and waiting work is
     started in priority order: interactive work (a query, a chat's passages, a token count) before
@@ -314,6 +315,14 @@ class EncodeWorkers:
     until its thread is done, also when its caller was cancelled meanwhile."""
 
     INTERACTIVE, BULK = 0, 1
+    #: The most tokens (as padded) a part holds on the CPU: about a second of one core for MiniLM,
+    #: the longest an ingestion's part keeps a worker from the work behind it. A text counts as
+    #: many tokens as it has characters, up to the model's ``max_seq_length`` (a character is at
+    #: most a token, so a run of "." counts what it costs; English counts ~4x, which shrinks only
+    #: parts of mid-length texts). On the CPU a large batch buys little (256-token chunks: ~11 a
+    #: second in parts of 8, ~9 in parts of 32, one torch thread); short texts still fill
+    #: ``batch_size``. A GPU batch is milliseconds: not bounded.
+    PART_TOKENS = 2048
 
     def __init__(self, model: Any, workers: int):
         self.model = model
@@ -325,12 +334,25 @@ class EncodeWorkers:
         self._arrivals = itertools.count()
 
     def parts(self, texts: list[str], batch_size: int) -> list[list[int]]:
-        """Positions of ``texts`` in the parts encoded side by side, longest texts first."""
+        """Positions of ``texts`` in the parts encoded side by side, longest texts first: at most
+        ``batch_size`` texts a part and, for a model on the CPU (``device``), at most ``PART_TOKENS``
+        as padded (the part's longest text times its count; one text at the least); a call that
+        makes fewer parts than workers is shared out evenly among them."""
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        size = batch_size
-        if len(texts) < self.workers * batch_size:
-            size = max(1, -(-len(texts) // self.workers))
-        return [order[i : i + size] for i in range(0, len(order), size)]
+        budget = self.PART_TOKENS if getattr(self.model, "device", None) == "cpu" else 0
+        most = getattr(self.model, "max_seq_length", None) or float("inf")
+        parts: list[list[int]] = []
+        start = 0
+        while start < len(order):
+            size = batch_size
+            if budget:
+                size = max(1, min(batch_size, int(budget // max(1, min(len(texts[order[start]]), most)))))
+            parts.append(order[start : start + size])
+            start += size
+        if 0 < len(parts) < self.workers and len(order) > len(parts):
+            size = -(-len(order) // min(self.workers, len(order)))
+            parts = [order[i : i + size] for i in range(0, len(order), size)]
+        return parts
 
     async def encode(self, texts: list[str], batch_size: int, *, bulk: bool = False) -> np.ndarray:
         parts = self.parts(texts, batch_size)

@@ -62,6 +62,37 @@ def test_parts_cover_every_text_once_longest_first(n: int, workers: int, batch: 
         pool.close()
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_on_the_cpu_a_part_holds_at_most_part_tokens_as_padded(device: str) -> None:
+    """An ingestion's part keeps its worker from the work behind it: on the CPU a part of long
+    chunks is a few of them (about a second of a core), short texts still fill the batch, and an
+    over-long text is a part of its own; a GPU's parts are not bounded."""
+    model = ThreadRecordingModel()
+    model.device = device
+    pool = EncodeWorkers(model, 2)
+    try:
+        budget = pool.PART_TOKENS
+        long, short, huge = "l" * 200, "s" * 60, "h" * (3 * budget)
+        texts = [short] * 100 + [long] * 40 + [huge] * 2
+        parts = pool.parts(texts, 32)
+        assert sorted(i for p in parts for i in p) == list(range(len(texts)))
+        padded = [len(p) * max(len(texts[i]) for i in p) for p in parts]
+        if device == "cuda":
+            assert all(len(p) <= 32 for p in parts) and len(parts) == 5
+            return
+        assert [len(p) for p in parts[:2]] == [1, 1]  # each over-long text alone
+        assert all(size <= budget for size, p in zip(padded, parts, strict=True) if len(p) > 1)
+        assert [len(p) for p in parts[2:6]] == [budget // 200] * 4  # 10 long texts a part
+        assert [len(p) for p in parts if texts[p[0]] == short] == [32, 32, 32, 4]  # the batch, not the budget
+        # a call of fewer parts than workers is still shared out
+        assert [len(p) for p in pool.parts([long] * 6, 32)] == [3, 3]
+        # a model's longest input bounds what a text counts: 256-token chunks, 8 a part
+        model.max_seq_length = 256
+        assert [len(p) for p in pool.parts(["w" * 5000] * 20, 32)] == [8, 8, 4]
+    finally:
+        pool.close()
+
+
 async def test_texts_come_back_in_their_places_from_every_worker() -> None:
     model = ThreadRecordingModel()
     pool = EncodeWorkers(model, 2)
