@@ -19,8 +19,11 @@ What an item's outcome becomes:
   handler must be idempotent (deterministic document ids, add-replaces).
 
 A running item's lease is renewed every third of ``lease_s``, so a slow item is not taken for a
-dead one. Cancelling a job stops its queued items from being claimed; an item already running
-finishes and its result is kept. When an item's end ends its job, the webhook delivery the store
+dead one. Cancelling a job stops its queued items from being claimed, and an item already running
+is stopped within ``CHECK_S`` (its task cancelled: the embedding batches not yet sent are never
+sent) and recorded ``cancelled``; what it had already written stays, document by document, as
+after a client that leaves ``POST /index``. The same holds for a job that ends otherwise while an
+item runs (failed, or gone). When an item's end ends its job, the webhook delivery the store
 enqueued is handed to the notifier at once (``wake``), which sends it on its own task.
 """
 
@@ -38,13 +41,15 @@ from typing import Any
 from ragserve import tracing
 from ragserve.aio import wait_ended, wait_event
 from ragserve.errors import BadRequestError, ConflictError, NotFoundError, ServiceError
-from ragserve.jobs.store import Job, JobItem, JobStore
+from ragserve.jobs.store import TERMINAL, Job, JobItem, JobStore
 from ragserve.jobs.webhook import WebhookNotifier, set_from_any_thread
 
 log = logging.getLogger("ragserve.jobs")
 
 #: Does one item's work and returns what to record as its result.
 Handler = Callable[[Job, JobItem], Awaitable[Mapping[str, Any]]]
+#: How often a running item's job is looked at (seconds): how soon a cancel stops the item.
+CHECK_S = 1.0
 #: The message of an item failed by an unexpected exception: the details are in the server's log only.
 INTERNAL_MESSAGE = "the item could not be processed because of an internal error"
 
@@ -184,12 +189,17 @@ class JobRunner:
             log.error("a job item task failed", exc_info=task.exception())
 
     async def _run(self, job: Job, item: JobItem) -> None:
-        renewer = asyncio.create_task(self._renew(item))
+        work = asyncio.ensure_future(self._work(job, item))
+        watcher = asyncio.create_task(self._watch(item, work))
         try:
-            # each item's run is a trace of its own (docs/architecture.md §7): its chunking,
-            # embedding and shard writes are its children
-            with tracing.span("job.item", _span_attributes(job, item) if tracing.ENABLED else None):
-                result = await self._handler(job, item)
+            result = await work
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not (watcher.done() and not watcher.cancelled() and watcher.result()) or (
+                current is not None and current.cancelling()
+            ):
+                raise  # ``stop``: the item stays in progress and runs again after the next start
+            await self._record(job, item, None, None, cancelled=True)  # its job ended while it ran
         except ServiceError as e:
             code = _text(str(e.code)) if e.code is not None else type(e).__name__
             await self._record(job, item, None, {"code": code or type(e).__name__, "message": _text(e.message)})
@@ -199,14 +209,25 @@ class JobRunner:
         else:
             await self._record(job, item, result, None)
         finally:
-            renewer.cancel()
+            watcher.cancel()
+            work.cancel()
 
-    async def _record(self, job: Job, item: JobItem, result: Any, error: dict[str, str] | None) -> None:
+    async def _work(self, job: Job, item: JobItem) -> Mapping[str, Any]:
+        # each item's run is a trace of its own (docs/architecture.md §7): its chunking,
+        # embedding and shard writes are its children
+        with tracing.span("job.item", _span_attributes(job, item) if tracing.ENABLED else None):
+            return await self._handler(job, item)
+
+    async def _record(
+        self, job: Job, item: JobItem, result: Any, error: dict[str, str] | None, *, cancelled: bool = False
+    ) -> None:
         """Record the outcome under this claim (``attempt``); a result the store refuses fails the item."""
         store, attempt = self._store, item.attempts
         try:
             try:
-                if error is None:
+                if cancelled:
+                    ended = await asyncio.to_thread(store.cancel_item, job.id, item.key, attempt=attempt)
+                elif error is None:
                     ended = await asyncio.to_thread(store.complete_item, job.id, item.key, result, attempt=attempt)
                 else:
                     ended = await asyncio.to_thread(store.fail_item, job.id, item.key, error, attempt=attempt)
@@ -220,10 +241,30 @@ class JobRunner:
         if ended.done and ended.webhook and self._notifier is not None:
             self._notifier.wake()
 
-    async def _renew(self, item: JobItem) -> None:
-        every = self.lease_s / 3
+    async def _watch(self, item: JobItem, work: asyncio.Future[Any]) -> bool:
+        """While ``item`` runs: renew its lease every third of ``lease_s`` and, every ``CHECK_S``,
+        look at its job. A job that has ended meanwhile (cancelled, its vector store or file
+        deleted, failed) stops the item: ``work`` is cancelled and True returned, so an item of
+        hours is not left running for a job nobody wants."""
+        renew_every = self.lease_s / 3
+        next_renew = time.monotonic() + renew_every
+        renewing = True
         while True:
-            await asyncio.sleep(every)
+            await asyncio.sleep(max(0.0, min(CHECK_S, next_renew - time.monotonic())))
+            try:
+                job = await asyncio.to_thread(self._store.get, item.job_id)
+            except NotFoundError:
+                job = None
+            except Exception:
+                log.exception("reading job %s while its item %r ran failed", item.job_id, item.key)
+                continue
+            if job is None or job.status in TERMINAL:
+                log.info("job %s ended while its item %r ran: stopping the item", item.job_id, item.key)
+                work.cancel()
+                return True
+            if not renewing or time.monotonic() < next_renew:
+                continue
+            next_renew = time.monotonic() + renew_every
             try:
                 held = await asyncio.to_thread(self._store.renew, item.job_id, item.key, item.attempts, self.lease_s)
             except Exception:
@@ -231,7 +272,7 @@ class JobRunner:
                 continue
             if not held:
                 log.warning("job %s item %r: its lease was lost while it ran", item.job_id, item.key)
-                return
+                renewing = False
 
 
 def _span_attributes(job: Job, item: JobItem) -> dict[str, Any]:

@@ -416,7 +416,7 @@ class JobStore:
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job: its queued items become ``cancelled`` and it is ``cancelled`` at once;
-        items already running finish (their results are kept). A job that has ended is returned as
+        items already running are stopped by their runner (``cancel_item``). A job that has ended is returned as
         it is."""
         return self._stop(job_id, "cancelled", None)
 
@@ -572,6 +572,11 @@ class JobStore:
         ``complete_item``."""
         text = to_json(_item_error(error), "error")
         return self._finish_item(job_id, key, "failed", text, None, attempt)
+
+    def cancel_item(self, job_id: str, key: str, *, attempt: int | None = None) -> Job:
+        """Record that a running item was stopped because its job ended (``cancel``, ``fail_job``)
+        while it ran; see ``complete_item``."""
+        return self._finish_item(job_id, key, "cancelled", None, None, attempt)
 
     def _finish_item(
         self, job_id: str, key: str, status: str, error: str | None, result: str | None, attempt: int | None

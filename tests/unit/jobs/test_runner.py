@@ -115,33 +115,64 @@ async def test_a_job_whose_every_item_fails_is_failed(store: JobStore) -> None:
     assert ended.status == "failed" and ended.error == "every item failed; the first: f0 is empty"
 
 
-async def test_cancelling_lets_the_running_item_finish_and_starts_nothing_else(store: JobStore) -> None:
+async def test_cancelling_stops_the_running_item_and_starts_nothing_else(store: JobStore) -> None:
+    """An item can be hours of work (a file of hundreds of megabytes): a cancelled job stops it
+    within ``CHECK_S``, not when it would have finished, and frees the runner for other jobs."""
     started = asyncio.Event()
-    release = asyncio.Event()
+    stopped = asyncio.Event()
     ran: list[str] = []
 
     async def handler(job: Job, item: JobItem) -> Mapping[str, Any]:
         ran.append(item.key)
+        if job.index == "other":
+            return {"indexed": item.key}
         started.set()
-        await release.wait()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopped.set()
+            raise
         return {"indexed": item.key}
 
     job = store.create("index_documents", "docs", keys(5), webhook=True)
-    runner = JobRunner(store, handler, poll_s=0.05)
+    other = store.create("index_documents", "other", keys(1, "o"))
+    runner = JobRunner(store, handler, poll_s=0.05)  # one item at a time
     await runner.start()
     try:
         await asyncio.wait_for(started.wait(), 5)
+        t0 = time.monotonic()
         assert (await asyncio.to_thread(store.cancel, job.id)).status == "cancelled"
         runner.wake()
-        release.set()
         ended = await runner.wait(job.id, timeout_s=5)
-        await asyncio.sleep(0.1)  # time to (wrongly) start another item
+        assert stopped.is_set() and time.monotonic() - t0 < 3
+        assert (await runner.wait(other.id, timeout_s=5)).status == "completed"  # the runner is free again
+        await asyncio.sleep(0.1)  # time to (wrongly) start another item of the cancelled job
     finally:
         await runner.stop()
-    assert ran == ["f0"]
-    assert ended.status == "cancelled" and ended.counts == JobCounts(0, 0, 1, 0, 4, 5)
-    assert store.get_item(job.id, "f0").result == {"indexed": "f0"}
+    assert ran == ["f0", "o0"]
+    assert ended.status == "cancelled" and ended.counts == JobCounts(0, 0, 0, 0, 5, 5)
+    assert store.get_item(job.id, "f0").status == "cancelled" and store.get_item(job.id, "f0").result is None
     assert [d.type for d in store.list_deliveries(job.id)] == ["job.cancelled"]
+
+
+async def test_a_job_that_ends_otherwise_or_is_gone_stops_its_running_item(store: JobStore) -> None:
+    started: list[str] = []
+
+    async def handler(job: Job, item: JobItem) -> Mapping[str, Any]:
+        started.append(job.id)
+        await asyncio.sleep(3600)
+        return {}
+
+    failed = store.create("index_documents", "docs", keys(2))
+    runner = JobRunner(store, handler, poll_s=0.05)
+    await runner.start()
+    try:
+        await eventually(lambda: started == [failed.id])
+        await asyncio.to_thread(store.fail_job, failed.id, "its index was deleted")
+        ended = await runner.wait(failed.id, timeout_s=5)
+        assert ended.status == "failed" and ended.counts.cancelled == 2 and runner.in_flight == 0
+    finally:
+        await runner.stop()
 
 
 async def test_a_slow_item_keeps_its_lease(store: JobStore) -> None:
