@@ -19,7 +19,7 @@ from typing import Any
 
 from ragserve.api.documents import Document
 from ragserve.api.jobs import DocumentError, DocumentProgress, IndexJobRequest, JobCountsOut, JobInfo, JobList
-from ragserve.errors import NotFoundError, PayloadTooLargeError, ServiceError
+from ragserve.errors import BadRequestError, NotFoundError, PayloadTooLargeError, ServiceError
 from ragserve.jobs.store import Job, JobItem, JobStore
 from ragserve.service.documents import DocumentService
 from ragserve.service.limits import job_document_count
@@ -116,9 +116,23 @@ class JobService:
         except NotFoundError:
             raise NotFoundError(f"No job found with id '{job_id}'.", param="job_id") from None
 
+    async def visible_job(self, job_id: str, visible: Callable[[str], bool]) -> Job:
+        """The job, when its index is one ``visible`` passes; else the same 404 as for an id that
+        names no job, so a key scoped to some indexes can tell neither another tenant's job from
+        none nor the name of its index."""
+        job = await self.job(job_id)
+        if not visible(job.index):
+            raise NotFoundError(f"No job found with id '{job_id}'.", param="job_id")
+        return job
+
     async def list_jobs(
         self, index: str | None, status: str | None, limit: int, after: str | None, visible: Callable[[str], bool]
     ) -> JobList:
+        if after is not None:  # a cursor the key may not see is no entry of its list, as one that names none
+            try:
+                await self.visible_job(after, visible)
+            except NotFoundError:
+                raise BadRequestError("after names no entry of this list", param="after") from None
         out: list[JobInfo] = []
         more = True
         while more and len(out) <= limit:

@@ -47,8 +47,10 @@ def jobs_router(jobs: JobService, limits: RequestLimits) -> APIRouter:
 
     @router.get("/jobs/{job_id}")
     async def get_job(job_id: str, request: Request, response: Response) -> JobInfo:
-        """The job's status, item and document counts, and the first documents that failed."""
-        job = await jobs.job(job_id)
+        """The job's status, item and document counts, and the first documents that failed. A job
+        of an index this key does not reach is a 404, as one that does not exist."""
+        principal = allow(request, Role.READ)
+        job = await jobs.visible_job(job_id, principal.sees)
         allow(request, Role.READ, job.index)
         info = await jobs.info(job)
         if info.finished_at is None:
@@ -57,8 +59,10 @@ def jobs_router(jobs: JobService, limits: RequestLimits) -> APIRouter:
 
     @router.post("/jobs/{job_id}/cancel")
     async def cancel_job(job_id: str, request: Request) -> JobInfo:
-        """Documents not yet started are not indexed; a batch being indexed finishes."""
-        job = await jobs.job(job_id)
+        """Documents not yet started are not indexed; a batch being indexed is stopped. A job of an
+        index this key does not reach is a 404, as one that does not exist."""
+        principal = allow(request, Role.WRITE)
+        job = await jobs.visible_job(job_id, principal.sees)
         allow(request, Role.WRITE, job.index)
         return await jobs.cancel(job_id)
 

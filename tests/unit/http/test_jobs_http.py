@@ -135,8 +135,19 @@ def test_a_scoped_key_sees_and_starts_jobs_only_on_its_indexes(base: str) -> Non
     seen = {j["index_name"] for j in httpx.get(f"{base}/jobs", headers=team).json()["data"]}
     assert seen == {"team-a-kb"}
     other = httpx.get(f"{base}/jobs", params={"index_name": "jobs-a"}, headers=H).json()["data"][0]["id"]
-    assert httpx.get(f"{base}/jobs/{other}", headers=team).status_code == 403
-    assert httpx.post(f"{base}/jobs/{other}/cancel", headers=team).status_code == 403
+    # another tenant's job is answered as no job at all: neither its existence nor its index's name
+    missing = "job_" + "0" * 32
+    for path in (f"/jobs/{other}", f"/jobs/{missing}"):
+        got = httpx.get(f"{base}{path}", headers=team)
+        assert got.status_code == 404 and "jobs-a" not in got.text, got.text
+        assert httpx.post(f"{base}{path}/cancel", headers=team).status_code == 404
+    answers = {httpx.get(f"{base}/jobs/{j}", headers=team).json()["detail"].replace(j, "ID") for j in (other, missing)}
+    assert len(answers) == 1, answers
+    for cursor in (other, missing):  # a cursor of another tenant's is no entry of this key's list
+        got = httpx.get(f"{base}/jobs", params={"after": cursor}, headers=team)
+        assert got.status_code == 400 and "after names no entry" in got.text, got.text
+    assert httpx.get(f"{base}/jobs/{other}", headers=H).status_code == 200
+    assert httpx.get(f"{base}/jobs", params={"after": mine.json()["id"]}, headers=team).status_code == 200
 
 
 # --- a kill in the middle of a job ------------------------------------------------------------------
