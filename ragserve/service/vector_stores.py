@@ -285,20 +285,29 @@ class VectorStoreService:
         before: str | None,
         visible: Callable[[str], bool] = lambda _: True,
     ) -> VectorStoreList:
-        """A page of the stores ``visible`` lets the caller see (a scoped key: its indexes)."""
+        """A page of the stores ``visible`` lets the caller see (a scoped key: its indexes). A
+        cursor it may not see is taken as one that names no store (a page from the start), so the
+        answer does not tell another tenant's store from none. ``before`` alone reads backwards:
+        each further catalog page holds earlier stores, and the page shown is the ``limit`` just
+        before the cursor."""
+        nothing = ""  # names no store: the catalog ignores it, as a store deleted since
+        after = after if after is None or visible(after) else nothing
+        before = before if before is None or visible(before) else nothing
+        backwards = before is not None and after is None
         recs: list[StoreRecord] = []
         more = True
         while more and len(recs) <= limit:
             page, more = await asyncio.to_thread(self.catalog.list_stores, limit + 1, order, after, before)
-            recs += [r for r in page if visible(r.id)]
+            kept = [r for r in page if visible(r.id)]
+            recs = kept + recs if backwards else recs + kept
             if not page:
                 break
-            if before is not None and after is None:
+            if backwards:
                 before = page[0].id
             else:
                 after = page[-1].id
         more = more or len(recs) > limit
-        data = [await self._store_out(r) for r in recs[:limit]]
+        data = [await self._store_out(r) for r in (recs[-limit:] if backwards else recs[:limit])]
         return VectorStoreList(
             data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=more
         )

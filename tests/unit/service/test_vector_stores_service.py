@@ -151,3 +151,51 @@ async def test_two_attaches_of_one_file_at_once_leave_the_newer_attributes(inges
     assert page.documents and {d.metadata["v"] for d in page.documents} == {"new"}
     shown = await vs.get_file(store.id, f.id)
     assert shown.status == "completed" and shown.attributes == {"v": "new"}
+
+
+@pytest.mark.parametrize("order", ["asc", "desc"])
+async def test_a_key_that_sees_some_stores_pages_them_alike_both_ways(ingestion: Ingestion, order: str) -> None:
+    """``before`` over a list a key sees only part of (the hostile probe: pages out of order, items
+    twice): walking back from the end gives the forward pages in reverse, each in list order; a
+    cursor the key may not see is answered as one that names no store."""
+    from ragserve.api.vector_stores import CreateVectorStoreRequest
+
+    service = ingestion.vector_stores
+    ids = [(await service.create(CreateVectorStoreRequest(name=f"s{i}"))).id for i in range(24)]
+    hidden = {s for i, s in enumerate(ids) if i % 5 in (1, 2, 3)}  # most: a page needs several reads
+    visible = lambda store_id: store_id not in hidden  # noqa: E731
+    limit = 3
+
+    forward: list[list[str]] = []
+    after = None
+    while True:
+        page = await service.list_stores(limit, order, after, None, visible)
+        forward.append([s.id for s in page.data])
+        if not page.has_more:
+            break
+        after = page.last_id
+    seen = [i for p in forward for i in p]
+    listed = [i for i in (ids if order == "asc" else ids[::-1]) if i not in hidden]
+    assert seen == listed
+
+    backward: list[list[str]] = []
+    before = None
+    while True:  # start from the last page, as a client does after reading forwards to the end
+        page = await service.list_stores(limit, order, None, before or seen[-1], visible)
+        got = [s.id for s in page.data]
+        backward.append(got)
+        if not page.has_more:
+            break
+        before = page.first_id
+    walked = [i for p in reversed(backward) for i in p]
+    assert walked == seen[:-1], (walked, seen)
+    assert all(len(p) == limit for p in backward[:-1])
+
+    async def answers(cursor: str) -> list[Any]:
+        return [
+            (await service.list_stores(limit, order, cursor, None, visible)).model_dump(),
+            (await service.list_stores(limit, order, None, cursor, visible)).model_dump(),
+        ]
+
+    for foreign in sorted(hidden)[:3]:
+        assert await answers(foreign) == await answers("vs_" + "f" * 24)
