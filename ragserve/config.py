@@ -381,6 +381,13 @@ class Settings(BaseSettings):
     )
     max_documents_per_request: int = Field(default=1000, ge=1, description="Documents per /index or update call.")
     max_document_chars: int = Field(default=1_000_000, ge=1, description="Characters of one document's text.")
+    max_file_text_chars: int = Field(
+        default=20_000_000,
+        ge=1,
+        description="Characters of text one uploaded or attached file may convert to (413, file_too_large, "
+        "before any of it is embedded): ~5 M tokens, OpenAI's bound on a vector store file. Embedding is "
+        "the cost: on two CPU cores ~45 s a megabyte, so the default is still ~15 min of one job runner.",
+    )
     max_unpacked_bytes: int = Field(
         default=64 * 1024 * 1024,
         ge=1024,

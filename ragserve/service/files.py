@@ -261,6 +261,14 @@ async def convert_file(
     if not new:
         raise BadRequestError(f"{filename}: the file has no text to index", param="body")
     limits.documents([d["text"] for d in new])
+    chars = sum(len(d["text"]) for d in new)
+    if chars > limits.max_file_text_chars:
+        raise PayloadTooLargeError(
+            f"{filename}: the file converts to {chars} characters of text; at most {limits.max_file_text_chars} "
+            "are indexed from one file, split it into several files",
+            param="file",
+            code="file_too_large",
+        )
     return converted, new
 
 

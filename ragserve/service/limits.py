@@ -25,6 +25,7 @@ class RequestLimits:
     max_documents_per_request: int
     max_documents_per_job: int
     max_document_chars: int
+    max_file_text_chars: int
     max_unpacked_bytes: int
     max_convert_seconds: float
     max_convert_memory_bytes: int
