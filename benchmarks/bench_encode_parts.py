@@ -52,11 +52,11 @@ async def ingest(pool: Any, chunks: list[str]) -> float:
     return len(chunks) / (time.perf_counter() - t0)
 
 
-async def beside(pool: Any, chunks: list[str], small: list[str]) -> tuple[float, list[float]]:
-    """The ingestion's rate, and the small call's latencies (ms) while it runs."""
+async def beside(pool: Any, chunks: list[str], small: list[str], lead_s: float) -> tuple[float, list[float]]:
+    """The ingestion's rate, and the small call's latencies (ms) while it runs, from ``lead_s`` on."""
     big = asyncio.ensure_future(ingest(pool, chunks))
     waits: list[float] = []
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(lead_s)
     while not big.done():
         t0 = time.perf_counter()
         await pool.encode(small, BATCH, bulk=True)
@@ -79,7 +79,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for name, budget in (("unbounded", UNBOUNDED), ("bounded", EncodeWorkers.PART_TOKENS)):
                 pool.PART_TOKENS = budget
                 rate = await ingest(pool, chunks)
-                _, waits = await beside(pool, chunks, chunks[:2])
+                _, waits = await beside(pool, chunks, chunks[:2], 0.05 if args.smoke else 1.0)
                 got = results.setdefault(name, {"rate": [], "waits": []})
                 got["rate"].append(rate)
                 got["waits"] += waits

@@ -288,6 +288,15 @@ class LocalEmbeddingModel:
         return out
 
 
+def _token_bound(text: str, longest: int) -> int:
+    """At least the tokens ``text`` becomes, up to ``longest`` (the model's input length; 0: no
+    bound): its UTF-8 bytes. Reads at most ``longest`` characters of it."""
+    if longest and len(text) >= longest:
+        return longest  # a character is at least one byte
+    n = len(text.encode("utf-8", "surrogatepass"))
+    return min(n, longest) if longest else n
+
+
 class EncodeWorkers:
     """Encodes on ``workers`` threads side by side, one part each, interactive work first.
 
@@ -299,9 +308,10 @@ class EncodeWorkers:
     115 against 111 on an idle machine (docs/benchmarks.md, ingestion).
 
     A call's texts are sorted by length and cut into parts of ``batch_size`` (similar lengths:
-    little padding; on the CPU also at most ``PART_TOKENS``), or into one part per worker
-    when there are fewer parts than workers, so a single request still uses every worker. A model
-    that is not ``concurrent`` gets one worker.
+    little padding; on the CPU also at most ``PART_TOKENS``); a call that fits in one round of the
+    workers is cut as evenly as that allows into a part per worker, so a single request still uses
+    every worker. A model that is not
+    ``concurrent`` gets one worker.
 
     **Who goes first.** Each part takes a worker only when one is free, and waiting work is
     started in priority order: interactive work (a query, a chat's passages, a token count) before
@@ -316,12 +326,14 @@ class EncodeWorkers:
 
     INTERACTIVE, BULK = 0, 1
     #: The most tokens (as padded) a part holds on the CPU: about a second of one core for MiniLM,
-    #: the longest an ingestion's part keeps a worker from the work behind it. A text counts as
-    #: many tokens as it has characters, up to the model's ``max_seq_length`` (a character is at
-    #: most a token, so a run of "." counts what it costs; English counts ~4x, which shrinks only
-    #: parts of mid-length texts). On the CPU a large batch buys little (256-token chunks: ~11 a
-    #: second in parts of 8, ~9 in parts of 32, one torch thread); short texts still fill
-    #: ``batch_size``. A GPU batch is milliseconds: not bounded.
+    #: the longest an ingestion's part keeps a worker from the interactive work behind it. A text
+    #: counts as many tokens as it has UTF-8 bytes, up to the model's ``max_seq_length``: no
+    #: character of the WordPiece and byte-level BPE vocabularies is more tokens than bytes (a
+    #: Hangul syllable, 3 bytes, is up to 3 WordPiece tokens), so a run of "." or of Korean counts
+    #: what it costs; English counts ~4x, which shrinks only parts of mid-length texts. On the CPU
+    #: a large batch buys little (256-token chunks: ~11 a second in parts of 8, ~9 in parts of 32,
+    #: one torch thread); short texts still fill ``batch_size``. A GPU batch is milliseconds: not
+    #: bounded.
     PART_TOKENS = 2048
 
     def __init__(self, model: Any, workers: int):
@@ -335,23 +347,30 @@ class EncodeWorkers:
 
     def parts(self, texts: list[str], batch_size: int) -> list[list[int]]:
         """Positions of ``texts`` in the parts encoded side by side, longest texts first: at most
-        ``batch_size`` texts a part and, for a model on the CPU (``device``), at most ``PART_TOKENS``
-        as padded (the part's longest text times its count; one text at the least); a call that
-        makes fewer parts than workers is shared out evenly among them."""
+        ``batch_size`` texts a part and, for a model on the CPU (``device``), at most
+        ``PART_TOKENS`` as padded (the part's longest text times its count; one text at the
+        least); a call that fits in one round of the workers is cut as evenly as that allows into
+        a part per worker (or text), so a single call still uses every worker."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        parts = self._cut(texts, order, batch_size)
+        if 0 < len(parts) <= self.workers:  # one round: share it out, each part still within the budget
+            parts = self._cut(texts, order, -(-len(order) // min(self.workers, len(order))))
+        return parts
+
+    def _cut(self, texts: list[str], order: list[int], most: int) -> list[list[int]]:
+        """``order`` in runs of at most ``most`` texts and, on the CPU, ``PART_TOKENS``."""
         budget = self.PART_TOKENS if getattr(self.model, "device", None) == "cpu" else 0
-        most = getattr(self.model, "max_seq_length", None) or float("inf")
+        longest = getattr(self.model, "max_seq_length", None) or 0
         parts: list[list[int]] = []
         start = 0
         while start < len(order):
-            size = batch_size
+            size = most
             if budget:
-                size = max(1, min(batch_size, int(budget // max(1, min(len(texts[order[start]]), most)))))
+                size = max(1, min(most, budget // max(1, _token_bound(texts[order[start]], longest))))
             parts.append(order[start : start + size])
             start += size
-        if 0 < len(parts) < self.workers and len(order) > len(parts):
-            size = -(-len(order) // min(self.workers, len(order)))
-            parts = [order[i : i + size] for i in range(0, len(order), size)]
         return parts
 
     async def encode(self, texts: list[str], batch_size: int, *, bulk: bool = False) -> np.ndarray:

@@ -172,11 +172,15 @@ class Snapshots:
         if path:
             self._confine(root, path, index)  # the path itself must be a folder inside the snapshots folder
         dest = self._confine(root, f"{path}/{index}" if path else index, index)
-        self._check_snapshot_target(root, dest)
         try:
+            self._check_snapshot_target(root, dest)
             dest.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError) as e:
             raise BadRequestError(f"path names a file, not a directory: {e}", param="path") from e
+        except OSError as e:  # a name too long for the filesystem, say: the client's path, not the server
+            raise BadRequestError(
+                f"path {self._shown(root, dest)!r} cannot be a directory here: {e.strerror}", param="path"
+            ) from e
         tag = uuid.uuid4().hex[:12]
         manifest_tmp = dest / f".{MANIFEST}.{tag}.tmp"
         try:

@@ -402,6 +402,12 @@ def test_a_scoped_keys_persist_cannot_tell_what_other_scopes_keep(scoped: TestCl
     assert scoped.post("/load/kb-again?path=x/kb", headers=bearer(ADMIN)).status_code == 200
 
 
+def test_a_path_the_filesystem_cannot_hold_is_a_400(scoped: TestClient) -> None:
+    for key in (TEAM, ADMIN):
+        r = scoped.post("/persist/team-a-docs", params={"path": "a" * 300}, headers=bearer(key))
+        assert r.status_code == 400 and "File name too long" in r.json()["detail"], r.text
+
+
 @pytest.mark.parametrize(
     ("indexes", "same_as_team"),
     [(("team-a*",), True), (("team-a*", "team-a*"), True), (("team-a-docs",), False), (("kb",), False)],

@@ -89,6 +89,20 @@ def test_on_the_cpu_a_part_holds_at_most_part_tokens_as_padded(device: str) -> N
         # a model's longest input bounds what a text counts: 256-token chunks, 8 a part
         model.max_seq_length = 256
         assert [len(p) for p in pool.parts(["w" * 5000] * 20, 32)] == [8, 8, 4]
+        # a character of several bytes counts them all (a Hangul syllable: up to 3 WordPiece tokens)
+        assert [len(p) for p in pool.parts(["한" * 60] * 40, 32)] == [11, 11, 11, 7]  # 180 bytes a text
+        # a call of one round is shared out evenly, and each share is still within the budget
+        assert [len(p) for p in pool.parts(["w" * 5000] * 10, 32)] == [5, 5]
+        assert [len(p) for p in pool.parts([short] * 48, 32)] == [24, 24]
+        wide = EncodeWorkers(model, 3)
+        try:
+            shares = wide.parts(["w" * 5000] + [short] * 39, 32)
+            assert len(shares) >= 3 and sorted(i for p in shares for i in p) == list(range(40))
+            assert all(len(p) * min(256, max(len(["w" * 5000, short][i > 0]) for i in p)) <= budget for p in shares)
+        finally:
+            wide.close()
+        with pytest.raises(ValueError, match="batch_size"):
+            pool.parts(["x"], 0)
     finally:
         pool.close()
 
