@@ -243,8 +243,8 @@ class JobRunner:
 
     async def _watch(self, item: JobItem, work: asyncio.Future[Any]) -> bool:
         """While ``item`` runs: renew its lease every third of ``lease_s`` and, every ``CHECK_S``,
-        look at its job. A job that has ended meanwhile (cancelled, its vector store or file
-        deleted, failed) stops the item: ``work`` is cancelled and True returned, so an item of
+        look at its job. A job that has ended meanwhile (cancelled, also by deleting its vector
+        store; failed; gone) stops the item: ``work`` is cancelled and True returned, so an item of
         hours is not left running for a job nobody wants."""
         renew_every = self.lease_s / 3
         next_renew = time.monotonic() + renew_every

@@ -310,8 +310,7 @@ class EncodeWorkers:
     A call's texts are sorted by length and cut into parts of ``batch_size`` (similar lengths:
     little padding; on the CPU also at most ``PART_TOKENS``); a call that fits in one round of the
     workers is cut as evenly as that allows into a part per worker, so a single request still uses
-    every worker. A model that is not
-    ``concurrent`` gets one worker.
+    every worker. A model that is not ``concurrent`` gets one worker.
 
     **Who goes first.** Each part takes a worker only when one is free, and waiting work is
     started in priority order: interactive work (a query, a chat's passages, a token count) before

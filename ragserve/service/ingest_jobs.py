@@ -114,7 +114,7 @@ class JobService:
         try:
             return await asyncio.to_thread(self.store.get, job_id)
         except NotFoundError:
-            raise NotFoundError(f"No job found with id '{job_id}'.", param="job_id") from None
+            raise _no_job(job_id) from None
 
     async def visible_job(self, job_id: str, visible: Callable[[str], bool]) -> Job:
         """The job, when its index is one ``visible`` passes; else the same 404 as for an id that
@@ -122,7 +122,7 @@ class JobService:
         none nor the name of its index."""
         job = await self.job(job_id)
         if not visible(job.index):
-            raise NotFoundError(f"No job found with id '{job_id}'.", param="job_id")
+            raise _no_job(job_id)
         return job
 
     async def list_jobs(
@@ -273,3 +273,8 @@ class JobService:
 def _doc_error(index: int, doc: Document, e: ServiceError) -> dict[str, Any]:
     message = e.message.removeprefix("documents[0]: ").removeprefix("documents[0].")
     return {"index": index, "doc_id": doc.doc_id, "code": str(e.code or "invalid_document"), "message": message}
+
+
+def _no_job(job_id: str) -> NotFoundError:
+    """What a missing job is answered with, and a job a key may not see (``visible_job``)."""
+    return NotFoundError(f"No job found with id '{job_id}'.", param="job_id")

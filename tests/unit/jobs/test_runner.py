@@ -155,7 +155,7 @@ async def test_cancelling_stops_the_running_item_and_starts_nothing_else(store: 
     assert [d.type for d in store.list_deliveries(job.id)] == ["job.cancelled"]
 
 
-async def test_a_job_that_ends_otherwise_or_is_gone_stops_its_running_item(store: JobStore) -> None:
+async def test_a_job_failed_while_its_item_runs_stops_the_item(store: JobStore) -> None:
     started: list[str] = []
 
     async def handler(job: Job, item: JobItem) -> Mapping[str, Any]:
