@@ -223,10 +223,14 @@ def clean_title(title: str) -> str:
     return title[: cut if cut > 0 else MAX_TITLE_CHARS - 1].rstrip() + "\u2026"
 
 
-def convert(data: bytes, filename: str, *, max_unpacked_bytes: int | None = None) -> Converted:
+def convert(
+    data: bytes, filename: str, *, max_unpacked_bytes: int | None = None, max_sections: int | None = None
+) -> Converted:
     """Convert the bytes of ``filename`` (its extension decides how). Raises ConversionError, and
     ConversionTooLarge when an Office file (a zip archive) would unpack to more than
-    ``max_unpacked_bytes`` (None: no absolute bound) or to more than MAX_UNPACK_RATIO times its size."""
+    ``max_unpacked_bytes`` (None: no absolute bound) or to more than MAX_UNPACK_RATIO times its size,
+    or when a PDF has more than ``max_sections`` pages of text (each is a document at least: a file
+    the caller would refuse, found before the rest of its pages are read)."""
     kind = file_kind(filename)
     stem = PurePath(filename).stem or PurePath(filename).name
     if kind is None:
@@ -234,7 +238,7 @@ def convert(data: bytes, filename: str, *, max_unpacked_bytes: int | None = None
     if kind in ZIP_KINDS:
         check_archive(data, kind.upper(), max_unpacked_bytes)
     if kind == "pdf":
-        return _pdf(data, stem, max_unpacked_bytes)
+        return _pdf(data, stem, max_unpacked_bytes, max_sections)
     if kind == "docx":
         return _docx(data, stem)
     if kind == "pptx":
@@ -288,7 +292,13 @@ def _forkserver() -> Any:
 
 
 def convert_isolated(
-    data: bytes, filename: str, *, max_unpacked_bytes: int | None, timeout_s: float, memory_bytes: int | None = None
+    data: bytes,
+    filename: str,
+    *,
+    max_unpacked_bytes: int | None,
+    timeout_s: float,
+    memory_bytes: int | None = None,
+    max_sections: int | None = None,
 ) -> Converted:
     """:func:`convert` in a process of its own, stopped after ``timeout_s`` seconds (ConversionTimeout)
     and allowed ``memory_bytes`` more address space than it starts with (ConversionTooLarge): the
@@ -300,7 +310,7 @@ def convert_isolated(
     receive, send = context.Pipe(duplex=False)
     proc = context.Process(
         target=_convert_child,
-        args=(send, data, filename, max_unpacked_bytes, memory_bytes),
+        args=(send, data, filename, max_unpacked_bytes, memory_bytes, max_sections),
         name=_PROCESS_NAME,
         daemon=True,
     )
@@ -336,13 +346,19 @@ def convert_isolated(
 
 
 def _convert_child(
-    send: Any, data: bytes, filename: str, max_unpacked_bytes: int | None, memory_bytes: int | None
+    send: Any,
+    data: bytes,
+    filename: str,
+    max_unpacked_bytes: int | None,
+    memory_bytes: int | None,
+    max_sections: int | None = None,
 ) -> None:
     if memory_bytes:
         _limit_memory(memory_bytes)
     too_much = f"converting the file needs more than {memory_bytes} bytes of memory (max_convert_memory_bytes)"
     try:
-        result: tuple[str, Any] = ("ok", convert(data, filename, max_unpacked_bytes=max_unpacked_bytes))
+        converted = convert(data, filename, max_unpacked_bytes=max_unpacked_bytes, max_sections=max_sections)
+        result: tuple[str, Any] = ("ok", converted)
     except MemoryError:
         result = ("too large", too_much)
     except ConversionTooLarge as e:
@@ -505,7 +521,7 @@ def _html(text: str, stem: str) -> Converted:
     return Converted([Section(md)], title or stem, "html")
 
 
-def _pdf(data: bytes, stem: str, max_unpacked_bytes: int | None = None) -> Converted:
+def _pdf(data: bytes, stem: str, max_unpacked_bytes: int | None = None, max_sections: int | None = None) -> Converted:
     pypdf = _require("pypdf", "pypdf")
     defaults = pypdf.get_configuration()  # pypdf's own bounds (75 MB a stream), lowered to ours
     bounds = {
@@ -521,9 +537,15 @@ def _pdf(data: bytes, stem: str, max_unpacked_bytes: int | None = None) -> Conve
                 text = _tidy(page.extract_text() or "")
                 if text:
                     sections.append(Section(text, page=number))
+                    if max_sections is not None and len(sections) > max_sections:
+                        raise ConversionTooLarge(
+                            f"the PDF has more than {max_sections} pages of text (page {number} of "
+                            f"{len(reader.pages)}), and each is a document; at most {max_sections} documents "
+                            "are indexed from one file (max_documents_per_request): split it into several files"
+                        )
             pages = len(reader.pages)
             meta_title = (reader.metadata.title if reader.metadata else None) or ""
-    except ConversionError:
+    except ConversionError:  # ConversionTooLarge too
         raise
     except pypdf.errors.LimitReachedError as e:
         raise ConversionTooLarge(

@@ -147,6 +147,7 @@ def _convert(
         max_unpacked_bytes=limits.max_unpacked_bytes,
         timeout_s=limits.max_convert_seconds,
         memory_bytes=limits.max_convert_memory_bytes,
+        max_sections=limits.max_documents_per_request,  # a PDF's pages of text past it: refused as it reads
     )
     stamp = mtime if mtime is not None else time.time()
     return converted, file_documents(rel, stamp, converted, limits.max_document_chars)

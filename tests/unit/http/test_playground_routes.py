@@ -103,6 +103,8 @@ def test_upload_converts_replaces_and_refuses_mistakes(client: TestClient) -> No
     assert up(b"", filename="a.md").status_code == 400
     assert up(b"   \n", filename="a.md").status_code == 400
     assert up(b"%PDF-1.4 broken", filename="b.pdf").status_code == 400
+    many = up(make_pdf([f"Page {i}." for i in range(1, 1_002)]), filename="many.pdf")  # 1,001 documents
+    assert many.status_code == 413 and "more than 1000 pages of text" in many.json()["detail"]
     assert up(b"text", filename="a.md", path="../../etc/passwd").status_code == 400
     assert up(b"text", filename="a.md", path="/abs.md").status_code == 400
     assert (

@@ -357,3 +357,24 @@ def test_a_conversion_process_does_not_run_the_parent_main_script(tmp_path: Any)
     )
     subprocess.run([sys.executable, str(script)], check=True, timeout=60, cwd=tmp_path)
     assert marker.read_text().split() == ["__main__"]
+
+
+def test_a_pdf_with_more_pages_of_text_than_documents_allowed_stops_reading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hostile probe's 20,000-page PDF was converted whole before the 1,000-document refusal."""
+    import pypdf
+
+    data = make_pdf([f"Page {i} about pumps." if i % 3 else "" for i in range(1, 61)])
+    read: list[int] = []
+    extract = pypdf.PageObject.extract_text
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> str:
+        read.append(1)
+        return extract(self, *args, **kwargs)
+
+    monkeypatch.setattr(pypdf.PageObject, "extract_text", counted)
+    with pytest.raises(ConversionTooLarge, match=r"more than 10 pages of text \(page 16 of 60\)"):
+        convert(data, "big.pdf", max_sections=10)
+    assert len(read) == 16  # pages 3, 6, 9, 12 and 15 have no text and do not count
+    assert len(convert(data, "big.pdf", max_sections=40).sections) == 40  # the bound itself is accepted
+    with pytest.raises(ConversionTooLarge, match="max_documents_per_request"):
+        convert_isolated(data, "big.pdf", max_unpacked_bytes=None, timeout_s=PROCESS_BOUND_S, max_sections=39)
