@@ -37,7 +37,14 @@ Job status rules (docs for the HTTP layer and the OpenAI file-batch mapping):
 - ``fail_job``: a job-level error (the caller's, e.g. its index was deleted): like ``cancel`` but
   the job ends ``failed`` with that ``error``.
 - ``finished_at`` is set exactly once, when the job is terminal and nothing of it runs any more;
-  ``Job.done`` is that test. Jobs run first in, first out; within a job, items run in ``seq`` order.
+  ``Job.done`` is that test.
+
+Order: each job has an ``owner`` (the name of the key that submitted it; "" for none), and the
+runner is shared between owners in turn: a claim goes to the owner served least recently among
+those with queued items, and takes that owner's oldest runnable job's first queued item. One key's
+thousand-item job thus delays another key's single file by one item per runner, not by the whole
+queue (a hostile probe found a 200 MB file holding every other tenant's jobs for hours). With one
+owner (no keys) this is first in, first out; within a job, items run in ``seq`` order.
 """
 
 from __future__ import annotations
@@ -85,7 +92,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     completed INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0,
     cancelled INTEGER NOT NULL DEFAULT 0,
-    total INTEGER NOT NULL
+    total INTEGER NOT NULL,
+    owner TEXT NOT NULL DEFAULT ''  -- the submitting key's name: the runner's turns go by owner
 );
 CREATE INDEX IF NOT EXISTS jobs_runnable ON jobs(n) WHERE queued > 0 AND status IN ('queued', 'in_progress');
 CREATE INDEX IF NOT EXISTS jobs_by_index ON jobs(index_name, n);
@@ -121,11 +129,21 @@ CREATE TABLE IF NOT EXISTS webhook_deliveries (
     delivered_at INTEGER
 );
 CREATE INDEX IF NOT EXISTS deliveries_due ON webhook_deliveries(next_attempt_at) WHERE status = 'pending';
+CREATE TABLE IF NOT EXISTS job_owners (
+    owner TEXT PRIMARY KEY,
+    served INTEGER NOT NULL  -- the number of the owner's last claim: the lowest is served next
+) WITHOUT ROWID;
 """
+
+#: After ``_DDL``, once a file made before owners has been given the column.
+_OWNER_INDEX = (
+    "CREATE INDEX IF NOT EXISTS jobs_runnable_by_owner ON jobs(owner, n) "
+    "WHERE queued > 0 AND status IN ('queued', 'in_progress')"
+)
 
 _JOB_COLUMNS = (
     "id, kind, index_name, status, created_at, started_at, finished_at, error, meta, webhook, "
-    "queued, in_progress, completed, failed, cancelled, total"
+    "queued, in_progress, completed, failed, cancelled, total, owner"
 )
 _ITEM_COLUMNS = "seq, key, payload, status, error, result, attempts, updated_at"
 _DELIVERY_COLUMNS = "id, job_id, type, created_at, data, status, attempts, next_attempt_at, last_error, delivered_at"
@@ -159,6 +177,8 @@ class Job:
     error: str | None
     meta: dict[str, Any]
     webhook: bool
+    #: The name of the key that submitted it ("" for none): the runner takes owners in turn.
+    owner: str = ""
 
     @property
     def done(self) -> bool:
@@ -308,6 +328,9 @@ class JobStore:
             for statement in _DDL.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            if "owner" not in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:  # a file made before
+                db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+            db.execute(_OWNER_INDEX)
 
     def close(self) -> None:
         with self._lock:
@@ -346,11 +369,15 @@ class JobStore:
         webhook: bool = False,
         *,
         job_id: str | None = None,
+        owner: str = "",
     ) -> Job:
         """Accept a job of ``items`` (``(key, payload)`` pairs, run in this order) in one
         transaction: all of it is stored, or nothing. Keys are the caller's ids (a file id) and must
         be unique within the job. ``job_id``: an id from :func:`new_job_id` the caller has already
-        recorded (default: a new one)."""
+        recorded (default: a new one). ``owner``: the submitting key's name, whose turn it runs in."""
+        if not isinstance(owner, str):
+            raise BadRequestError("owner must be a string", param="owner")
+        _check_unicode(owner, "owner")
         kind = _name(kind, "kind")
         index = _name(index, "index")
         if meta is not None and not isinstance(meta, Mapping):
@@ -376,9 +403,9 @@ class JobStore:
         now = int(time.time())
         with self._transaction() as db:
             n = db.execute(
-                "INSERT INTO jobs (id, kind, index_name, status, created_at, meta, webhook, queued, total) "
-                "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?)",
-                (job_id, kind, index, now, meta_text, int(bool(webhook)), len(rows), len(rows)),
+                "INSERT INTO jobs (id, kind, index_name, status, created_at, meta, webhook, queued, total, owner) "
+                "VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
+                (job_id, kind, index, now, meta_text, int(bool(webhook)), len(rows), len(rows), owner),
             ).lastrowid
             db.executemany(
                 "INSERT INTO job_items (job_n, seq, key, payload, status, updated_at) VALUES (?, ?, ?, ?, 'queued', ?)",
@@ -516,18 +543,33 @@ class JobStore:
         return Page(tuple(_item_of(job_id, r) for r in rows[:limit]), len(rows) > limit)
 
     def claim(self, owner: str, lease_s: float) -> tuple[Job, JobItem] | None:
-        """The next item to run — the oldest runnable job's first queued item — marked
-        ``in_progress`` under a lease of ``lease_s`` seconds held by ``owner``, its attempt counted;
-        None when nothing is queued. Two indexed lookups, whatever the size of the queue."""
+        """The next item to run, marked ``in_progress`` under a lease of ``lease_s`` seconds held by
+        ``owner`` (the worker), its attempt counted; None when nothing is queued. The next item is
+        the first queued item of the oldest runnable job of the job owner served least recently
+        (the module's "Order"): a read of the runnable jobs' distinct owners on an index (one entry
+        per runnable job), then two indexed lookups."""
         owner = _name(owner, "owner")
         now = time.time()
         with self._transaction() as db:
-            row = db.execute(
-                "SELECT n, id FROM jobs WHERE queued > 0 AND status IN ('queued', 'in_progress') ORDER BY n LIMIT 1"
+            turn = db.execute(
+                "SELECT r.owner FROM (SELECT DISTINCT owner FROM jobs "
+                "WHERE queued > 0 AND status IN ('queued', 'in_progress')) AS r "
+                "LEFT JOIN job_owners AS o ON o.owner = r.owner ORDER BY COALESCE(o.served, 0), r.owner LIMIT 1"
             ).fetchone()
-            if row is None:
+            if turn is None:
                 return None
-            n, job_id = row
+            (job_owner,) = turn
+            n, job_id = db.execute(
+                "SELECT n, id FROM jobs WHERE owner = ? AND queued > 0 AND status IN ('queued', 'in_progress') "
+                "ORDER BY n LIMIT 1",
+                (job_owner,),
+            ).fetchone()
+            db.execute(
+                "INSERT INTO job_owners (owner, served) "
+                "VALUES (?, (SELECT COALESCE(MAX(served), 0) + 1 FROM job_owners)) "
+                "ON CONFLICT (owner) DO UPDATE SET served = excluded.served",
+                (job_owner,),
+            )
             (seq,) = db.execute(
                 "SELECT seq FROM job_items WHERE job_n = ? AND status = 'queued' ORDER BY seq LIMIT 1", (n,)
             ).fetchone()
@@ -794,7 +836,7 @@ class JobStore:
 
 
 def _job_of(row: tuple[Any, ...]) -> Job:
-    (id_, kind, index, status, created, started, finished, error, meta, webhook, *counts) = row
+    (id_, kind, index, status, created, started, finished, error, meta, webhook, *counts, owner) = row
     return Job(
         id=id_,
         kind=kind,
@@ -807,6 +849,7 @@ def _job_of(row: tuple[Any, ...]) -> Job:
         error=error,
         meta=json.loads(meta),
         webhook=bool(webhook),
+        owner=owner,
     )
 
 

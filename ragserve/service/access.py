@@ -10,6 +10,7 @@ asks :meth:`Principal.require` for what it is about to do. Pure, so every rule i
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import ipaddress
 import logging
 from collections.abc import Sequence
@@ -50,6 +51,9 @@ class Principal:
     name: str = ANONYMOUS_NAME
     requests_per_minute: int | None = None
     tokens_per_day: int | None = None
+    #: Who the key's background work belongs to, for the job runner's turns: its ``name``, or for a
+    #: key without one a digest of the key (every unnamed key is "unnamed" in usage, yet its own tenant).
+    owner: str = ANONYMOUS_NAME
 
     @property
     def limited(self) -> bool:
@@ -116,6 +120,12 @@ class Principal:
 
 #: No authentication configured (a laptop), or a bare key: everything.
 FULL_ACCESS = Principal(Role.ADMIN, ("*",))
+
+
+def key_owner(name: str | None, secret: str) -> str:
+    """``Principal.owner`` of a key: its name, else ``key:`` and 12 hex digits of its SHA-256 (never
+    the key itself)."""
+    return name or "key:" + hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def is_loopback(host: str) -> bool:

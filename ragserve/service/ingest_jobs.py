@@ -74,9 +74,11 @@ class JobService:
         self.webhook_configured = webhook_configured
 
     # --- the API --------------------------------------------------------------------------------
-    async def submit(self, req: IndexJobRequest, usage_key: str | None = None) -> JobInfo:
+    async def submit(self, req: IndexJobRequest, usage_key: str | None = None, owner: str = "") -> JobInfo:
         """Store the job whole (one transaction) and return it, queued; the runner starts it.
-        ``usage_key``: the name of the key that submits it, whose usage its batches' embedding is."""
+        ``usage_key``: the name of the key that submits it, whose usage its batches' embedding is;
+        ``owner``: the key's ``Principal.owner``, in whose turn the runner takes it
+        (``ragserve.jobs.store``, "Order")."""
         docs = req.documents
         job_document_count(len(docs), self.max_documents)
         for i, d in enumerate(docs):
@@ -102,6 +104,7 @@ class JobService:
             items,
             {"documents": len(docs), "batch_documents": n, **({USAGE_KEY: usage_key} if usage_key else {})},
             req.webhook and self.webhook_configured,
+            owner=owner,
         )
         if self._wake is not None:
             self._wake()

@@ -196,10 +196,11 @@ class VectorStoreService:
         await asyncio.to_thread(check)
         return new_job_id(), rows, items
 
-    async def _start(self, store_id: str, job_id: str, items: list[tuple[str, dict[str, Any]]]) -> None:
-        """Create the job the catalog already names (``_plan``), and wake the runner for it."""
+    async def _start(self, store_id: str, job_id: str, items: list[tuple[str, dict[str, Any]]], owner: str) -> None:
+        """Create the job the catalog already names (``_plan``), and wake the runner for it.
+        ``owner``: the name of the key that attached the files, in whose turn the runner takes it."""
         meta = {"vector_store_id": store_id}
-        await asyncio.to_thread(self.jobs.create, FILE_JOB, store_id, items, meta, True, job_id=job_id)
+        await asyncio.to_thread(self.jobs.create, FILE_JOB, store_id, items, meta, True, job_id=job_id, owner=owner)
         self._wake_runner()
 
     def _wake_runner(self) -> None:
@@ -253,7 +254,7 @@ class VectorStoreService:
         )
 
     # --- stores ---------------------------------------------------------------------------------
-    async def create(self, req: CreateVectorStoreRequest, store_id: str | None = None) -> VectorStore:
+    async def create(self, req: CreateVectorStoreRequest, store_id: str | None = None, owner: str = "") -> VectorStore:
         entries = [BatchFile(file_id=f, chunking_strategy=req.chunking_strategy) for f in req.file_ids or []]
         await self._checked_files(entries)
         store_id = store_id or new_store_id()
@@ -271,7 +272,7 @@ class VectorStoreService:
             job_id if entries else None,
         )
         if entries:
-            await self._start(store_id, job_id, items)
+            await self._start(store_id, job_id, items, owner)
         return await self._store_out(rec)
 
     async def get(self, store_id: str) -> VectorStore:
@@ -333,7 +334,12 @@ class VectorStoreService:
 
     # --- files ----------------------------------------------------------------------------------
     async def attach(
-        self, store_id: str, file_id: str, attributes: dict[str, Any] | None, chunking: ChunkingStrategy | None
+        self,
+        store_id: str,
+        file_id: str,
+        attributes: dict[str, Any] | None,
+        chunking: ChunkingStrategy | None,
+        owner: str = "",
     ) -> VectorStoreFile:
         store = await self._store(store_id)
         entry = BatchFile(file_id=file_id, attributes=attributes, chunking_strategy=chunking)
@@ -341,7 +347,7 @@ class VectorStoreService:
         job_id, rows, items = await self._plan(store, [entry])
         if not await asyncio.to_thread(self.catalog.attach, store_id, rows, job_id):
             raise NotFoundError(f"No vector store found with id '{store_id}'.", param="vector_store_id")
-        await self._start(store_id, job_id, items)
+        await self._start(store_id, job_id, items, owner)
         return await self.get_file(store_id, file_id)
 
     async def get_file(self, store_id: str, file_id: str) -> VectorStoreFile:
@@ -386,7 +392,9 @@ class VectorStoreService:
             data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None, has_more=more
         )
 
-    async def update_file(self, store_id: str, file_id: str, attributes: dict[str, Any] | None) -> VectorStoreFile:
+    async def update_file(
+        self, store_id: str, file_id: str, attributes: dict[str, Any] | None, owner: str = ""
+    ) -> VectorStoreFile:
         """New attributes: recorded, and the file indexed again so its documents carry them."""
         rec = await asyncio.to_thread(self.catalog.get_file, store_id, file_id)
         if rec is None:
@@ -397,7 +405,7 @@ class VectorStoreService:
             if rec.chunking
             else ChunkingStrategy(type="auto")
         )
-        return await self.attach(store_id, file_id, attributes or {}, chunking)
+        return await self.attach(store_id, file_id, attributes or {}, chunking, owner)
 
     async def detach(self, store_id: str, file_id: str) -> VectorStoreFileDeleted:
         """Forget the file first (its job item, if it still runs, then writes nothing), then delete
@@ -435,14 +443,14 @@ class VectorStoreService:
                 await self._delete_documents(store_id, file_id)
 
     # --- batches --------------------------------------------------------------------------------
-    async def create_batch(self, store_id: str, req: CreateFileBatchRequest) -> VectorStoreFileBatch:
+    async def create_batch(self, store_id: str, req: CreateFileBatchRequest, owner: str = "") -> VectorStoreFileBatch:
         store = await self._store(store_id)
         entries = req.entries()
         await self._checked_files(entries)
         job_id, rows, items = await self._plan(store, entries)
         if not await asyncio.to_thread(self.catalog.attach, store_id, rows, job_id):
             raise NotFoundError(f"No vector store found with id '{store_id}'.", param="vector_store_id")
-        await self._start(store_id, job_id, items)
+        await self._start(store_id, job_id, items, owner)
         return await self.get_batch(store_id, job_id)
 
     async def _batch_job(self, store_id: str, batch_id: str) -> Job:

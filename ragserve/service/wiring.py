@@ -21,7 +21,7 @@ from ragserve.jobs.webhook import WebhookNotifier
 from ragserve.models.reranker import CrossEncoderReranker
 from ragserve.models.tokenizers import ApproxTokenCounter
 from ragserve.ports import LanguageModel, ShardPool, TextEmbedder
-from ragserve.service.access import FULL_ACCESS, UNNAMED, Principal, Role
+from ragserve.service.access import FULL_ACCESS, UNNAMED, Principal, Role, key_owner
 from ragserve.service.answer_cache import AnswerCache, AnswerCacheOptions
 from ragserve.service.chat import ChatOptions, ChatService
 from ragserve.service.documents import DocumentService
@@ -168,10 +168,12 @@ class Services:
                     name=k.name or UNNAMED,
                     requests_per_minute=k.requests_per_minute,
                     tokens_per_day=k.tokens_per_day,
+                    owner=key_owner(k.name, k.key.get_secret_value()),
                 )
                 out.append((k.key.get_secret_value(), principal))
             else:
-                out.append((k.get_secret_value(), replace(FULL_ACCESS, name=UNNAMED)))
+                secret = k.get_secret_value()
+                out.append((secret, replace(FULL_ACCESS, name=UNNAMED, owner=key_owner(None, secret))))
         return out
 
 

@@ -27,7 +27,7 @@ def jobs_router(jobs: JobService, limits: RequestLimits) -> APIRouter:
         """Index documents in the background: accepted at once (202) with the job's id; the job
         survives a restart of the server. Poll ``GET /jobs/{id}`` (the ``Location`` header)."""
         principal = allow(request, Role.WRITE, body.index_name)
-        job = await jobs.submit(body, usage_key=principal.name)
+        job = await jobs.submit(body, usage_key=principal.name, owner=principal.owner)
         # documents and bytes accepted; their tokens are recorded by the runner as it embeds them
         metered_documents(request, [d.text for d in body.documents], embedded=False)
         response.headers["Location"] = f"jobs/{job.id}"

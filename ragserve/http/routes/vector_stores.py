@@ -52,10 +52,10 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
     async def create_vector_store(body: CreateVectorStoreRequest, request: Request) -> VectorStore:
         """Create a vector store (an index named by its id), attaching ``file_ids`` if given."""
         store_id = new_store_id()
-        allow(request, Role.WRITE, store_id)
+        principal = allow(request, Role.WRITE, store_id)
         if body.file_ids:
             allow_files(request)
-        return await stores.create(body, store_id)
+        return await stores.create(body, store_id, owner=principal.owner)
 
     @router.get("/vector_stores")
     async def list_vector_stores(
@@ -98,9 +98,11 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
         vector_store_id: str, body: CreateVectorStoreFileRequest, request: Request, response: Response
     ) -> VectorStoreFile:
         """Attach a File: it is indexed by an ingestion job; poll the file until it is not ``in_progress``."""
-        allow(request, Role.WRITE, vector_store_id)
+        principal = allow(request, Role.WRITE, vector_store_id)
         allow_files(request)
-        out = await stores.attach(vector_store_id, body.file_id, body.attributes, body.chunking_strategy)
+        out = await stores.attach(
+            vector_store_id, body.file_id, body.attributes, body.chunking_strategy, owner=principal.owner
+        )
         poll_after(response, out.status)
         return out
 
@@ -135,8 +137,8 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
         vector_store_id: str, file_id: str, body: UpdateVectorStoreFileRequest, request: Request, response: Response
     ) -> VectorStoreFile:
         """New attributes for an attached file: it is indexed again so its chunks carry them."""
-        allow(request, Role.WRITE, vector_store_id)
-        out = await stores.update_file(vector_store_id, file_id, body.attributes)
+        principal = allow(request, Role.WRITE, vector_store_id)
+        out = await stores.update_file(vector_store_id, file_id, body.attributes, owner=principal.owner)
         poll_after(response, out.status)
         return out
 
@@ -151,9 +153,9 @@ def vector_stores_router(stores: VectorStoreService) -> APIRouter:
         vector_store_id: str, body: CreateFileBatchRequest, request: Request, response: Response
     ) -> VectorStoreFileBatch:
         """Attach many Files at once: one ingestion job; poll the batch until it is not ``in_progress``."""
-        allow(request, Role.WRITE, vector_store_id)
+        principal = allow(request, Role.WRITE, vector_store_id)
         allow_files(request)
-        out = await stores.create_batch(vector_store_id, body)
+        out = await stores.create_batch(vector_store_id, body, owner=principal.owner)
         poll_after(response, out.status)
         return out
 

@@ -150,6 +150,20 @@ def test_a_scoped_key_sees_and_starts_jobs_only_on_its_indexes(base: str) -> Non
     assert httpx.get(f"{base}/jobs", params={"after": mine.json()["id"]}, headers=team).status_code == 200
 
 
+def test_another_key_s_job_runs_beside_a_large_one_not_after_it(base: str) -> None:
+    """The runner takes keys in turn: the team's one batch runs after at most one more of the
+    admin's, while 49 of those are still queued (first in, first out it waited for all 50)."""
+    team = {"Authorization": "Bearer sk-team-a"}
+    large = httpx.post(f"{base}/jobs", json={"index_name": "jobs-f", "documents": docs(400)}, headers=H).json()
+    small = httpx.post(f"{base}/jobs", json={"index_name": "team-a-fair", "documents": docs(3)}, headers=team)
+    assert small.status_code == 202, small.text
+    assert wait(base, small.json()["id"], headers=team)["status"] == "completed"
+    counts = httpx.get(f"{base}/jobs/{large['id']}", headers=H).json()["counts"]
+    assert counts["total"] == 50 and counts["queued"] >= 40, counts
+    httpx.post(f"{base}/jobs/{large['id']}/cancel", headers=H)
+    wait(base, large["id"])
+
+
 # --- a kill in the middle of a job ------------------------------------------------------------------
 def _start(storage: Path, port: int) -> subprocess.Popen[bytes]:
     settings = ["job_batch_documents=10", "job_concurrency=1", "num_shards=2"]

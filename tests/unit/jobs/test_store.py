@@ -140,6 +140,66 @@ def test_claims_go_oldest_job_first_and_in_item_order(store: JobStore) -> None:
     assert job.counts == JobCounts(queued=0, in_progress=2, completed=0, failed=0, cancelled=0, total=2)
 
 
+def test_owners_take_the_runner_in_turns_and_each_owner_is_first_in_first_out(store: JobStore) -> None:
+    """One key's large job delays another key's job by one item a turn, not by the whole queue."""
+    bulk1 = store.create("index_documents", "docs", items("x1", "x2", "x3", "x4"), owner="bulk")
+    bulk2 = store.create("index_documents", "docs", items("y1"), owner="bulk")
+    small = store.create("index_documents", "docs", items("s1", "s2"), owner="small")
+    late = store.create("index_documents", "docs", items("l1"), owner="late")
+    order = []
+    while (claimed := store.claim("w", 60)) is not None:
+        job, item = claimed
+        order.append((job.owner, item.key))
+        store.complete_item(job.id, item.key, {})
+    assert order == [
+        ("bulk", "x1"),
+        ("late", "l1"),  # never served: before "small" by name, both before "bulk" again
+        ("small", "s1"),
+        ("bulk", "x2"),
+        ("small", "s2"),
+        ("bulk", "x3"),
+        ("bulk", "x4"),
+        ("bulk", "y1"),  # within an owner, the older job first
+    ]
+    assert [store.get(j.id).owner for j in (bulk1, bulk2, small, late)] == ["bulk", "bulk", "small", "late"]
+    # an owner that comes back after the others were served goes first again
+    store.create("index_documents", "docs", items("b9"), owner="bulk")
+    store.create("index_documents", "docs", items("s9"), owner="small")
+    first = store.claim("w", 60)
+    assert first is not None and first[0].owner == "small"  # "bulk" was served last
+
+
+def test_jobs_of_one_owner_or_none_run_first_in_first_out(store: JobStore) -> None:
+    jobs = [store.create("index_documents", "docs", items(f"k{i}")) for i in range(3)]
+    claimed = [store.claim("w", 60) for _ in jobs]
+    assert [c[0].id for c in claimed if c] == [j.id for j in jobs] and jobs[0].owner == ""
+
+
+def test_an_owner_must_be_text(store: JobStore) -> None:
+    with pytest.raises(BadRequestError, match="owner"):
+        store.create("index_documents", "docs", items("a"), owner="\ud800")
+    assert store.list_jobs().data == ()
+
+
+def test_a_file_made_before_owners_is_given_the_column_and_its_jobs_run(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    with JobStore(path) as s:
+        old = s.create("index_documents", "docs", items("a", "b"))
+    db = sqlite3.connect(path)  # as a store of the last release left it: no owner, no turns
+    db.execute("DROP INDEX jobs_runnable_by_owner")
+    db.execute("DROP TABLE job_owners")
+    db.execute("ALTER TABLE jobs DROP COLUMN owner")
+    db.commit()
+    db.close()
+    with JobStore(path) as s:
+        assert s.get(old.id).owner == ""
+        s.create("index_documents", "docs", items("c"), owner="team")
+        run_all(s)
+        assert s.get(old.id).status == "completed" and s.check_counts() == []
+
+
 @pytest.mark.parametrize(
     ("fail", "status", "error"),
     [

@@ -199,3 +199,17 @@ async def test_a_key_that_sees_some_stores_pages_them_alike_both_ways(ingestion:
 
     for foreign in sorted(hidden)[:3]:
         assert await answers(foreign) == await answers("vs_" + "f" * 24)
+
+
+async def test_a_store_s_file_jobs_run_in_the_turn_of_the_key_that_attached_them(ingestion: Ingestion) -> None:
+    from ragserve.api.vector_stores import CreateFileBatchRequest, CreateVectorStoreRequest
+
+    vs, jobs = ingestion.vector_stores, ingestion.jobs.store
+    f = await ingestion.files.put("refunds.md", "assistants", io.BytesIO(TEXT))
+    created = await vs.create(CreateVectorStoreRequest(name="a", file_ids=[f.id]), owner="team-a")
+    other = await vs.create(CreateVectorStoreRequest(name="b"), owner="team-b")
+    await vs.attach(other.id, f.id, None, None, owner="team-b")
+    await vs.update_file(other.id, f.id, {"v": 2}, owner="team-c")
+    await vs.create_batch(created.id, CreateFileBatchRequest(file_ids=[f.id]), owner="team-d")
+    owners = [j.owner for j in reversed(jobs.list_jobs(limit=10).data)]
+    assert owners == ["team-a", "team-b", "team-c", "team-d"]
