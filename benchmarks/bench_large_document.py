@@ -3,7 +3,7 @@
 a worst-shaped document (a run of ".", about one embedding token a character) is chunked and
 embedded, against the same requests on the idle server, in the same run.
 
-    python -m benchmarks.bench_large_document [--chars 1000000] [--shape .] [--seconds 40]
+    python -m benchmarks.bench_large_document [--chars 1000000] [--shape . | --words] [--seconds 40]
         [--give-up-s 15] [--smoke] [--out plot.png] [--json out.json]
 
 The in-process application (``ragserve.testing.serve_process``: real shards, MiniLM, production
@@ -13,12 +13,20 @@ then while another client sends the large document into another index (and gives
 ``--give-up-s``: the server then goes on with it unless it cancels). What a hostile probe found
 (docs/benchmarks.md, "One large document beside queries"): every request but ``/health`` waited
 for minutes behind the document's embedding batches.
+
+``--words``: the document is prose-shaped instead, words drawn (seeded) from a vocabulary of 5,000,
+so its chunks and sentences are all different, as a real document's are; such a document makes the
+objects that start the garbage collector's full passes. Besides the probes above, ``GET /health`` is
+sent 20 times a second throughout: its worst latency and how often it passed 100 ms are the event
+loop's stalls (a full collection holds every request; docs/benchmarks.md, "Full collections").
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import random
+import string
 import tempfile
 import threading
 import time
@@ -61,10 +69,35 @@ def probe(base: str, seconds: float) -> dict[str, list[float]]:
     return out
 
 
+def watch_health(base: str, stop: threading.Event, out: list[float]) -> None:
+    """``GET /health`` 20 times a second until ``stop``: latencies in ms."""
+    with httpx.Client(base_url=base, timeout=300) as c:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            with contextlib.suppress(httpx.HTTPError):
+                c.get("/health")
+            out.append((time.perf_counter() - t0) * 1000)
+            stop.wait(0.05)
+
+
+def prose(chars: int, seed: int = 7) -> str:
+    """Words from a seeded vocabulary of 5,000 (3-10 letters), sentences of 8-24 words."""
+    rng = random.Random(seed)
+    vocabulary = ["".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 10))) for _ in range(5_000)]
+    parts: list[str] = []
+    size = 0
+    while size < chars:
+        sentence = " ".join(rng.choices(vocabulary, k=rng.randint(8, 24))).capitalize() + ". "
+        parts.append(sentence)
+        size += len(sentence)
+    return "".join(parts)[:chars]
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--chars", type=int, default=1_000_000, help="characters of the large document")
     ap.add_argument("--shape", default=".", help="the text repeated to make it")
+    ap.add_argument("--words", action="store_true", help="prose of seeded random words instead of --shape")
     ap.add_argument("--seconds", type=float, default=40.0, help="probing time, idle and beside the document")
     ap.add_argument("--give-up-s", type=float, default=15.0, help="when the large document's client leaves")
     ap.add_argument("--smoke", action="store_true")
@@ -73,7 +106,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     if args.smoke:
         args.chars, args.seconds, args.give_up_s = 20_000, 3.0, 2.0
-    text = (args.shape * (args.chars // max(1, len(args.shape)) + 1))[: args.chars]
+    text = prose(args.chars) if args.words else (args.shape * (args.chars // max(1, len(args.shape)) + 1))[: args.chars]
+    shape = "random words" if args.words else repr(args.shape)
     proc, base = start_server(Path(tempfile.mkdtemp(prefix="bench-large-")), {})
     try:
         httpx.post(
@@ -81,7 +115,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             json={"index_name": "small", "documents": [{"text": "KAITO is a Kubernetes operator for AI models."}]},
             timeout=120,
         ).raise_for_status()
+        stop_watch, health_idle, health_beside = threading.Event(), list[float](), list[float]()
+        watcher = threading.Thread(target=watch_health, args=(base, stop_watch, health_idle))
+        watcher.start()
         idle = probe(base, args.seconds)
+        stop_watch.set()
+        watcher.join()
         outcome: dict[str, Any] = {}
 
         def send_large() -> None:
@@ -99,14 +138,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
         sender = threading.Thread(target=send_large)
         sender.start()
+        stop_watch.clear()
+        watcher = threading.Thread(target=watch_health, args=(base, stop_watch, health_beside))
+        watcher.start()
         time.sleep(min(1.0, args.give_up_s / 2))
         beside = probe(base, args.seconds)
         sender.join()
+        stop_watch.set()
+        watcher.join()
     finally:
         stop_server(proc)
 
-    print(f"\n### Requests beside one {args.chars:,}-character document of {args.shape!r} ({machine()})\n")
+    print(f"\n### Requests beside one {args.chars:,}-character document of {shape} ({machine()})\n")
     print(f"The large document: {outcome.get('status')} after {outcome.get('seconds', 0):.1f} s.\n")
+    stalls = [
+        [when, len(ms), pct(ms, 50), pct(ms, 99), max(ms), sum(m > 100 for m in ms)]
+        for when, ms in (("idle", health_idle), ("beside, until its response", health_beside))
+        if ms
+    ]
+    print(table(["GET /health at 20 Hz", "n", "p50 ms", "p99 ms", "max ms", "over 100 ms"], stalls) + "\n")
     rows = []
     for name, _ in PROBES:
         rows.append(
@@ -132,7 +182,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "large_document",
         "machine": machine(),
         "chars": args.chars,
-        "shape": args.shape,
+        "shape": shape,
+        "health_idle_ms": health_idle,
+        "health_beside_ms": health_beside,
         "large_document": outcome,
         "idle_ms": idle,
         "beside_ms": beside,

@@ -17,7 +17,7 @@ import numpy as np
 from ray import serve
 from ray.serve import metrics
 
-from ragserve import tracing
+from ragserve import heap, tracing
 from ragserve.config import Settings, secret
 from ragserve.deployments.common import as_settings, log
 from ragserve.deployments.telemetry import CounterBatch
@@ -59,6 +59,7 @@ class Embedder:
         log.info(
             "embedder ready: model=%s dim=%d workers=%d", self.model.model_id, self.model.dim, self._workers.workers
         )
+        heap.settle("embedder")
 
     async def _encode(self, texts: list[str], kind: str, bulk: bool = False) -> np.ndarray:
         t0 = time.perf_counter()

@@ -13,7 +13,7 @@ from typing import Any
 from ray import serve
 from ray.serve import metrics
 
-from ragserve import tracing
+from ragserve import heap, tracing
 from ragserve.api.generation import GenerationDelta, GenerationResult
 from ragserve.api.messages import Message
 from ragserve.api.openai import ChatCompletionChunk, ChatCompletionResponse
@@ -49,6 +49,7 @@ class Generator:
             self.engine.prefill_tokens_per_s(),
             time.perf_counter() - t0,
         )
+        heap.settle("generator")
 
     def info(self) -> dict[str, Any]:
         return {

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from ray import serve
 
-from ragserve import tracing
+from ragserve import heap, tracing
 from ragserve.config import Settings
 from ragserve.deployments.clients import HandleEmbedder, traced
 from ragserve.deployments.common import as_settings, log, unwrap_error
@@ -86,6 +86,7 @@ class Ingestion:
         await pool.wait_ready()
         await self.core.start()
         log.info("ingestion ready: job_concurrency=%d storage=%s", s.job_concurrency, s.storage_dir)
+        heap.settle("ingestion")
 
     async def call(
         self, target: str, method: str, *args: Any, trace: Mapping[str, str] | None = None, **kwargs: Any

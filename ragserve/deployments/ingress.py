@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from ray import serve
 
-from ragserve import tracing
+from ragserve import heap, tracing
 from ragserve.config import Settings
 from ragserve.deployments.clients import HandleEmbedder, HandleGenerator, query_cache_counters
 from ragserve.deployments.common import as_settings, log, proxy_host
@@ -86,6 +86,7 @@ class Ingress:
             self.query_embedding,
             self.llm.model_id,
         )
+        heap.settle("ingress")
 
     @staticmethod
     async def _embedder(handle: Any, s: Settings, where: str, batch: CounterBatch) -> TextEmbedder:

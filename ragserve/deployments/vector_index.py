@@ -23,7 +23,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 import ray
 
-from ragserve import tracing
+from ragserve import heap, tracing
 from ragserve.config import Settings
 from ragserve.deployments.common import log
 from ragserve.deployments.shard_metrics import start_size_gauges
@@ -52,6 +52,7 @@ class ShardActor(ShardService):
         tracing.configure("shard")  # on when OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT is set
         super().__init__(*args, **kwargs)
         start_size_gauges(self)  # ray_ragserve_shard_documents/_chunks for the dashboard
+        heap.settle("shard")
 
     def open_options(self) -> dict[str, Any]:
         return {**super().open_options(), "code": ACTOR_CODE}

@@ -21,6 +21,7 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import uvicorn
 
+    from ragserve import heap
     from ragserve.models.embeddings import LocalEmbeddingModel
     from ragserve.testing.embedder import InProcessEmbedder
     from ragserve.testing.inprocess import inprocess_app
@@ -33,6 +34,7 @@ def main(argv: list[str]) -> None:
     embedder = InProcessEmbedder(LocalEmbeddingModel(None, device="cpu"))
     llm_url = settings.pop("llm_url", "http://127.0.0.1:9/v1")
     with inprocess_app(storage, embedder, llm_url, **settings) as (app, _):
+        heap.settle("serve_process")  # a serving process, as the deployments' replicas
         uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")).run()
 
 

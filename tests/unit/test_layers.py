@@ -20,7 +20,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ragserve"
 
 #: Lowest floor first: each part of ``ragserve`` (a sub-package or a top-level module) on one floor.
 FLOORS: list[set[str]] = [
-    {"errors", "telemetry", "tracing", "hardware", "serve_port", "aio", "memo"},  # leaves: import nothing of ragserve
+    # leaves: import nothing of ragserve
+    {"errors", "telemetry", "tracing", "hardware", "serve_port", "aio", "memo", "heap"},
     {"api"},  # every shape that crosses a boundary
     {"ports"},  # every seam (protocols over api shapes)
     {"ingest", "store"},  # documents to chunks; one shard's storage
