@@ -383,8 +383,10 @@ class PrecomputedEmbedder:
     async def embed_query(self, text: str) -> np.ndarray:
         return self._by_text[text]
 
-    async def count_tokens(self, texts: list[str]) -> int:
-        return sum(len(t.split()) for t in texts)
+    async def count_tokens(
+        self, texts: list[str], *, over: int | None = None, total_over: int | None = None
+    ) -> list[int]:
+        return [len(t.split()) for t in texts]
 
 
 def build_storage(

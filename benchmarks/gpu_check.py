@@ -950,8 +950,11 @@ class EmbedderDocuments:
     async def embed_query(self, text: str) -> Any:
         return (await self.workers.run(self.model.encode, [text]))[0]
 
-    async def count_tokens(self, texts: list[str]) -> int:
-        return int(await self.workers.run(self.model.count_tokens, texts))
+    async def count_tokens(
+        self, texts: list[str], *, over: int | None = None, total_over: int | None = None
+    ) -> list[int]:
+        counts: list[int] = await self.workers.run(self.model.count_tokens, texts, over, total_over)
+        return counts
 
     def close(self) -> None:
         self.workers.close()
@@ -1009,8 +1012,11 @@ class FreeEmbedder:
     async def embed_query(self, text: str) -> Any:
         return self._vectors[0]
 
-    async def count_tokens(self, texts: list[str]) -> int:
-        return int(await asyncio.to_thread(self.model.count_tokens, texts))
+    async def count_tokens(
+        self, texts: list[str], *, over: int | None = None, total_over: int | None = None
+    ) -> list[int]:
+        counts: list[int] = await asyncio.to_thread(self.model.count_tokens, texts, over, total_over)
+        return counts
 
 
 async def _ingest_rate(docs: list[str], shards: int, embedder: Any, faiss_device: str) -> float:

@@ -381,6 +381,16 @@ class Settings(BaseSettings):
     )
     max_documents_per_request: int = Field(default=1000, ge=1, description="Documents per /index or update call.")
     max_document_chars: int = Field(default=1_000_000, ge=1, description="Characters of one document's text.")
+    max_embedding_input_tokens: int = Field(
+        default=8192,
+        ge=1,
+        description="Tokens of one /v1/embeddings input (400 past it, before anything is embedded): OpenAI's "
+        "bound. The model embeds only its first max_seq_length tokens (256 for all-MiniLM-L6-v2) and usage "
+        "counts those.",
+    )
+    max_embedding_request_tokens: int = Field(
+        default=300_000, ge=1, description="Tokens of all of one /v1/embeddings request's inputs (400): OpenAI's."
+    )
     max_file_text_chars: int = Field(
         default=20_000_000,
         ge=1,

@@ -63,7 +63,13 @@ class TextEmbedder(Protocol):
 
     async def embed_query(self, text: str) -> np.ndarray: ...
 
-    async def count_tokens(self, texts: list[str]) -> int: ...
+    async def count_tokens(
+        self, texts: list[str], *, over: int | None = None, total_over: int | None = None
+    ) -> list[int]:
+        """Each text's tokens as the model reads it, before the model's own truncation (approximate
+        for a remote model); a count above ``over`` may be a lower bound of it, from a prefix. The
+        list may stop after the first count above ``over``, or once the counts pass ``total_over``."""
+        ...
 
 
 class LanguageModel(Protocol):

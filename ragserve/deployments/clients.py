@@ -93,8 +93,10 @@ class HandleEmbedder:
             self._on_lookup(hit)
         return vec
 
-    async def count_tokens(self, texts: list[str]) -> int:
-        return await self._h.count_tokens.remote(texts)
+    async def count_tokens(
+        self, texts: list[str], *, over: int | None = None, total_over: int | None = None
+    ) -> list[int]:
+        return await self._h.count_tokens.remote(texts, over, total_over)
 
 
 #: How often the ingress asks the Generator again for its prefill speed (which requests may raise:

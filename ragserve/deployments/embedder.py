@@ -103,17 +103,23 @@ class Embedder:
         await self._workers.run(release_free_memory, bulk=bulk)
         return vecs
 
-    async def count_tokens(self, texts: list[str]) -> int:
+    async def count_tokens(self, texts: list[str], over: int | None = None, total_over: int | None = None) -> list[int]:
         if isinstance(self.model, LocalEmbeddingModel):  # off the replica's event loop: 1 MB is seconds
-            return int(await self._workers.run(self.model.count_tokens, texts))
-        return sum(self._approx.count_text(t) for t in texts)
+            counts: list[int] = await self._workers.run(self.model.count_tokens, texts, over, total_over)
+            return counts
+        return [self._approx.count_text(t) for t in texts]
 
     def info(self) -> dict[str, Any]:
         """What the model is, and where it runs: the ingress decides from it whether to embed
         queries itself (``ragserve.service.query_embedding.choose_query_embedding``)."""
-        where: dict[str, Any] = {"remote": True, "device": "remote", "params": None}
+        where: dict[str, Any] = {"remote": True, "device": "remote", "params": None, "max_input_tokens": None}
         if isinstance(self.model, LocalEmbeddingModel):
-            where = {"remote": False, "device": self.model.device, "params": self.model.num_parameters}
+            where = {
+                "remote": False,
+                "device": self.model.device,
+                "params": self.model.num_parameters,
+                "max_input_tokens": self.model.max_seq_length,  # what it reads of a text; the rest is cut
+            }
         return {
             "model_id": self.model.model_id,
             "dim": self.model.dim,

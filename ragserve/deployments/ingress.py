@@ -71,6 +71,7 @@ class Ingress:
             llm=self.llm,
             embedding_model=info["model_id"],
             embedding_tokenizer=tokenizer,
+            embedding_max_input_tokens=info.get("max_input_tokens"),
             telemetry=self.telemetry,
             health=self._health,
             metrics_text=self._metrics_text,

@@ -86,8 +86,10 @@ class InProcessQueryEmbedder:
     async def embed_documents(self, texts: list[str], *, bulk: bool = False) -> np.ndarray:
         return await self._documents.embed_documents(texts, bulk=bulk)
 
-    async def count_tokens(self, texts: list[str]) -> int:
-        return await self._documents.count_tokens(texts)
+    async def count_tokens(
+        self, texts: list[str], *, over: int | None = None, total_over: int | None = None
+    ) -> list[int]:
+        return await self._documents.count_tokens(texts, over=over, total_over=total_over)
 
     async def _encode(self, text: str) -> np.ndarray:
         future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()

@@ -215,6 +215,7 @@ def build_services(
     llm: LanguageModel,
     embedding_model: str,
     embedding_tokenizer: Any | None = None,
+    embedding_max_input_tokens: int | None = None,
     telemetry: Telemetry | None = None,
     health: Callable[[], Awaitable[dict[str, Any]]] | None = None,
     metrics_text: Callable[[], Awaitable[str]] | None = None,
@@ -222,8 +223,9 @@ def build_services(
 ) -> Services:
     """Assemble the services over the given edges.
 
-    ``ingestion`` makes the files, jobs and vector stores (by default, owned here: :func:`build_ingestion`;
-    the Ray ingress passes the proxies of the ``Ingestion`` deployment)."""
+    ``embedding_max_input_tokens``: what the embedding model reads of a text (None: unknown here, a
+    remote model). ``ingestion`` makes the files, jobs and vector stores (by default, owned here:
+    :func:`build_ingestion`; the Ray ingress passes the proxies of the ``Ingestion`` deployment)."""
     documents = build_documents(
         settings,
         pool=pool,
@@ -246,7 +248,14 @@ def build_services(
             embedder,
             cache=answers if settings.answer_cache else None,
         ),
-        embeddings=EmbeddingService(embedder.embed_documents, embedder.count_tokens, embedding_model),
+        embeddings=EmbeddingService(
+            embedder.embed_documents,
+            embedder.count_tokens,
+            embedding_model,
+            max_input_tokens=embedding_max_input_tokens,
+            max_tokens_per_input=settings.max_embedding_input_tokens,
+            max_tokens_per_request=settings.max_embedding_request_tokens,
+        ),
         limits=limits,
         ingestion=owned,
         # usage goes to its owner (here, or the Ingestion deployment), counted in the embedding model's tokens

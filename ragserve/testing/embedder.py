@@ -41,8 +41,11 @@ class InProcessEmbedder:
     async def embed_query(self, text: str) -> np.ndarray:
         return (await self.workers.run(self.model.encode, [text]))[0]
 
-    async def count_tokens(self, texts: list[str]) -> int:
-        return int(await self.workers.run(self.model.count_tokens, texts))  # seconds for 1 MB: off the loop
+    async def count_tokens(
+        self, texts: list[str], *, over: int | None = None, total_over: int | None = None
+    ) -> list[int]:
+        counts: list[int] = await self.workers.run(self.model.count_tokens, texts, over, total_over)  # off the loop
+        return counts
 
     def close(self) -> None:
         """Stop the workers' threads (they also end when the embedder is collected)."""

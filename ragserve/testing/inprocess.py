@@ -100,6 +100,7 @@ def inprocess_app(
         llm=llm,
         embedding_model="all-MiniLM-L6-v2",
         embedding_tokenizer=embedder.model.tokenizer,
+        embedding_max_input_tokens=getattr(embedder.model, "max_seq_length", None),
         telemetry=telemetry,
         metrics_text=metrics_text,
     )

@@ -23,6 +23,7 @@ class CountingModel:
     tokenizer = None
     device = "cpu"
     num_parameters = 4
+    max_seq_length = 256
 
     def __init__(self, *args: object, **kwargs: object):
         self.calls: list[list[str]] = []

@@ -270,8 +270,10 @@ class SmallerEmbedder:
     async def embed_query(self, text: str) -> Any:
         return self._shrink(await self._inner.embed_query(text))
 
-    async def count_tokens(self, texts: list[str]) -> int:
-        return await self._inner.count_tokens(texts)
+    async def count_tokens(
+        self, texts: list[str], *, over: int | None = None, total_over: int | None = None
+    ) -> list[int]:
+        return await self._inner.count_tokens(texts, over=over, total_over=total_over)
 
 
 def test_an_index_built_with_another_embedding_model_is_a_409_that_says_so(tmp_path, embedder, fake) -> None:

@@ -175,7 +175,7 @@ def test_encoding_and_counting_tokens_on_several_threads_at_once(either_model) -
     embedding_model = either_model
     errors: list[BaseException] = []
     texts = ["Shards restart on another node. " * 80, "short"] * 4
-    counted = sum(len(embedding_model.tokenizer.encode(t, add_special_tokens=True)) for t in texts)
+    counted = [len(embedding_model.tokenizer.encode(t, add_special_tokens=True)) for t in texts]
 
     def encode() -> None:
         try:
@@ -243,7 +243,7 @@ async def test_workers_and_token_counts_share_the_model_safely(embedding_model) 
         vecs, n = await asyncio.gather(
             pool.encode(texts, 4), asyncio.to_thread(embedding_model.count_tokens, texts * 20)
         )
-        assert vecs.shape == (len(texts), 384) and n > 0
+        assert vecs.shape == (len(texts), 384) and len(n) == len(texts) * 20 and min(n) > 0
     finally:
         pool.close()
 

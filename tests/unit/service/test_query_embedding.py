@@ -46,8 +46,10 @@ class Deployment:
         self.documents.append(texts)
         return np.zeros((len(texts), 2), dtype=np.float32)
 
-    async def count_tokens(self, texts: list[str]) -> int:
-        return 7 * len(texts)
+    async def count_tokens(
+        self, texts: list[str], *, over: int | None = None, total_over: int | None = None
+    ) -> list[int]:
+        return [7] * len(texts)
 
 
 @pytest.mark.parametrize(
@@ -128,5 +130,5 @@ def test_documents_and_token_counts_go_to_the_deployment() -> None:
     model, deployment = SlowModel(), Deployment()
     emb = InProcessQueryEmbedder(model, deployment)
     assert asyncio.run(emb.embed_documents(["d1", "d2"])).shape == (2, 2)
-    assert asyncio.run(emb.count_tokens(["d1", "d2"])) == 14
+    assert asyncio.run(emb.count_tokens(["d1", "d2"])) == [7, 7]
     assert deployment.documents == [["d1", "d2"]] and model.calls == []

@@ -306,8 +306,10 @@ class _HeldEmbedder:
     async def embed_query(self, text: str):
         return await self.inner.embed_query(text)
 
-    async def count_tokens(self, texts: list[str]) -> int:
-        return await self.inner.count_tokens(texts)
+    async def count_tokens(
+        self, texts: list[str], *, over: int | None = None, total_over: int | None = None
+    ) -> list[int]:
+        return await self.inner.count_tokens(texts, over=over, total_over=total_over)
 
 
 async def test_a_large_document_sends_a_few_bulk_batches_at_a_time_and_none_once_cancelled(
