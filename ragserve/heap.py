@@ -10,13 +10,15 @@ collects once and moves what is left to the permanent generation (``gc.freeze``)
 walk only what was made after it. Objects frozen are still freed by reference counting; only a
 reference cycle among them would never be reclaimed, which is why this is called once, when the
 process has made what it keeps for its life, and never from a test process that builds and drops
-applications.
+applications. ``RAGSERVE_FREEZE_HEAP=0`` in a process's environment turns it off (to compare, or to
+rule it out).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 
 log = logging.getLogger(__name__)
@@ -24,7 +26,10 @@ log = logging.getLogger(__name__)
 
 def settle(role: str) -> int:
     """Collect, then freeze every object left (the process's startup heap); the number frozen so
-    far. Call once, at the end of a serving process's start (``role`` names it in the log)."""
+    far (0: turned off). Call once, at the end of a serving process's start (``role`` names it in
+    the log)."""
+    if os.environ.get("RAGSERVE_FREEZE_HEAP", "1") == "0":
+        return 0
     t0 = time.perf_counter()
     gc.collect()
     gc.freeze()

@@ -7,11 +7,13 @@ Both return L2-normalised float32 vectors, so inner product is cosine similarity
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import json
 import logging
 import threading
+import unicodedata
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -249,24 +251,42 @@ class LocalEmbeddingModel:
         return counts
 
     #: A prefix of ``PREFIX_CHARS_A_TOKEN`` characters a token of ``over`` is read first; it is cut
-    #: at its last whitespace, where every tokenizer here starts a new piece (WordPiece, SentencePiece's
-    #: metaspace and byte-level BPE split there first), so the prefix's count, less
-    #: ``PREFIX_SLACK`` for a run of whitespace a byte-level BPE pieces differently at the cut, never
-    #: exceeds the whole text's.
+    #: where the tokenizer starts a new piece whatever follows (``_splits_before``), found within the
+    #: prefix's last ``PREFIX_CUT_WINDOW`` characters, so the prefix's count, less ``PREFIX_SLACK`` for
+    #: a run of whitespace a byte-level BPE pieces differently at the cut, never exceeds the whole text's.
     PREFIX_CHARS_A_TOKEN = 4
     PREFIX_SLACK = 16
+    PREFIX_CUT_WINDOW = 512
 
     def _count(self, text: str, over: int | None) -> int:
         encode = self.tokenizer.encode
         if over is not None:
             prefix = (over + self.PREFIX_SLACK) * self.PREFIX_CHARS_A_TOKEN
             if len(text) > prefix:
-                cut = max(text.rfind(c, 0, prefix) for c in " \n\t")
+                cut = self._cut_before(text, prefix)
                 if cut > 0:
                     n = len(encode(text[:cut], add_special_tokens=True)) - self.PREFIX_SLACK
                     if n > over:
                         return n
         return len(encode(text, add_special_tokens=True))
+
+    def _cut_before(self, text: str, end: int) -> int:
+        """The last position before ``end`` (within ``PREFIX_CUT_WINDOW``) where the tokenizer
+        splits whatever the text around it; -1 if none."""
+        bert = self._bert_pieces
+        for i in range(end - 1, max(0, end - self.PREFIX_CUT_WINDOW) - 1, -1):
+            c = text[i]
+            if c.isspace() or (bert and _bert_splits_at(c)):
+                return i
+        return -1
+
+    @functools.cached_property
+    def _bert_pieces(self) -> bool:
+        """Whether the tokenizer pre-tokenizes as BERT does (all-MiniLM-L6-v2's WordPiece): it also
+        splits at every punctuation mark and around every CJK ideograph, so text without spaces
+        (Chinese, a run of ".") is cut there too. Other tokenizers are cut at whitespace only."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        return type(getattr(backend, "pre_tokenizer", None)).__name__ == "BertPreTokenizer"
 
     @property
     def num_parameters(self) -> int:
@@ -485,6 +505,26 @@ class EncodeWorkers:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False)
+
+
+def _bert_splits_at(c: str) -> bool:
+    """BERT's basic tokenizer makes ``c`` a piece of its own: punctuation (every ASCII symbol, and
+    Unicode's P* categories) or a CJK ideograph (the ranges BERT's ``_is_chinese_char`` lists)."""
+    cp = ord(c)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    if (
+        0x4E00 <= cp <= 0x9FFF
+        or 0x3400 <= cp <= 0x4DBF
+        or 0x20000 <= cp <= 0x2A6DF
+        or 0x2A700 <= cp <= 0x2B73F
+        or 0x2B740 <= cp <= 0x2B81F
+        or 0x2B820 <= cp <= 0x2CEAF
+        or 0xF900 <= cp <= 0xFAFF
+        or 0x2F800 <= cp <= 0x2FA1F
+    ):
+        return True
+    return unicodedata.category(c).startswith("P")
 
 
 def document_workers(model: Any, workers: int | None = None, threads: int | None = None) -> EncodeWorkers:

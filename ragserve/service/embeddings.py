@@ -6,7 +6,8 @@ convention OpenAI's ``text-embedding-3`` models follow); asking for more dimensi
 has is refused, not silently ignored.
 
 Inputs are bounded as OpenAI bounds them: an input over ``max_embedding_input_tokens`` (8,192) or a
-request over ``max_embedding_request_tokens`` (300,000 in all) is a 400 before anything is embedded.
+request over ``max_embedding_request_tokens`` (300,000 in all) is a 400 before anything is embedded
+(a remote embedding model's server applies its own bounds instead: the counts here would be guesses).
 Within that, the model reads only its first ``max_input_tokens`` of an input (256 for
 all-MiniLM-L6-v2; sentence-transformers truncates the same way), and ``usage`` counts the tokens it
 read, not the ones it cut.
@@ -35,7 +36,8 @@ class EmbeddingService:
         max_tokens_per_request: int = 300_000,
     ):
         """``count_tokens(texts, over=n, total_over=m)``: ``TextEmbedder.count_tokens``. ``max_input_tokens``: what the
-        model reads of an input (None: all of it, as far as this side knows: a remote model)."""
+        model reads of an input; None for a remote model, whose server bounds its inputs itself: the
+        counts here are then estimates (characters / 4), for usage only, and no bound is applied."""
         self._embed = embed_texts
         self._count = count_tokens
         self.model = model
@@ -45,8 +47,11 @@ class EmbeddingService:
 
     async def create(self, request: EmbeddingRequest) -> EmbeddingResponse:
         texts = request.inputs()
-        counts = await self._count(texts, over=self.max_tokens_per_input, total_over=self.max_tokens_per_request)
-        self._check(counts, isinstance(request.input, list))
+        if self.max_input_tokens is None:  # a remote model: it bounds its inputs; the counts here are estimates
+            counts = await self._count(texts)
+        else:
+            counts = await self._count(texts, over=self.max_tokens_per_input, total_over=self.max_tokens_per_request)
+            self._check(counts, isinstance(request.input, list))
         vectors = np.asarray(await self._embed(texts), dtype=np.float32)
         size = vectors.shape[1] if vectors.ndim == 2 else 0
         if request.dimensions is not None:

@@ -69,14 +69,36 @@ def test_a_request_over_its_token_bound_is_a_400(client: TestClient) -> None:
         " " * 999_000 + words(100),  # a prefix of spaces has no tokens: counted whole, and accepted
         "a" * 200 + " " + "x" * 999_000,  # words over 100 characters are one [UNK]
         "가" * 40_000 + " " + "나 " * 20_000,  # Hangul: a run is one word; then one token a syllable
+        "中文字" * 20_000,  # CJK ideographs: a piece each, no spaces
+        "word\u3000" * 20_000,  # ideographic spaces
+        "word\u00a0" * 20_000,  # no-break spaces
+        "e\u0301t\u00e9." * 20_000,  # combining accents and precomposed ones (stripped), then a stop
     ],
-    ids=["dots", "dot-space", "spaces-then-words", "long-words", "hangul"],
+    ids=["dots", "dot-space", "spaces-then-words", "long-words", "hangul", "cjk", "u3000", "nbsp", "accents"],
 )
 def test_a_prefix_count_is_a_lower_bound_and_only_given_over_the_bound(embedding_model, text: str) -> None:
     exact = len(embedding_model.tokenizer.encode(text))
     (counted,) = embedding_model.count_tokens([text], over=8_192)
     assert counted == exact or exact >= counted > 8_192
     assert embedding_model.count_tokens([text]) == [exact]
+
+
+def test_a_prefix_count_never_exceeds_the_whole_on_random_text(embedding_model) -> None:
+    """Seeded fuzz over the characters that change where pieces split, with a small bound so every
+    text takes the prefix path."""
+    import random
+
+    rng = random.Random(28)
+    alphabet = [*"ab .,;-'\"\n\t", *"\u00a0\u3000\u0301\u00e9\u4e2d\uac00\u200b\x00\U0001f600", "[MASK]"]
+    over = 20
+    checked = 0
+    for _ in range(400):
+        text = "".join(rng.choices(alphabet, k=rng.randint(150, 600)))
+        exact = len(embedding_model.tokenizer.encode(text))
+        (counted,) = embedding_model.count_tokens([text], over=over)
+        assert counted == exact or exact >= counted > over, (text, counted, exact)
+        checked += counted != exact
+    assert checked > 50  # the prefix path was taken
 
 
 def test_refusing_a_megabyte_tokenizes_a_prefix_not_the_whole(embedding_model, monkeypatch) -> None:
@@ -100,3 +122,27 @@ def test_counting_stops_at_the_first_input_over_or_once_the_total_is_passed(embe
     fine = [words(1_000)] * 10  # 1,002 tokens each
     assert embedding_model.count_tokens(fine, over=8_192, total_over=3_000) == [1_002] * 3
     assert embedding_model.count_tokens(fine, over=8_192) == [1_002] * 10
+
+
+def test_a_remote_model_s_estimates_bound_nothing_and_count_as_usage() -> None:
+    """A remote embedding server bounds its own inputs; chars/4 here would refuse 40,000 spaces."""
+    import asyncio
+
+    import numpy as np
+
+    from ragserve.api.openai import EmbeddingRequest
+    from ragserve.models.tokenizers import ApproxTokenCounter
+    from ragserve.service.embeddings import EmbeddingService
+
+    approx = ApproxTokenCounter("test")
+
+    async def embed(texts: list[str]) -> np.ndarray:
+        return np.ones((len(texts), 4), dtype=np.float32) / 2
+
+    async def count(texts: list[str], **bounds: object) -> list[int]:
+        assert bounds == {}  # no bound asked of an estimate
+        return [approx.count_text(t) for t in texts]
+
+    service = EmbeddingService(embed, count, "remote-model", max_input_tokens=None, max_tokens_per_input=8_192)
+    out = asyncio.run(service.create(EmbeddingRequest(input=[" " * 40_000 + "hi", "short"])))
+    assert len(out.data) == 2 and out.usage.prompt_tokens == 10_001 + 2

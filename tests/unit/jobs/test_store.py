@@ -169,6 +169,15 @@ def test_owners_take_the_runner_in_turns_and_each_owner_is_first_in_first_out(st
     assert first is not None and first[0].owner == "small"  # "bulk" was served last
 
 
+def test_finding_whose_turn_it_is_seeks_the_owner_index_not_every_job(store: JobStore) -> None:
+    """One seek an owner with runnable jobs, whatever their number (a DISTINCT read every queued job:
+    ~80 ms a claim with 100,000 queued)."""
+    from ragserve.jobs.store import _NEXT_OWNER
+
+    plan = " | ".join(row[3] for row in store._db.execute("EXPLAIN QUERY PLAN " + _NEXT_OWNER))
+    assert "USING INDEX jobs_runnable_by_owner" in plan and "DISTINCT" not in plan and "SCAN jobs" not in plan, plan
+
+
 def test_jobs_of_one_owner_or_none_run_first_in_first_out(store: JobStore) -> None:
     jobs = [store.create("index_documents", "docs", items(f"k{i}")) for i in range(3)]
     claimed = [store.claim("w", 60) for _ in jobs]
