@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -25,11 +26,15 @@ def embedder(embedding_model) -> InProcessEmbedder:
     return InProcessEmbedder(embedding_model)
 
 
-@pytest.fixture(autouse=True)
-def _no_heap_freeze_in_the_test_process(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture(scope="session", autouse=True)
+def _no_heap_freeze_in_the_test_process() -> Iterator[None]:
     """A deployment's class built in this process (its replica's start) would freeze the test
     session's heap (``ragserve.heap.settle``): every application a later test drops would then keep
-    its reference cycles. Servers in processes of their own (serve_process, Ray) still settle."""
+    its reference cycles. Servers in processes of their own (serve_process, Ray) still settle.
+    Patched once, with a MonkeyPatch of its own: a test's ``monkeypatch`` must still be undone
+    before that test's other fixtures tear down (a shard closed with its snapshot still faked)."""
     from ragserve import heap
 
-    monkeypatch.setattr(heap, "settle", lambda role: 0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(heap, "settle", lambda role: 0)
+        yield
