@@ -251,7 +251,7 @@ class LocalEmbeddingModel:
         return counts
 
     #: A prefix of ``PREFIX_CHARS_A_TOKEN`` characters a token of ``over`` is read first; it is cut
-    #: where the tokenizer starts a new piece whatever follows (``_splits_before``), found within the
+    #: where the tokenizer starts a new piece whatever follows (``_cut_before``), found within the
     #: prefix's last ``PREFIX_CUT_WINDOW`` characters, so the prefix's count, less ``PREFIX_SLACK`` for
     #: a run of whitespace a byte-level BPE pieces differently at the cut, never exceeds the whole text's.
     PREFIX_CHARS_A_TOKEN = 4

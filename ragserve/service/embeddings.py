@@ -70,14 +70,15 @@ class EmbeddingService:
     def _check(self, counts: list[int], listed: bool) -> None:
         """400 for an input over ``max_tokens_per_input`` (a count over it may be a prefix's, a
         lower bound: "at least") or a request over ``max_tokens_per_request``; ``counts`` stops at
-        the first input over, or where the sum passed (``TextEmbedder.count_tokens``)."""
+        the first input over, or where the sum passed (``TextEmbedder.count_tokens``). A local
+        model's exact counts only: ``max_input_tokens`` is known."""
         most = self.max_tokens_per_input
         for i, n in enumerate(counts):
             if n > most:
                 where = f"input[{i}]" if listed else "input"
                 raise BadRequestError(
                     f"{where} has at least {n:,} tokens; {self.model} accepts at most {most:,} an input "
-                    f"(and reads the first {self.max_input_tokens or most:,}): split the text or shorten it",
+                    f"(and reads the first {self.max_input_tokens:,}): split the text or shorten it",
                     param="input",
                 )
         total = sum(counts)
