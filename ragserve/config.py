@@ -172,6 +172,15 @@ class Settings(BaseSettings):
         "hnsw: m, ef_construction, ef_search, max_deleted_ratio.",
     )
     shard_num_cpus: float = Field(default=0.1, ge=0, description="CPUs reserved by each shard actor.")
+    shard_reads_in_flight: int = Field(
+        default=2,
+        ge=0,
+        le=1024,
+        description="Calls a replica has out to one shard actor before it holds further reads (searches, "
+        "version reads, listings) and sends them together, as one call, when a call returns: a call costs "
+        "each side ~1.3 ms of CPU however little it asks, so under load reads share it. 0 sends every read "
+        "alone (docs/benchmarks.md, 'Reads in batches').",
+    )
     similarity_threshold: float = Field(
         default=0.35,
         ge=-1.0,

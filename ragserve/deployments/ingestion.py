@@ -74,7 +74,7 @@ class Ingestion:
         s = as_settings(settings)
         info = await embedder.info.remote()
         tokenizer = await embedder.tokenizer.remote()
-        pool = RayShardPool(await reconcile_shards(s, get_or_create_shards(s)))
+        pool = RayShardPool(await reconcile_shards(s, get_or_create_shards(s)), s.shard_reads_in_flight)
         documents = build_documents(
             s,
             pool=pool,

@@ -63,7 +63,7 @@ class Ingress:
             client = EngineClient(make_engine(s), s.context_window)
             self.llm = client
             llm_ready = client.start()
-        self.pool = RayShardPool(await reconcile_shards(s, shards))
+        self.pool = RayShardPool(await reconcile_shards(s, shards), s.shard_reads_in_flight)
         self.services: Services = build_services(
             s,
             pool=self.pool,

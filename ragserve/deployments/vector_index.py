@@ -16,6 +16,7 @@ every acknowledged write is in SQLite.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Mapping
@@ -27,8 +28,11 @@ from ragserve import heap, tracing
 from ragserve.config import Settings
 from ragserve.deployments.common import log
 from ragserve.deployments.shard_metrics import start_size_gauges
+from ragserve.service.pool import ReadBatcher
 from ragserve.service.shard_service import (
+    READ_METHODS,
     SHARD_CODE,
+    ReadCall,
     ShardService,
     check_layout,
     shard_method_name,
@@ -136,10 +140,21 @@ class RayShardPool:
     """``ragserve.ports.ShardPool`` over shard actor handles.
 
     The actor is called by the method's name; only methods of ``ShardService`` itself are accepted
-    (``shard_method_name``, the same check as ``LocalShardPool``'s)."""
+    (``shard_method_name``, the same check as ``LocalShardPool``'s). Reads (``READ_METHODS``) go
+    through a ``ReadBatcher`` a shard: alone while fewer than ``reads_in_flight`` calls to that
+    shard are out, in one ``read_many`` call with the others held meanwhile once they are (0: every
+    read alone). Writes always go alone, at once."""
 
-    def __init__(self, actors: list[Any]):
+    def __init__(self, actors: list[Any], reads_in_flight: int = 0):
         self._actors = actors
+        self._batchers = (
+            [
+                ReadBatcher(functools.partial(self._send_one, i), actor.read_many.remote, reads_in_flight)
+                for i, actor in enumerate(actors)
+            ]
+            if reads_in_flight > 0
+            else None
+        )
 
     @property
     def num_shards(self) -> int:
@@ -149,8 +164,15 @@ class RayShardPool:
         self, shard: int, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> R:
         name = shard_method_name(method)
+        call: ReadCall = (name, tracing.carrier() if tracing.ENABLED else None, args, kwargs)
+        if self._batchers is not None and name in READ_METHODS:
+            return cast(R, await self._batchers[shard].read(call))
+        return cast(R, await self._send_one(shard, call))
+
+    async def _send_one(self, shard: int, call: ReadCall) -> Any:
+        name, trace, args, kwargs = call
         if tracing.ENABLED:  # the actor opens shard.<name> under the caller's span
-            return await self._actors[shard].traced.remote(name, tracing.carrier(), *args, **kwargs)
+            return await self._actors[shard].traced.remote(name, trace, *args, **kwargs)
         return await getattr(self._actors[shard], name).remote(*args, **kwargs)
 
     async def call_all(

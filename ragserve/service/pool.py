@@ -9,11 +9,12 @@ The service never knows. Callers pass the ``ShardService`` method itself, so myp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from typing import Concatenate, ParamSpec, TypeVar, cast
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from ragserve import tracing
-from ragserve.service.shard_service import ShardService, shard_method_name, traced_call
+from ragserve.service.shard_service import ReadCall, ShardService, shard_method_name, traced_call
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -49,3 +50,105 @@ class LocalShardPool:
     def close(self) -> None:
         for s in self._shards:
             s.close()
+
+
+#: The most reads ``ReadBatcher`` sends in one call.
+READ_BATCH_MAX = 32
+
+
+class ReadBatcher:
+    """Reads of one shard in another process, sent one call each while fewer than ``in_flight``
+    calls are out, and otherwise held and sent together, as one call (``ShardService.read_many``),
+    when a call returns.
+
+    A call to a Ray actor costs its caller ~1.3 ms of CPU and the actor as much, whatever it asks
+    (the shard answers a repeated search from memory in microseconds): at 16 concurrent requests
+    on two shards that was most of a warm ``/retrieve``'s CPU. Unloaded, every read goes alone at
+    once, as before; under load, reads that would have waited for a busy shard anyway share a
+    call (docs/benchmarks.md, "Reads in batches"). Each read keeps its own result or error; one
+    whose caller gave up before it was sent is not sent. Writes never come here.
+
+    ``send_one`` sends one read; ``send_many`` several, answering ``ShardService.read_many``'s
+    list. One event loop uses a batcher: a read from another loop goes alone."""
+
+    def __init__(
+        self,
+        send_one: Callable[[ReadCall], Awaitable[Any]],
+        send_many: Callable[[list[ReadCall]], Awaitable[list[tuple[bool, Any]]]],
+        in_flight: int,
+        max_batch: int = READ_BATCH_MAX,
+    ):
+        if in_flight < 1 or max_batch < 1:
+            raise ValueError("in_flight and max_batch must be at least 1")
+        self._send_one, self._send_many = send_one, send_many
+        self._in_flight, self._max_batch = in_flight, max_batch
+        self._out = 0
+        self._held: deque[tuple[ReadCall, asyncio.Future[Any]]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def calls_out(self) -> int:
+        """Calls sent and not yet answered."""
+        return self._out
+
+    async def read(self, call: ReadCall) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        if loop is not self._loop:
+            return await self._send_one(call)
+        if self._out < self._in_flight and not self._held:
+            self._out += 1
+            try:
+                return await self._send_one(call)
+            finally:
+                self._out -= 1
+                self._send_held()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._held.append((call, future))
+        return await future
+
+    def _send_held(self) -> None:
+        while self._out < self._in_flight and self._held:
+            batch: list[tuple[ReadCall, asyncio.Future[Any]]] = []
+            while self._held and len(batch) < self._max_batch:
+                call, future = self._held.popleft()
+                if not future.done():  # a caller who gave up is not sent
+                    batch.append((call, future))
+            if not batch:
+                return
+            self._out += 1
+            task = asyncio.ensure_future(self._send(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[tuple[ReadCall, asyncio.Future[Any]]]) -> None:
+        try:
+            if len(batch) == 1:
+                call, future = batch[0]
+                try:
+                    outcomes = [(True, await self._send_one(call))]
+                except Exception as e:  # that read's error, for its caller
+                    outcomes = [(False, e)]
+            else:
+                outcomes = await self._send_many([call for call, _ in batch])
+        except BaseException as e:  # the call itself failed: each read in it did
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(e if isinstance(e, Exception) else RuntimeError(f"shard call ended: {e!r}"))
+            if not isinstance(e, Exception):
+                raise
+            return
+        finally:
+            self._out -= 1
+            self._send_held()
+        if len(outcomes) != len(batch):  # not what read_many answers: fail each read, hang none
+            outcomes = [(False, RuntimeError(f"shard answered {len(outcomes)} reads of {len(batch)}"))] * len(batch)
+        for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
+            if future.done():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)

@@ -47,6 +47,29 @@ SEARCH_MEMO_MAX_ENTRY_BYTES = 96 * 1024
 SEARCH_MEMO_TTL_S = 3600.0
 #: What a hit costs besides its text, about (the object, its ids and scores, its metadata).
 _HIT_OVERHEAD_BYTES = 400
+#: The methods that only read: what ``ShardService.read_many`` runs, several in one call (a pool
+#: holds reads back under load and sends them together: ``ragserve.service.pool.ReadBatcher``).
+READ_METHODS = frozenset(
+    {
+        "ping",
+        "list_indexes",
+        "has_index",
+        "index_generation",
+        "index_versions",
+        "count_documents",
+        "find_by_hash",
+        "get_documents",
+        "list_documents",
+        "search",
+        "mentioned",
+        "search_candidates",
+        "search_indexes",
+        "index_stats",
+    }
+)
+#: One read of ``read_many``: the method's name, the caller's trace carrier (or None), its
+#: positional and its keyword arguments.
+ReadCall = tuple[str, Mapping[str, str] | None, tuple[Any, ...], dict[str, Any]]
 log = logging.getLogger("ragserve.store")
 
 
@@ -373,6 +396,21 @@ class ShardService:
                 )
             except IndexNotFoundError:
                 out.append(None)
+        return out
+
+    def read_many(self, calls: list[ReadCall]) -> list[tuple[bool, Any]]:
+        """Several reads in one call, each as its own call would run it (in its span when traced),
+        in their order: ``(True, result)``, or ``(False, exception)`` for one that raised, which
+        fails that read alone. Only ``READ_METHODS``: a write held back and run beside others
+        would lose the order its caller saw."""
+        out: list[tuple[bool, Any]] = []
+        for name, trace, args, kwargs in calls:
+            try:
+                if name not in READ_METHODS:
+                    raise TypeError(f"{name!r} is not a ShardService read")
+                out.append((True, traced_call(self, name, trace, *args, **kwargs)))
+            except Exception as e:  # the read's own error, raised to its caller alone
+                out.append((False, e))
         return out
 
     # --- persistence --------------------------------------------------------------------------

@@ -76,3 +76,22 @@ class TestRayShardPool(ShardPoolContract):
         yield pool
         for actor in actors:
             ray.kill(actor)
+
+
+class TestRayShardPoolBatched(ShardPoolContract):
+    """The same contract with reads held and sent together (``ReadBatcher``) as soon as one call to
+    a shard is out: concurrent reads cross in ``read_many`` calls, writes alone."""
+
+    @pytest.fixture
+    async def pool(self, ray_cluster, tmp_path: Path):
+        import ray
+
+        from ragserve.deployments.vector_index import RayShardPool, get_or_create_shards, reconcile_shards
+
+        settings = Settings(storage_dir=str(tmp_path), num_shards=2, shard_num_cpus=0.1)
+        actors = await reconcile_shards(settings, get_or_create_shards(settings))
+        pool = RayShardPool(actors, reads_in_flight=1)
+        await pool.wait_ready()
+        yield pool
+        for actor in actors:
+            ray.kill(actor)

@@ -8,6 +8,8 @@ empty shards.
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
@@ -106,3 +108,29 @@ class ShardPoolContract:
         with pytest.raises(DimensionMismatchError, match="4-d vectors, got 3-d"):
             await pool.call(0, ShardService.upsert_documents, index="kb", docs=[write("d2", "three dimensions", dim=3)])
         assert await pool.call_all(ShardService.count_documents, "kb") == [1, 0]  # the failed write left nothing
+
+    async def test_concurrent_reads_each_get_their_own_answer(self, pool: ShardPool[ShardService]) -> None:
+        """Many reads at once (which a pool may send together, ``ReadBatcher``): each caller gets
+        the answer to its own read, one read's error reaches its caller alone, as itself, and a
+        write that returned is seen by every read made after it."""
+        docs = [write(f"d{i}", f"note number {i}", seed=i) for i in range(12)]
+        await pool.call(0, ShardService.upsert_documents, index="kb", docs=docs[:6])
+        await pool.call(1, ShardService.upsert_documents, index="kb", docs=docs[6:])
+        searches = [
+            pool.call(i % 2, ShardService.search, index="kb", vector=docs[i].chunks[0].vector, k=1) for i in range(12)
+        ]
+        counts = [pool.call(s, ShardService.count_documents, "kb") for s in (0, 1) * 4]
+        wrong = pool.call(0, ShardService.search, index="kb", vector=np.ones(3, dtype=np.float32), k=1)
+        got = await asyncio.gather(*searches, wrong, *counts, return_exceptions=True)
+        found, error, counted = got[:12], got[12], got[13:]
+        for i, hits in enumerate(found):
+            on_its_shard = (i < 6) == (i % 2 == 0)
+            if on_its_shard:
+                assert isinstance(hits, list) and hits[0].doc_id == f"d{i}"
+            else:
+                assert isinstance(hits, list) and hits and hits[0].doc_id != f"d{i}"
+        assert isinstance(error, DimensionMismatchError)
+        assert counted == [6, 6] * 4
+        await pool.call(1, ShardService.delete_documents, index="kb", doc_ids=["d6", "d7"])
+        after = await asyncio.gather(*(pool.call(1, ShardService.count_documents, "kb") for _ in range(8)))
+        assert after == [4] * 8
