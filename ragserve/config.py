@@ -173,7 +173,7 @@ class Settings(BaseSettings):
     )
     shard_num_cpus: float = Field(default=0.1, ge=0, description="CPUs reserved by each shard actor.")
     shard_reads_in_flight: int = Field(
-        default=2,
+        default=1,
         ge=0,
         le=1024,
         description="Calls a replica has out to one shard actor before it holds further reads (searches, "
