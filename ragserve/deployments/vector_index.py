@@ -164,7 +164,7 @@ class RayShardPool:
         self, shard: int, method: Callable[Concatenate[ShardService, P], R], *args: P.args, **kwargs: P.kwargs
     ) -> R:
         name = shard_method_name(method)
-        call: ReadCall = (name, tracing.carrier() if tracing.ENABLED else None, args, kwargs)
+        call: ReadCall = (name, (tracing.carrier() or {}) if tracing.ENABLED else None, args, kwargs)
         if self._batchers is not None and name in READ_METHODS:
             return cast(R, await self._batchers[shard].read(call))
         return cast(R, await self._send_one(shard, call))
@@ -172,7 +172,7 @@ class RayShardPool:
     async def _send_one(self, shard: int, call: ReadCall) -> Any:
         name, trace, args, kwargs = call
         if tracing.ENABLED:  # the actor opens shard.<name> under the caller's span
-            return await self._actors[shard].traced.remote(name, trace, *args, **kwargs)
+            return await self._actors[shard].traced.remote(name, trace or None, *args, **kwargs)
         return await getattr(self._actors[shard], name).remote(*args, **kwargs)
 
     async def call_all(

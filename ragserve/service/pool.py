@@ -9,6 +9,7 @@ The service never knows. Callers pass the ``ShardService`` method itself, so myp
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar, cast
@@ -124,31 +125,51 @@ class ReadBatcher:
             task.add_done_callback(self._tasks.discard)
 
     async def _send(self, batch: list[tuple[ReadCall, asyncio.Future[Any]]]) -> None:
+        outcomes: list[tuple[bool, Any]] = []
         try:
             if len(batch) == 1:
-                call, future = batch[0]
                 try:
-                    outcomes = [(True, await self._send_one(call))]
+                    outcomes = [(True, await self._send_one(batch[0][0]))]
                 except Exception as e:  # that read's error, for its caller
                     outcomes = [(False, e)]
             else:
-                outcomes = await self._send_many([call for call, _ in batch])
-        except BaseException as e:  # the call itself failed: each read in it did
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(e if isinstance(e, Exception) else RuntimeError(f"shard call ended: {e!r}"))
-            if not isinstance(e, Exception):
-                raise
-            return
+                answer = await self._send_many([call for call, _ in batch])
+                if not isinstance(answer, list) or len(answer) != len(batch):  # not read_many's: fail each
+                    raise RuntimeError(f"a shard answered {len(batch)} reads with {type(answer).__name__}")
+                outcomes = answer
+        except Exception as e:  # the call itself failed: each read in it did, each with its own error
+            outcomes = [(False, _own_error(e)) for _ in batch]
         finally:
             self._out -= 1
             self._send_held()
-        if len(outcomes) != len(batch):  # not what read_many answers: fail each read, hang none
-            outcomes = [(False, RuntimeError(f"shard answered {len(outcomes)} reads of {len(batch)}"))] * len(batch)
-        for (_, future), (ok, value) in zip(batch, outcomes, strict=True):
-            if future.done():
-                continue
-            if ok:
-                future.set_result(value)
-            else:
-                future.set_exception(value)
+            # every caller hears, whatever the answer holds: none is left waiting
+            for (_, future), outcome in zip(batch, outcomes or [(False, None)] * len(batch), strict=True):
+                if not future.done():
+                    _settle(future, outcome)
+
+
+def _own_error(e: Exception) -> Exception:
+    """A copy of ``e`` for one caller among several: none sees another's traceback or attributes."""
+    try:
+        out = copy.copy(e)
+    except Exception:
+        out = RuntimeError(str(e))
+    out.__cause__ = e
+    return out
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    """``future`` given a read's ``(ok, value)``; anything else (a value that is not an exception
+    where one should be, ``StopIteration`` that a future refuses, a call that ended without an
+    answer) is a RuntimeError for its caller."""
+    try:
+        ok, value = outcome
+        if ok:
+            future.set_result(value)
+            return
+        if isinstance(value, Exception) and not isinstance(value, StopIteration):
+            future.set_exception(value)
+            return
+    except Exception:  # a malformed outcome: the caller still hears below
+        pass
+    future.set_exception(RuntimeError(f"a shard read ended without an answer: {outcome!r:.200}"))

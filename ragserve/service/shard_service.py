@@ -18,6 +18,7 @@ import json
 import logging
 import sqlite3
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -47,28 +48,26 @@ SEARCH_MEMO_MAX_ENTRY_BYTES = 96 * 1024
 SEARCH_MEMO_TTL_S = 3600.0
 #: What a hit costs besides its text, about (the object, its ids and scores, its metadata).
 _HIT_OVERHEAD_BYTES = 400
-#: The methods that only read: what ``ShardService.read_many`` runs, several in one call (a pool
-#: holds reads back under load and sends them together: ``ragserve.service.pool.ReadBatcher``).
+#: The reads ``ShardService.read_many`` runs, several in one call (a pool holds them back under
+#: load and sends them together: ``ragserve.service.pool.ReadBatcher``): the query path's reads,
+#: short and lock-free. Not the others: ``index_stats`` waits for the shard's write lock, and a
+#: listing or a count of a large index takes long; held in one call, the reads behind them would
+#: wait for them too, so they always go alone, each on an actor thread of its own.
 READ_METHODS = frozenset(
     {
-        "ping",
         "list_indexes",
         "has_index",
         "index_generation",
         "index_versions",
-        "count_documents",
-        "find_by_hash",
-        "get_documents",
-        "list_documents",
         "search",
         "mentioned",
         "search_candidates",
         "search_indexes",
-        "index_stats",
     }
 )
-#: One read of ``read_many``: the method's name, the caller's trace carrier (or None), its
-#: positional and its keyword arguments.
+#: One read of ``read_many``: the method's name, the caller's trace carrier (None when the caller
+#: traces nothing; empty when it traces but has no current span), its positional and its keyword
+#: arguments.
 ReadCall = tuple[str, Mapping[str, str] | None, tuple[Any, ...], dict[str, Any]]
 log = logging.getLogger("ragserve.store")
 
@@ -407,9 +406,13 @@ class ShardService:
         for name, trace, args, kwargs in calls:
             try:
                 if name not in READ_METHODS:
-                    raise TypeError(f"{name!r} is not a ShardService read")
-                out.append((True, traced_call(self, name, trace, *args, **kwargs)))
+                    raise TypeError(f"{name!r} is not a ShardService read that runs in a batch")
+                if trace is None:  # an untraced caller: no span, as its own call would open none
+                    out.append((True, getattr(self, name)(*args, **kwargs)))
+                else:
+                    out.append((True, traced_call(self, name, trace or None, *args, **kwargs)))
             except Exception as e:  # the read's own error, raised to its caller alone
+                e.add_note(f"in shard {self.shard_index}:\n{traceback.format_exc()}")  # pickling drops the traceback
                 out.append((False, e))
         return out
 

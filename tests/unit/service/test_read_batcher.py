@@ -154,33 +154,73 @@ def test_bounds_are_checked() -> None:
         ReadBatcher(shard.one, shard.many, in_flight=0)
 
 
-def test_read_many_runs_reads_in_order_and_refuses_writes(tmp_path: Path) -> None:
+def test_read_many_runs_reads_in_order_and_refuses_writes_and_slow_reads(tmp_path: Path) -> None:
     check_layout(tmp_path, 1)
     shard = ShardService(tmp_path, 0, 1)
     try:
         doc = write("d1", "a note")
         shard.upsert_documents("kb", [doc])
+        vector = doc.chunks[0].vector
         out = shard.read_many(
             [
-                ("count_documents", None, ("kb",), {}),
+                ("search", None, (), {"index": "kb", "vector": vector, "k": 1}),
                 ("search", None, (), {"index": "kb", "vector": np.ones(3, dtype=np.float32), "k": 1}),
                 ("upsert_documents", None, (), {"index": "kb", "docs": [write("d2", "never written")]}),
                 ("_search_indexes", None, (), {}),
-                ("get_documents", None, (), {"index": "kb", "doc_ids": ["d1"]}),
+                ("index_stats", None, ("kb",), {}),  # waits for the write lock: never in a batch
+                ("has_index", None, ("kb",), {}),
             ]
         )
-        assert out[0] == (True, 1)
+        assert out[0][0] is True and out[0][1][0].doc_id == "d1"
         assert out[1][0] is False and "3-d" in str(out[1][1])
-        assert out[2][0] is False and isinstance(out[2][1], TypeError)  # a write is never run here
-        assert out[3][0] is False and isinstance(out[3][1], TypeError)
-        assert out[4][0] is True and out[4][1]["d1"].text == "a note"
+        assert any("in shard 0" in n for n in getattr(out[1][1], "__notes__", []))  # the shard's traceback
+        for refused in (out[2], out[3], out[4]):
+            assert refused[0] is False and isinstance(refused[1], TypeError)
+        assert out[5] == (True, True)
         assert shard.count_documents("kb") == 1
     finally:
         shard.close()
 
 
-def test_read_methods_are_shard_reads() -> None:
+def test_read_methods_are_the_query_paths_lock_free_reads() -> None:
     for name in READ_METHODS:
         assert callable(getattr(ShardService, name, None)) and not name.startswith("_"), name
-    for write_method in ("upsert_documents", "delete_documents", "drop_index", "replace_index", "ensure_index"):
-        assert write_method not in READ_METHODS
+    for other in (
+        "upsert_documents",
+        "delete_documents",
+        "drop_index",
+        "replace_index",
+        "ensure_index",
+        "index_stats",  # takes the write lock
+        "list_documents",
+        "count_documents",
+        "get_documents",
+        "find_by_hash",
+    ):
+        assert other not in READ_METHODS
+
+
+async def test_every_caller_hears_whatever_the_answer_holds() -> None:
+    """A read whose error a future refuses (StopIteration), a malformed outcome, or a failed call:
+    every read in the batch still ends, each failed one with an error of its own."""
+
+    async def slow_one(call: ReadCall) -> Any:
+        await asyncio.sleep(0.01)
+        return call[2][0]
+
+    async def odd(calls: list[ReadCall]) -> list[tuple[bool, Any]]:
+        return [(False, StopIteration()), (True, "b"), ("not", "a", "pair"), (False, "not an exception")]
+
+    batcher = ReadBatcher(slow_one, odd, in_flight=1)
+    got = await asyncio.wait_for(asyncio.gather(*(batcher.read(echo(i)) for i in range(5)), return_exceptions=True), 5)
+    assert got[0] == 0 and got[2] == "b"
+    assert all(isinstance(g, RuntimeError) for g in (got[1], got[3], got[4])), got
+
+    async def broken(calls: list[ReadCall]) -> list[tuple[bool, Any]]:
+        raise ConnectionError("actor died")
+
+    batcher = ReadBatcher(slow_one, broken, in_flight=1)
+    got = await asyncio.gather(*(batcher.read(echo(i)) for i in range(4)), return_exceptions=True)
+    errors = got[1:]
+    assert all(isinstance(e, ConnectionError) for e in errors)
+    assert len({id(e) for e in errors}) == 3  # one error each: no caller sees another's traceback
