@@ -176,10 +176,11 @@ class Settings(BaseSettings):
         default=1,
         ge=0,
         le=1024,
-        description="Calls a replica has out to one shard actor before it holds further reads (searches, "
-        "version reads, listings) and sends them together, as one call, when a call returns: a call costs "
-        "each side ~1.3 ms of CPU however little it asks, so under load reads share it. 0 sends every read "
-        "alone (docs/benchmarks.md, 'Reads in batches').",
+        description="Calls a replica has out to one shard actor before it holds further query-path reads "
+        "(searches, version reads, index lookups; never listings, counts, stats or writes) and sends them "
+        "together, as one call, when a call returns: a call costs each side ~1.3 ms of CPU however little it "
+        "asks, so under load reads share it. A batch runs on one actor thread: with cores to spare a shard, "
+        "raise it; 0 sends every read alone (docs/architecture.md §6, 'Reads in batches').",
     )
     similarity_threshold: float = Field(
         default=0.35,

@@ -65,9 +65,10 @@ class ReadBatcher:
     A call to a Ray actor costs its caller ~1.3 ms of CPU and the actor as much, whatever it asks
     (the shard answers a repeated search from memory in microseconds): at 16 concurrent requests
     on two shards that was most of a warm ``/retrieve``'s CPU. Unloaded, every read goes alone at
-    once, as before; under load, reads that would have waited for a busy shard anyway share a
-    call (docs/benchmarks.md, "Reads in batches"). Each read keeps its own result or error; one
-    whose caller gave up before it was sent is not sent. Writes never come here.
+    once, as before; under load, held reads share a call, which the shard runs on one thread
+    (parallelism traded for the calls' CPU: docs/architecture.md §6, "Reads in batches"). Each read
+    keeps its own result or error; one whose caller gave up before it was sent is not sent. Only
+    ``READ_METHODS`` come here: never writes, nor reads that may wait long.
 
     ``send_one`` sends one read; ``send_many`` several, answering ``ShardService.read_many``'s
     list. One event loop uses a batcher: a read from another loop goes alone."""
