@@ -23,11 +23,12 @@ every regex here matches runs of one character class or a bounded shape.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -166,6 +167,8 @@ class Candidate:
     text: str
     gap: str | None = None
     title: str = ""  # the heading (or API directive's name) of its section in the source, if it has one
+    #: What scoring reads of it, remembered with its source (``_reading``); None: read when scored.
+    passage: Passage | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -321,7 +324,7 @@ def terms(text: str) -> list[str]:
     three words, as a reader would say it. Single letters and what is left of a contraction ("I'm",
     "doesn't": "m", "doesn", "t") are not words of the subject."""
     return [
-        _stem(w)
+        _stem_remembered(w) if len(w) <= MAX_REMEMBERED_WORD else _stem(w)
         for w in _WORD.findall(text.lower())
         if len(w) > 1 and w not in STOPWORDS and w not in QUESTION_WORDS and w not in _CONTRACTED
     ]
@@ -366,6 +369,12 @@ def _stem(word: str) -> str:
     if len(word) > 3 and word.endswith("e"):
         word = word[:-1]
     return word[:6]
+
+
+#: Stems of words up to this long are remembered (``_stem_remembered``, 65,536 of them): a source's
+#: words recur in every sentence and question read, and a stem is a pure function of its word.
+MAX_REMEMBERED_WORD = 24
+_stem_remembered = functools.lru_cache(maxsize=1 << 16)(_stem)
 
 
 def passages(text: str) -> list[tuple[int, int]]:
@@ -435,59 +444,122 @@ def _joins(text: str, last: list[int], start: int) -> bool:
     return any((d := _directive(line.strip())) is not None and d[0] in _CODE_DIRECTIVES for line in gap)
 
 
-#: What the memo of sources' passages and section titles (``_reading``) may hold (about bytes), for
-#: sources of at most ``SOURCE_MEMO_MAX_CHARS``: the same chunks answer many questions.
-SOURCE_MEMO_UNITS = 32 * 1024 * 1024
+#: What the memo of sources' readings (``_reading``: their passages, section titles and what scoring
+#: reads of each) may hold (about bytes), for sources of at most ``SOURCE_MEMO_MAX_CHARS``: the
+#: same chunks answer many questions, and reading them again (cutting, marking up, counting terms)
+#: was most of a repeated chat's evidence (docs/benchmarks.md, issue 28).
+SOURCE_MEMO_UNITS = 64 * 1024 * 1024
 SOURCE_MEMO_MAX_CHARS = 16_384
-#: What a span's or a title's tuple and ints cost, about.
-_SPAN_UNITS = 100
-
-_Reading = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, str], ...]]
+#: What a passage's record, its span and its readings' objects cost besides their text, about.
+_SPAN_UNITS = 300
 
 
-def _weigh_reading(value: _Reading) -> int:
-    spans, heads = value
-    return _SPAN_UNITS * (len(spans) + len(heads)) + sum(len(title) for _, title in heads)
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What scoring reads of a passage or a window: its words with its section's title before them
+    (``model_text``), their ``terms`` (``term_set``), and whether its text holds a number and code
+    (``holds_kind``)."""
+
+    model: str
+    terms: frozenset[str]
+    kinds: tuple[bool, bool]
+
+
+def _read(title: str, text: str) -> Reading:
+    model = model_text.__wrapped__(f"{title} {text}")  # remembered with its source, not one by one
+    return Reading(model, frozenset(terms(model)), _kinds_held(text))
+
+
+@dataclass(frozen=True, slots=True)
+class Passage:
+    """A passage of a source (``passages``) and what scoring reads of it, remembered with the source
+    (``_reading``)."""
+
+    start: int
+    end: int
+    key: str  # its words in lower case: the same sentence in a later source is read once
+    title: str  # its section's (``section_titles``), or ""
+    follows: bool  # only whitespace lies between the passage before it and this one
+    #: What scoring reads of it alone, and of it with the next passage when that follows it and
+    #: the two fit ``MAX_WINDOW_CHARS`` (their window). None: read when scored (a source too long
+    #: to remember).
+    alone: Reading | None
+    pair: Reading | None
+
+
+def _weigh_reading(value: tuple[Passage, ...]) -> int:
+    units = 0
+    for p in value:
+        units += _SPAN_UNITS + len(p.key) + len(p.title)
+        for r in (p.alone, p.pair):
+            if r is not None:
+                units += len(r.model) + _weigh_terms(r.terms)
+    return units
+
+
+def _passages_read(text: str, read: bool) -> tuple[Passage, ...]:
+    """Each of ``passages(text)`` with its section's title and, when ``read``, its readings."""
+    spans = passages(text)
+    heads = section_titles(text)
+    titles: list[str] = []
+    h = 0
+    for start, _ in spans:
+        while h < len(heads) and heads[h][0] <= start:
+            h += 1
+        titles.append(heads[h - 1][1] if h else "")
+    follows = [i > 0 and not text[spans[i - 1][1] : start].strip() for i, (start, _) in enumerate(spans)]
+    out = []
+    for i, (start, end) in enumerate(spans):
+        piece = text[start:end]
+        alone = pair = None
+        if read:
+            alone = _read(titles[i], piece)
+            if i + 1 < len(spans) and follows[i + 1] and spans[i + 1][1] - start <= MAX_WINDOW_CHARS:
+                pair = _read(titles[i], text[start : spans[i + 1][1]])
+        out.append(Passage(start, end, " ".join(piece.split()).lower(), titles[i], follows[i], alone, pair))
+    return tuple(out)
 
 
 @remembered(SOURCE_MEMO_UNITS, SOURCE_MEMO_MAX_CHARS, _weigh_reading)
-def _reading(text: str) -> _Reading:
-    """``passages(text)`` and ``section_titles(text)``, as tuples: a remembered reading is shared."""
-    return tuple(passages(text)), tuple(section_titles(text))
+def _reading(text: str) -> tuple[Passage, ...]:
+    """A source's passages, read: remembered, so a source that answers again is not read again."""
+    return _passages_read(text, True)
 
 
 def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDATES) -> list[Candidate]:
     """The passages of ``nodes`` (in their order, the best source first) to score: each text once
     (overlapping chunks repeat sentences: the first source keeps it), at most ``max_sentences``,
-    from the first ``MAX_READ_CHARS`` of their text."""
-    out: list[Candidate] = []
+    from the first ``MAX_READ_CHARS`` of their text. A source longer than ``SOURCE_MEMO_MAX_CHARS``
+    is cut afresh and its passages read only when scored (only ``max_sentences`` are)."""
+    rows: list[tuple[int, str, str, Passage]] = []
+    gaps: list[str | None] = []
     seen: set[str] = set()
     budget = MAX_READ_CHARS
+    full = False
     for number, node in enumerate(nodes, start=1):
-        if budget <= 0:
+        if budget <= 0 or full:
             break
         text = node.text[:budget]
         budget -= len(text)
-        previous = False  # the last candidate is this source's sentence just before this one
-        spans, heads = _reading(text)
-        h = 0
-        for start, end in spans:
-            while h < len(heads) and heads[h][0] <= start:
-                h += 1
-            piece = text[start:end]
-            key = " ".join(piece.split()).lower()
-            if key in seen:
+        previous = False  # the last candidate is this source's passage just before this one
+        read = _reading(text) if len(text) <= SOURCE_MEMO_MAX_CHARS else _passages_read(text, False)
+        for p in read:
+            if p.key in seen:
                 previous = False
                 continue
-            seen.add(key)
-            if len(out) >= max_sentences:
-                return out
-            if previous and not text[out[-1].end : start].strip():  # a window never spans a heading
-                last = out[-1]
-                out[-1] = replace(last, gap=text[last.end : start])
-            out.append(Candidate(number, node.node_id, start, end, piece, title=heads[h - 1][1] if h else ""))
+            seen.add(p.key)
+            if len(rows) >= max_sentences:
+                full = True
+                break
+            if previous and p.follows:  # a window never spans a heading
+                gaps[-1] = text[rows[-1][3].end : p.start]
+            rows.append((number, node.node_id, text, p))
+            gaps.append(None)
             previous = True
-    return out
+    return [
+        Candidate(number, node_id, p.start, p.end, text[p.start : p.end], gap, p.title, p)
+        for (number, node_id, text, p), gap in zip(rows, gaps, strict=True)
+    ]
 
 
 def section_titles(text: str) -> list[tuple[int, str]]:
@@ -532,13 +604,13 @@ def model_text(passage: str) -> str:
     return _ROLE.sub(" ", passage).translate(_MARKUP)
 
 
-def _weights(query: str, texts: Sequence[str]) -> tuple[dict[str, float], list[set[str]]]:
-    """The query's terms weighted by rarity among ``texts`` (a term no text holds weighs most), and
-    the query terms each text holds."""
+def _weights(query: str, held_by: Sequence[frozenset[str]]) -> tuple[dict[str, float], list[set[str]]]:
+    """The query's terms weighted by rarity among texts whose ``term_set`` each of ``held_by`` is
+    (a term no text holds weighs most), and the query terms each text holds."""
     wanted = set(terms(query[:MAX_QUERY_CHARS]))
-    held = [wanted.intersection(term_set(t)) for t in texts]
+    held = [wanted.intersection(h) for h in held_by]
     df = Counter(t for h in held for t in h)
-    n = len(texts)
+    n = len(held_by)
     return {t: math.log(1.0 + (n + 1) / (df[t] + 1)) for t in wanted}, held
 
 
@@ -547,7 +619,12 @@ def term_overlap(query: str, texts: Sequence[str]) -> list[float]:
     among ``texts`` (a word every sentence has, like the project's name, says little; a term no
     sentence has weighs most, so a question about something absent scores low everywhere). 0..1;
     0 everywhere when the query has no terms."""
-    weight, held = _weights(query, texts)
+    return _overlap(query, [term_set(t) for t in texts])
+
+
+def _overlap(query: str, held_by: Sequence[frozenset[str]]) -> list[float]:
+    """``term_overlap`` of texts whose term sets are ``held_by``."""
+    weight, held = _weights(query, held_by)
     total = sum(weight.values())
     return [sum(weight[t] for t in h) / total if total else 0.0 for h in held]
 
@@ -618,7 +695,9 @@ def missing_names(query: str, texts: Sequence[str]) -> list[str]:
         return []
     held: set[str] = set()
     for t in texts:
-        held.update(_stem(w) for w in _WORD.findall(t.lower()))  # every word: a name may be any word
+        held.update(
+            _stem_remembered(w) if len(w) <= MAX_REMEMBERED_WORD else _stem(w) for w in _WORD.findall(t.lower())
+        )  # every word: a name may be any word
         if held.issuperset(wanted):
             return []
     return [n for stem, n in wanted.items() if stem not in held]
@@ -631,7 +710,12 @@ def coverage(query: str, texts: Sequence[str]) -> float:
     ("switch on" for "enable", "interfaces" for "IPs") must not outweigh the question's subject
     that they do hold. "By default" qualifies what is asked (``_QUALIFIERS``): the sentence with the
     value rarely says "default". 1.0 for a query without terms."""
-    weight, held = _weights(query, texts)
+    return _coverage(query, [term_set(t) for t in texts])
+
+
+def _coverage(query: str, held_by: Sequence[frozenset[str]]) -> float:
+    """``coverage`` of texts whose term sets are ``held_by``."""
+    weight, held = _weights(query, held_by)
     weight = {t: w for t, w in weight.items() if t not in _QUALIFIERS}
     if not weight:
         return 1.0
@@ -655,11 +739,28 @@ def answer_kinds(query: str) -> tuple[bool, bool]:
 
 
 def holds_kind(text: str, kinds: tuple[bool, bool]) -> bool:
-    """Whether ``text`` holds what the question asks for (``answer_kinds``): a digit, or code."""
-    number, how_to = kinds
-    if number and (any(ch.isdigit() for ch in text) or not _NUMBER_NAMES.isdisjoint(_WORD.findall(text.lower()))):
-        return True
-    return how_to and (_CODE_LINE.search(text) is not None or _CALL.search(text) is not None)
+    """Whether ``text`` holds what the question asks for (``answer_kinds``): a number (a digit or a
+    number's name), or code (a command, a code block, a call)."""
+    return _holds(_kinds_held(text), kinds)
+
+
+def _kinds_held(text: str) -> tuple[bool, bool]:
+    """Whether ``text`` holds (a number, code), as ``holds_kind`` reads them."""
+    number = _has_digit(text) or not _NUMBER_NAMES.isdisjoint(_WORD.findall(text.lower()))
+    return number, _CODE_LINE.search(text) is not None or _CALL.search(text) is not None
+
+
+_ASCII_DIGIT = re.compile("[0-9]")
+
+
+def _has_digit(text: str) -> bool:
+    """Whether some character of ``text`` is a digit (``str.isdigit``: "²" and "٣" too); an ASCII
+    text is searched by the regex, not one character at a time."""
+    return _ASCII_DIGIT.search(text) is not None or (not text.isascii() and any(map(str.isdigit, text)))
+
+
+def _holds(held: tuple[bool, bool], kinds: tuple[bool, bool]) -> bool:
+    return (kinds[0] and held[0]) or (kinds[1] and held[1])
 
 
 @dataclass(frozen=True)
@@ -687,17 +788,25 @@ class Shortlist:
     missing: list[str] = field(default_factory=list)  # names the question gives that no candidate holds
 
 
-def _windows(found: Sequence[Candidate]) -> list[Window]:
-    """Each candidate with the next sentence of its source (when it follows it and the two fit
-    ``MAX_WINDOW_CHARS``), else alone."""
+def _window_spans(found: Sequence[Candidate]) -> list[tuple[int, int]]:
+    """``(first, last)`` of each window: each candidate with the next sentence of its source (when
+    it follows it and the two fit ``MAX_WINDOW_CHARS``), else alone."""
     out = []
     for i, c in enumerate(found):
         nxt = found[i + 1] if c.gap is not None and i + 1 < len(found) else None
-        if c.gap is not None and nxt is not None and nxt.end - c.start <= MAX_WINDOW_CHARS:
-            out.append(Window(i, i + 1, c.text + c.gap + nxt.text))
-        else:
-            out.append(Window(i, i, c.text))
+        out.append((i, i + 1) if nxt is not None and nxt.end - c.start <= MAX_WINDOW_CHARS else (i, i))
     return out
+
+
+def _window(found: Sequence[Candidate], first: int, last: int) -> Window:
+    c = found[first]
+    return Window(first, last, c.text if last == first else c.text + (c.gap or "") + found[last].text)
+
+
+def _alone(c: Candidate) -> Reading:
+    """What scoring reads of ``c`` alone: remembered with its source, else read now."""
+    r = c.passage.alone if c.passage is not None else None
+    return r if r is not None else _read(c.title, c.text)
 
 
 def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST, asked: str | None = None) -> Shortlist:
@@ -707,25 +816,34 @@ def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST, ask
     of five sources costs as much as embedding the sources again (~0.5 s of a CPU core for 5 × 256
     tokens, docs/quality.md): the terms choose, the embedder orders the few chosen. ``asked``: the
     question whose coverage and names the answerability rule reads, when it is not ``query`` (a
-    follow-up retrieved with earlier turns joined to it is judged on its newest turn alone)."""
+    follow-up retrieved with earlier turns joined to it is judged on its newest turn alone).
+
+    What it reads of each window (its model text's terms, whether it holds a number or code) is
+    remembered with its source (``_reading``): a question costs set intersections, not reading."""
     asked = query if asked is None else asked
-    windows = _windows(found)
-    texts = [model_text(f"{c.title} {c.text}") for c in found]
-    overlap = term_overlap(query, [model_text(f"{found[w.first].title} {w.text}") for w in windows])
+    alone = [_alone(c) for c in found]
+    spans = _window_spans(found)
+    readings = []
+    for first, last in spans:
+        if first == last:
+            readings.append(alone[first])
+            continue
+        c = found[first]
+        pair = c.passage.pair if c.passage is not None else None
+        readings.append(pair if pair is not None else _read(c.title, _window(found, first, last).text))
+    overlap = _overlap(query, [r.terms for r in readings])
     kinds = answer_kinds(query)
-    typed = [holds_kind(w.text, kinds) for w in windows]
-    best = sorted(range(len(windows)), key=lambda i: -(overlap[i] + ANSWER_KIND_WEIGHT * typed[i]))[:size]
-    kept = [windows[i] for i in best]
-    needed = sorted({j for w in kept for j in (w.first, w.last)})
+    typed = [_holds(r.kinds, kinds) for r in readings]
+    best = sorted(range(len(spans)), key=lambda i: -(overlap[i] + ANSWER_KIND_WEIGHT * typed[i]))[:size]
     return Shortlist(
         list(found),
-        kept,
+        [_window(found, *spans[i]) for i in best],
         [overlap[i] for i in best],
-        needed,
-        coverage(asked, texts),
+        sorted({j for i in best for j in spans[i]}),
+        _coverage(asked, [r.terms for r in alone]),
         [typed[i] for i in best],
         any(kinds),
-        missing_names(asked, texts),
+        missing_names(asked, [r.model for r in alone]),
     )
 
 

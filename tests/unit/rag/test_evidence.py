@@ -473,7 +473,64 @@ def test_a_source_read_again_gives_the_same_candidates_from_its_remembered_readi
     assert again == first and evidence._reading.memo.hits == 1
     _forget_readings()
     assert evidence.candidates(nodes) == first  # read afresh: the same
-    assert [text[s:e] for s, e in evidence._reading(text)[0]] == [text[s:e] for s, e in evidence.passages(text)]
+    assert [text[p.start : p.end] for p in evidence._reading(text)] == [text[s:e] for s, e in evidence.passages(text)]
     huge = "A sentence about pumps and lines. " * (evidence.SOURCE_MEMO_MAX_CHARS // 30)
     evidence.candidates([NodeWithScore(doc_id="d", node_id="n2", text=huge, score=0.8)])
     assert len(evidence._reading.memo) == 1 and huge not in evidence._reading.memo  # larger than the bound
+
+
+def test_what_a_source_reading_remembers_is_what_scoring_each_window_afresh_gives() -> None:
+    """A shortlist scored from the readings remembered with the sources (terms, model text, kinds)
+    equals the one scored from the windows' own texts (the same candidates without their
+    remembered reading), for questions that ask for a number, for a way, and name things; a source
+    longer than the memo's bound is read when scored, and alike."""
+    from dataclasses import replace
+
+    from ragserve.rag import evidence
+
+    _forget_readings()
+    config = (
+        "Configuration\n=============\n\nSet PUMP_INTERVAL to 30 minutes. The night shift checks it on line 3.\n\n"
+        "Run this to restart the pump:\n\n    $ pumpctl service --line 3\n\n# Deployment\n\n"
+        "Deploy with the usual tool, twice a year. Call deploy() from the scheduler when it is quiet."
+    )
+    long_source = " ".join(
+        f"Pump {i} on line {i % 7} runs every {i} minutes when the valve is open." for i in range(400)
+    )
+    assert len(long_source) > evidence.SOURCE_MEMO_MAX_CHARS
+    nodes = [
+        node(PUMP, "pump"),
+        node(config, "config"),
+        node(LIGHT, "light"),
+        node(PUMP, "again"),
+        node(long_source, "long"),
+    ]
+    questions = [
+        ("How often is the pump serviced?", None),
+        ("How do I restart the pump on line 3?", None),
+        ("How many times a year do we deploy with Kubernetes?", "Does it run on Kubernetes?"),
+        ("What is PUMP_INTERVAL?", None),
+    ]
+    for query, asked in questions:
+        found = evidence.candidates(nodes)
+        assert any(c.passage is not None and c.passage.alone is not None for c in found)
+        assert any(c.passage is not None and c.passage.alone is None for c in found)  # the long source
+        remembered = evidence.shortlist(query, found, asked=asked)
+        afresh = evidence.shortlist(query, [replace(c, passage=None) for c in found], asked=asked)
+        assert remembered == afresh
+        # and each remembered reading is what the public definitions read of its window's text
+        texts = [evidence.model_text(f"{c.title} {c.text}") for c in found]
+        assert remembered.coverage == evidence.coverage(asked or query, texts)
+        assert remembered.missing == evidence.missing_names(asked or query, texts)
+        kinds = evidence.answer_kinds(query)
+        assert remembered.typed == [evidence.holds_kind(w.text, kinds) for w in remembered.windows]
+        windows = [evidence.model_text(f"{found[w.first].title} {w.text}") for w in remembered.windows]
+        every = evidence.term_overlap(
+            query,
+            [
+                evidence.model_text(f"{found[a].title} {evidence._window(found, a, b).text}")
+                for a, b in evidence._window_spans(found)
+            ],
+        )
+        assert sorted(remembered.overlap, reverse=True)[0] == max(every) and len(windows) == len(remembered.overlap)
+    _forget_readings()
