@@ -18,7 +18,7 @@ list is sure of itself. On long questions that lost most of BM25's gain (docs/qu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -45,21 +45,20 @@ class FusionOptions:
 Key = tuple[str, str]
 
 
-def _key(h: SearchHit) -> Key:
-    return (h.index, h.node_id)
-
-
-def fused_scores(dense: Sequence[SearchHit], lexical: Sequence[SearchHit], dense_weight: float) -> dict[Key, float]:
+def fused_scores(
+    dense: Mapping[Key, SearchHit], lexical: Mapping[Key, SearchHit], dense_weight: float
+) -> dict[Key, float]:
     """Every candidate's fused score ((index, node id) → score), ``dense`` and ``lexical`` being the
-    candidates each list found (a node may be in both). With one list empty the other's own
-    order holds: the dense one by cosine, the lexical one by BM25 (its rank, scaled into [0, 1])."""
+    candidates each list found, by key, best first (a node may be in both). With one list empty
+    the other's own order holds: the dense one by cosine, the lexical one by BM25 (its rank,
+    scaled into [0, 1])."""
     if not lexical:
-        return _scaled({_key(h): h.score for h in dense})
+        return _scaled({i: h.score for i, h in dense.items()})
     if not dense:
         n = len(lexical)
-        return {_key(h): 1.0 - rank / n for rank, h in enumerate(lexical)}
-    cosines = _scaled({_key(h): h.score for h in (*dense, *lexical)})
-    found = {_key(h): h.lexical_coverage or 0.0 for h in lexical}
+        return {i: 1.0 - rank / n for rank, i in enumerate(lexical)}
+    cosines = _scaled({**{i: h.score for i, h in dense.items()}, **{i: h.score for i, h in lexical.items()}})
+    found = {i: h.lexical_coverage or 0.0 for i, h in lexical.items()}
     return {i: dense_weight * c + (1.0 - dense_weight) * found.get(i, 0.0) for i, c in cosines.items()}
 
 
@@ -95,22 +94,18 @@ def fuse_candidates(
     dense_hits = _merged(dense, lambda h: h.score if math.isfinite(h.score) else -math.inf)  # NaN: last
     lexical_hits = _merged(lexical, lambda h: h.lexical_score or 0.0)
     scores = fused_scores(dense_hits, lexical_hits, options.dense_weight)
-    hits: dict[Key, SearchHit] = {}
-    for h in (*dense_hits, *lexical_hits):
-        hits.setdefault(_key(h), h)
-    order = {key: n for n, key in enumerate(hits)}
-    found_by: list[tuple[Literal["dense", "lexical"], set[Key]]] = [
-        ("dense", {_key(h) for h in dense_hits}),
-        ("lexical", {_key(h) for h in lexical_hits}),
+    hits = {**lexical_hits, **dense_hits}  # of a node both found, the dense list's record
+    order = {key: n for n, key in enumerate({**dense_hits, **lexical_hits})}
+    found_by: list[tuple[Literal["dense", "lexical"], dict[Key, SearchHit]]] = [
+        ("dense", dense_hits),
+        ("lexical", lexical_hits),
     ]
     matches = options.match_min_terms is not None and query_terms >= options.match_min_terms
     nodes = []
     for key in sorted(scores, key=lambda i: (-scores[i], order[i]))[:top]:
         h = hits[key]
         nodes.append(
-            # the shards' own records, each field of its type already: not validated again (a chat
-            # fuses some fifty nodes of it, a tenth of the retrieval's CPU in the ingress)
-            NodeWithScore.model_construct(
+            NodeWithScore(
                 doc_id=h.doc_id,
                 node_id=h.node_id,
                 text=h.text,
@@ -126,9 +121,9 @@ def fuse_candidates(
     return nodes
 
 
-def _merged(lists: Iterable[Sequence[SearchHit]], key: Callable[[SearchHit], float]) -> list[SearchHit]:
-    """One list of every shard's (and index's) hits, best first by ``key``, each node once."""
+def _merged(lists: Iterable[Sequence[SearchHit]], key: Callable[[SearchHit], float]) -> dict[Key, SearchHit]:
+    """Every shard's (and index's) hits by their key, best first by ``key``, each node once."""
     first: dict[Key, SearchHit] = {}
     for h in sorted((h for part in lists for h in part), key=key, reverse=True):
-        first.setdefault(_key(h), h)
-    return list(first.values())
+        first.setdefault((h.index, h.node_id), h)
+    return first

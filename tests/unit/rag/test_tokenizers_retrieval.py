@@ -117,7 +117,11 @@ def hit(
 
 def fused_scores(dense: list[SearchHit], lexical: list[SearchHit], weight: float) -> dict[str, float]:
     """``fusion.fused_scores`` by node id alone (every hit here is of one index)."""
-    return {node: s for (_, node), s in fusion.fused_scores(dense, lexical, weight).items()}
+
+    def keyed(hits: list[SearchHit]) -> dict[tuple[str, str], SearchHit]:
+        return {(h.index, h.node_id): h for h in hits}
+
+    return {node: s for (_, node), s in fusion.fused_scores(keyed(dense), keyed(lexical), weight).items()}
 
 
 def test_fusion_weighs_scaled_cosine_against_the_share_of_the_query_a_lexical_hit_holds() -> None:
