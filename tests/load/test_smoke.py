@@ -113,6 +113,7 @@ def test_locustfile_runs_headless_with_every_user_and_writes_reports(server: str
         "bench_large_document",
         "bench_encode_parts",
         "bench_gc_pause",
+        "bench_chat_cpu",
     ],
 )
 def test_benchmark_smoke_prints_its_table(script: str, tmp_path: Path) -> None:
