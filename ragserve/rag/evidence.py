@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -444,14 +445,14 @@ def _joins(text: str, last: list[int], start: int) -> bool:
     return any((d := _directive(line.strip())) is not None and d[0] in _CODE_DIRECTIVES for line in gap)
 
 
-#: What the memo of sources' readings (``_reading``: their passages, section titles and what scoring
-#: reads of each) may hold (about bytes), for sources of at most ``SOURCE_MEMO_MAX_CHARS``: the
-#: same chunks answer many questions, and reading them again (cutting, marking up, counting terms)
-#: was most of a repeated chat's evidence (docs/benchmarks.md, issue 28).
-SOURCE_MEMO_UNITS = 64 * 1024 * 1024
+#: What the memo of sources' layouts (``_layout``: their passages, section titles and keys) and the
+#: memo of their readings (``_reading``: what scoring reads of each passage) may hold (bytes, as
+#: ``sys.getsizeof`` counts them), for sources of at most ``SOURCE_MEMO_MAX_CHARS``: the same chunks
+#: answer many questions, and reading them again (cutting, marking up, counting terms) was most of
+#: a repeated chat's evidence (docs/benchmarks.md, issue 28).
+SOURCE_MEMO_UNITS = 32 * 1024 * 1024
+READING_MEMO_UNITS = 48 * 1024 * 1024
 SOURCE_MEMO_MAX_CHARS = 16_384
-#: What a passage's record, its span and its readings' objects cost besides their text, about.
-_SPAN_UNITS = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,14 +467,22 @@ class Reading:
 
 
 def _read(title: str, text: str) -> Reading:
-    model = model_text.__wrapped__(f"{title} {text}")  # remembered with its source, not one by one
+    """``text`` read as scoring reads it, for a source read whole (its memo holds the readings)."""
+    model = model_text.__wrapped__(f"{title} {text}")
     return Reading(model, frozenset(terms(model)), _kinds_held(text))
+
+
+def _read_one(title: str, text: str) -> Reading:
+    """``text`` read as scoring reads it, when its source is not read whole: through the memos of
+    each text's model text and terms."""
+    model = model_text(f"{title} {text}")
+    return Reading(model, term_set(model), _kinds_held(text))
 
 
 @dataclass(frozen=True, slots=True)
 class Passage:
-    """A passage of a source (``passages``) and what scoring reads of it, remembered with the source
-    (``_reading``)."""
+    """A passage of a source (``passages``) and, once its source is read whole, what scoring reads
+    of it."""
 
     start: int
     end: int
@@ -481,56 +490,80 @@ class Passage:
     title: str  # its section's (``section_titles``), or ""
     follows: bool  # only whitespace lies between the passage before it and this one
     #: What scoring reads of it alone, and of it with the next passage when that follows it and
-    #: the two fit ``MAX_WINDOW_CHARS`` (their window). None: read when scored (a source too long
-    #: to remember).
-    alone: Reading | None
-    pair: Reading | None
+    #: the two fit ``MAX_WINDOW_CHARS`` (their window). None: read when scored.
+    alone: Reading | None = None
+    pair: Reading | None = None
+
+
+_PASSAGE_UNITS = sys.getsizeof(Passage(0, 0, "", "", False)) + 2 * sys.getsizeof(1 << 20)
+_READING_UNITS = sys.getsizeof(Reading("", frozenset(), (False, False))) + sys.getsizeof((False, False))
+
+
+def _weigh_layout(value: tuple[Passage, ...]) -> int:
+    titles = {id(p.title): p.title for p in value}  # a section's title is one string for its passages
+    return (
+        sys.getsizeof(value)
+        + sum(_PASSAGE_UNITS + sys.getsizeof(p.key) for p in value)
+        + sum(sys.getsizeof(t) for t in titles.values())
+    )
 
 
 def _weigh_reading(value: tuple[Passage, ...]) -> int:
-    units = 0
+    units = _weigh_layout(value)
     for p in value:
-        units += _SPAN_UNITS + len(p.key) + len(p.title)
         for r in (p.alone, p.pair):
             if r is not None:
-                units += len(r.model) + _weigh_terms(r.terms)
+                units += _READING_UNITS + sys.getsizeof(r.model) + sys.getsizeof(r.terms)
+                units += sum(sys.getsizeof(t) for t in r.terms)
     return units
 
 
-def _passages_read(text: str, read: bool) -> tuple[Passage, ...]:
-    """Each of ``passages(text)`` with its section's title and, when ``read``, its readings."""
+@remembered(SOURCE_MEMO_UNITS, SOURCE_MEMO_MAX_CHARS, _weigh_layout)
+def _layout(text: str) -> tuple[Passage, ...]:
+    """Each of ``passages(text)`` with its section's title, its key and whether it follows the one
+    before it (not read yet)."""
     spans = passages(text)
     heads = section_titles(text)
-    titles: list[str] = []
+    out = []
     h = 0
-    for start, _ in spans:
+    for i, (start, end) in enumerate(spans):
         while h < len(heads) and heads[h][0] <= start:
             h += 1
-        titles.append(heads[h - 1][1] if h else "")
-    follows = [i > 0 and not text[spans[i - 1][1] : start].strip() for i, (start, _) in enumerate(spans)]
-    out = []
-    for i, (start, end) in enumerate(spans):
-        piece = text[start:end]
-        alone = pair = None
-        if read:
-            alone = _read(titles[i], piece)
-            if i + 1 < len(spans) and follows[i + 1] and spans[i + 1][1] - start <= MAX_WINDOW_CHARS:
-                pair = _read(titles[i], text[start : spans[i + 1][1]])
-        out.append(Passage(start, end, " ".join(piece.split()).lower(), titles[i], follows[i], alone, pair))
+        follows = i > 0 and not text[spans[i - 1][1] : start].strip()
+        key = " ".join(text[start:end].split()).lower()
+        out.append(Passage(start, end, key, heads[h - 1][1] if h else "", follows))
     return tuple(out)
 
 
-@remembered(SOURCE_MEMO_UNITS, SOURCE_MEMO_MAX_CHARS, _weigh_reading)
+@remembered(READING_MEMO_UNITS, SOURCE_MEMO_MAX_CHARS, _weigh_reading)
 def _reading(text: str) -> tuple[Passage, ...]:
-    """A source's passages, read: remembered, so a source that answers again is not read again."""
-    return _passages_read(text, True)
+    """A source's passages, each read alone and with the next: remembered, so a source that answers
+    again is not read again."""
+    layout = _layout(text)
+    out = []
+    for i, p in enumerate(layout):
+        nxt = layout[i + 1] if i + 1 < len(layout) else None
+        pair = nxt is not None and nxt.follows and nxt.end - p.start <= MAX_WINDOW_CHARS
+        out.append(
+            Passage(
+                p.start,
+                p.end,
+                p.key,
+                p.title,
+                p.follows,
+                _read(p.title, text[p.start : p.end]),
+                _read(p.title, text[p.start : nxt.end]) if pair and nxt is not None else None,
+            )
+        )
+    return tuple(out)
 
 
 def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDATES) -> list[Candidate]:
     """The passages of ``nodes`` (in their order, the best source first) to score: each text once
     (overlapping chunks repeat sentences: the first source keeps it), at most ``max_sentences``,
-    from the first ``MAX_READ_CHARS`` of their text. A source longer than ``SOURCE_MEMO_MAX_CHARS``
-    is cut afresh and its passages read only when scored (only ``max_sentences`` are)."""
+    from the first ``MAX_READ_CHARS`` of their text. A source of at most ``SOURCE_MEMO_MAX_CHARS`` of
+    which this request uses at least half is read whole and remembered (``_reading``); the
+    passages of another are read when scored."""
     rows: list[tuple[int, str, str, Passage]] = []
     gaps: list[str | None] = []
     seen: set[str] = set()
@@ -542,20 +575,27 @@ def candidates(nodes: Sequence[NodeWithScore], max_sentences: int = MAX_CANDIDAT
         text = node.text[:budget]
         budget -= len(text)
         previous = False  # the last candidate is this source's passage just before this one
-        read = _reading(text) if len(text) <= SOURCE_MEMO_MAX_CHARS else _passages_read(text, False)
-        for p in read:
+        layout = _layout(text)  # a source longer than the memo's bound: cut afresh
+        used: list[int] = []
+        for j, p in enumerate(layout):
             if p.key in seen:
                 previous = False
                 continue
             seen.add(p.key)
-            if len(rows) >= max_sentences:
+            if len(rows) + len(used) >= max_sentences:
                 full = True
                 break
             if previous and p.follows:  # a window never spans a heading
-                gaps[-1] = text[rows[-1][3].end : p.start]
-            rows.append((number, node.node_id, text, p))
+                gaps[-1] = text[layout[used[-1]].end : p.start]
+            used.append(j)
             gaps.append(None)
             previous = True
+        # read whole (and remembered) when this request uses at least half of it: reading what
+        # it does not use (passages an earlier source holds too, or past the cap) then costs at
+        # most as much again; else only the passages used are read, when scored
+        whole = len(text) <= SOURCE_MEMO_MAX_CHARS and (2 * len(used) >= len(layout) or text in _reading.memo)
+        read = _reading(text) if whole else layout
+        rows.extend((number, node.node_id, text, read[j]) for j in used)
     return [
         Candidate(number, node_id, p.start, p.end, text[p.start : p.end], gap, p.title, p)
         for (number, node_id, text, p), gap in zip(rows, gaps, strict=True)
@@ -806,7 +846,7 @@ def _window(found: Sequence[Candidate], first: int, last: int) -> Window:
 def _alone(c: Candidate) -> Reading:
     """What scoring reads of ``c`` alone: remembered with its source, else read now."""
     r = c.passage.alone if c.passage is not None else None
-    return r if r is not None else _read(c.title, c.text)
+    return r if r is not None else _read_one(c.title, c.text)
 
 
 def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST, asked: str | None = None) -> Shortlist:
@@ -830,7 +870,7 @@ def shortlist(query: str, found: Sequence[Candidate], size: int = SHORTLIST, ask
             continue
         c = found[first]
         pair = c.passage.pair if c.passage is not None else None
-        readings.append(pair if pair is not None else _read(c.title, _window(found, first, last).text))
+        readings.append(pair if pair is not None else _read_one(c.title, _window(found, first, last).text))
     overlap = _overlap(query, [r.terms for r in readings])
     kinds = answer_kinds(query)
     typed = [_holds(r.kinds, kinds) for r in readings]

@@ -415,7 +415,7 @@ def _forget_readings() -> None:
     """Empty the memos of what evidence read (terms, model text, sources)."""
     from ragserve.rag import evidence
 
-    for memoised in (evidence.term_set, evidence.model_text, evidence._reading):
+    for memoised in (evidence.term_set, evidence.model_text, evidence._layout, evidence._reading):
         memoised.memo.clear()
 
 
@@ -533,4 +533,25 @@ def test_what_a_source_reading_remembers_is_what_scoring_each_window_afresh_give
             ],
         )
         assert sorted(remembered.overlap, reverse=True)[0] == max(every) and len(windows) == len(remembered.overlap)
+    _forget_readings()
+
+
+def test_a_source_mostly_read_before_is_not_read_whole() -> None:
+    """A source whose passages an earlier source of the same request holds (a copy that differs in
+    case or spacing) is read only where it is used: reading every passage of it would cost up to
+    4x what the request scores (a hostile review's worst shape); the candidates are those read
+    afresh either way."""
+    from dataclasses import replace
+
+    from ragserve.rag import evidence
+
+    _forget_readings()
+    original = " ".join(f"Pump {i} on line {i % 7} runs every {i} minutes." for i in range(40))
+    copy = original.upper() + " The night shift checks pump 3 on line 3 twice."
+    nodes = [node(original, "first"), node(copy, "copy")]
+    found = evidence.candidates(nodes)
+    assert original in evidence._reading.memo and copy not in evidence._reading.memo
+    assert [c.text for c in found if c.node_id == "copy"] == ["The night shift checks pump 3 on line 3 twice."]
+    query = "How often does pump 3 run on line 3?"
+    assert evidence.shortlist(query, found) == evidence.shortlist(query, [replace(c, passage=None) for c in found])
     _forget_readings()
