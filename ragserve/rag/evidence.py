@@ -168,7 +168,8 @@ class Candidate:
     text: str
     gap: str | None = None
     title: str = ""  # the heading (or API directive's name) of its section in the source, if it has one
-    #: What scoring reads of it, remembered with its source (``_reading``); None: read when scored.
+    #: Its passage of its source: with what scoring reads of it when the source was read whole
+    #: (``_reading``), else without (read when scored); None for a candidate made elsewhere.
     passage: Passage | None = field(default=None, compare=False, repr=False)
 
 
