@@ -7,10 +7,19 @@ ingress replica answers any request, as Serve's proxy spreads them, with no sess
 open server (no API keys: the loopback only) the SDK's DNS-rebinding guard admits only loopback
 ``Host`` and ``Origin`` headers, so a web page cannot reach the tools through a rebound name (the
 other routes of an open server have no such guard: an open server is for one machine's own use).
+
+Before the SDK reads a message, :func:`envelope_error` checks what the SDK would let through or
+spend the event loop on: a body nesting deeper than ``MAX_JSON_DEPTH`` or holding more than
+``MAX_MCP_JSON_VALUES`` values (a tool's arguments are a handful; millions took the loop for a
+second), and a request whose ``id`` is not a string or an integer (MCP: "MUST be a string or
+integer", never null). The SDK read such a request as a notification and answered 202 with no
+body, so a client waited for an answer that never came; it is a 400 with JSON-RPC's
+``Invalid Request`` (-32600) saying what to send.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,15 +29,51 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from ragserve.agent.server import build_mcp_server
+from ragserve.api.values import check_json_depth
 from ragserve.http.routes.common import scoped_knowledge
 from ragserve.service.knowledge import ScopedKnowledge
 from ragserve.service.wiring import Services
 
 MCP_PATH = "/mcp"
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+#: JSON values (array items and object members) one MCP message may hold: a tool call's arguments
+#: are a query and a few settings.
+MAX_MCP_JSON_VALUES = 10_000
+#: JSON-RPC's error code for a message that is not a valid request.
+INVALID_REQUEST = -32600
+
+
+def envelope_error(body: bytes) -> str | None:
+    """What is wrong with an MCP message's envelope that the SDK would not say (module docstring),
+    or None to hand it on. Malformed JSON and wrong fields are left to the SDK's own report."""
+    try:
+        values = check_json_depth(body, "the message")
+    except ValueError as e:
+        return str(e)
+    if values > MAX_MCP_JSON_VALUES:
+        return (
+            f"the message holds about {values} JSON values (array items and object members); "
+            f"at most {MAX_MCP_JSON_VALUES} are accepted"
+        )
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(message, dict) and "method" in message and "id" in message:
+        rid = message["id"]
+        if isinstance(rid, bool) or not isinstance(rid, str | int):
+            return (
+                f"a request's id must be a string or an integer, not {json.dumps(rid)[:40]}; "
+                "send a notification without an id"
+            )
+    return None
+
+
+def _rpc_error(message: str) -> JSONResponse:
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}}, 400)
 
 
 def _guard(open_server: bool) -> TransportSecuritySettings:
@@ -85,7 +130,40 @@ class McpEndpoint:
             response = JSONResponse({"detail": "the MCP server is not running; retry when /health answers"}, 503)
             await response(scope, receive, send)
             return
+        if scope.get("method") == "POST":
+            body, receive = await _read_body(receive)
+            if body is None:  # the client left
+                return
+            error = envelope_error(body)
+            if error is not None:
+                await _rpc_error(f"Invalid Request: {error}")(scope, receive, send)
+                return
         await manager.handle_request(scope, receive, send)
+
+
+async def _read_body(receive: Receive) -> tuple[bytes | None, Receive]:
+    """The request's whole body (bounded by the body size middleware before this route) and a
+    ``receive`` that gives it again, then what the client sends after (a disconnect); None when the
+    client left before its body was read."""
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None, receive
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    body = b"".join(parts)
+    replayed = False
+
+    async def again() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return body, again
 
 
 def mcp_route(services: Services) -> tuple[Route, McpEndpoint]:

@@ -250,3 +250,40 @@ def test_an_mcp_search_is_metered_on_its_indexes_with_its_query_tokens(server: s
         time.sleep(0.05)
     assert after["requests"] == before["requests"] + 1
     assert after["embedding_tokens"] > before.get("embedding_tokens", 0)
+
+
+def test_a_request_id_that_is_not_a_string_or_an_integer_is_refused_not_dropped(server: str) -> None:
+    """The SDK read a request whose id was an object, an array, a float, a boolean or null as a
+    notification and answered 202 with no body: the client waited for an answer that never came.
+    It is a 400, JSON-RPC's Invalid Request, saying what to send; string and integer ids are
+    answered, and a notification (no id) is still a 202."""
+    headers = {"Authorization": f"Bearer {ADMIN}", "Accept": "application/json, text/event-stream"}
+    for rid in ({"a": 1}, [1], 1.5, True, None):
+        r = httpx.post(f"{server}/mcp", json={"jsonrpc": "2.0", "id": rid, "method": "tools/list"}, headers=headers)
+        assert r.status_code == 400, (rid, r.status_code, r.text)
+        error = r.json()["error"]
+        assert error["code"] == -32600 and "must be a string or an integer" in error["message"], error
+    for rid in ("req-1", 7, 2**70):
+        r = httpx.post(f"{server}/mcp", json={"jsonrpc": "2.0", "id": rid, "method": "tools/list"}, headers=headers)
+        assert r.status_code == 200 and r.json()["id"] == rid, r.text
+        assert any(t["name"] == "search" for t in r.json()["result"]["tools"])
+    r = httpx.post(f"{server}/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+    assert r.status_code == 202
+
+
+def test_a_message_nesting_deep_or_holding_many_values_is_refused_before_the_sdk_parses_it(server: str) -> None:
+    headers = {
+        "Authorization": f"Bearer {ADMIN}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    call = '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","arguments":{"query":%s}}}'
+    deep = call % ("[" * 100_000 + "]" * 100_000)
+    many = call % ("[" + ",".join(["{}"] * 300_000) + "]")
+    for body, says in ((deep, "levels deep"), (many, "JSON values")):
+        r = httpx.post(f"{server}/mcp", content=body, headers=headers, timeout=60)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == -32600 and says in r.json()["error"]["message"], r.text
+    # a well-formed call is handed on unchanged (its body read here and given again to the SDK)
+    r = httpx.post(f"{server}/mcp", content=call % '"Zephyr filter"', headers=headers, timeout=60)
+    assert r.status_code == 200 and "zephyr" in r.text.lower(), r.text
