@@ -46,18 +46,30 @@ def stop_index(text: str, stops: Sequence[str]) -> int | None:
     return min(found) if found else None
 
 
-def safe_length(text: str, stops: Sequence[str]) -> int:
+def safe_length(text: str, stops: Sequence[str], sent: int = 0) -> int:
     """How much of ``text`` can be sent now: not a trailing partial UTF-8 character (decoded as
-    U+FFFD until its last byte arrives), and not a tail that may be the start of a stop sequence."""
+    U+FFFD until its last byte arrives), and not a tail that may be the start of a stop sequence.
+
+    ``sent``: how much of ``text`` an earlier call let through. A tail that may start a stop
+    sequence never begins before it (had it, the earlier call would have held it), so only the
+    unsent tail is read: a token costs what it adds, not the whole answer against every stop
+    sequence (four stops of 100,000 characters against 8,000 generated ones took 19 ms a token).
+    Only the places where a stop sequence's first character occurs are tried, longest first, and
+    each by its last character before the whole."""
     n = len(text)
-    while n > 0 and text[n - 1] == "\ufffd":
+    while n > sent and text[n - 1] == "\ufffd":
         n -= 1
     held = 0
     for s in stops:
-        for k in range(min(len(s) - 1, n), held, -1):
-            if text.endswith(s[:k], 0, n):
-                held = k
+        longest = min(len(s) - 1, n - sent)
+        if longest <= held:
+            continue
+        start = text.find(s[0], n - longest, n - held)
+        while start != -1:
+            if s[n - start - 1] == text[n - 1] and s.startswith(text[start:n]):  # the last character first
+                held = n - start
                 break
+            start = text.find(s[0], start + 1, n - held)
     return n - held
 
 
@@ -278,7 +290,7 @@ class AnswerCutter:
             self._answer = body[: max(end, self.sent)]
             return ""
         self._answer = body
-        ready = min(ready, safe_length(body, self.stops))
+        ready = min(ready, safe_length(body, self.stops, min(self.sent, len(body))))
         if self.strip:
             ready = max(self.sent, len(body[:ready].rstrip()))
         piece = body[self.sent : ready] if ready > self.sent else ""

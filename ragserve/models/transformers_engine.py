@@ -50,6 +50,7 @@ from ragserve.api.sampling import SamplingParams
 from ragserve.errors import BadRequestError, EngineError
 from ragserve.hardware import usable_cores
 from ragserve.models import batching
+from ragserve.models.detokenize import IncrementalDecoder
 from ragserve.models.engine import GenerationEngine
 from ragserve.models.gemma import render_gemma
 from ragserve.models.prompt_format import PromptFormat, completion_answer_rule, completion_renderer, resolve_format
@@ -528,7 +529,8 @@ class TransformersEngine(GenerationEngine):
             batcher.submit(seq)
         except batching.LoopClosed as exc:
             raise EngineError(503, f"model {self.model_id} is stopping", type_="server_error") from exc
-        generated: list[int] = []
+        text = IncrementalDecoder(lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        generated = text.ids
         try:
             while True:
                 item = await job.queue.get()
@@ -540,8 +542,7 @@ class TransformersEngine(GenerationEngine):
                     raise EngineError(
                         500, f"generation failed: {type(item).__name__}: {item}", type_="server_error"
                     ) from item
-                generated.append(item)
-                piece = cutter.feed(tokenizer.decode(generated, skip_special_tokens=True))
+                piece = cutter.feed(text.add(item))  # the newest tokens decoded, not all of them
                 if cutter.stopped:
                     break  # the finally below makes it leave the batch at the next step
                 if piece:

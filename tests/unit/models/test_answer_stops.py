@@ -19,7 +19,7 @@ import pytest
 from ragserve.api.documents import NodeWithScore
 from ragserve.api.openai import ChatCompletionRequest, SamplingParams
 from ragserve.config import Settings
-from ragserve.models.stops import AnswerCutter, merge_stops
+from ragserve.models.stops import AnswerCutter, merge_stops, safe_length
 from ragserve.models.transformers_engine import TransformersEngine
 from ragserve.rag.prompt import build_rag_messages
 from ragserve.service.chat import ChatOptions, ChatService
@@ -78,6 +78,55 @@ def test_partial_utf8_characters_wait_for_their_last_byte() -> None:
 
 def test_client_stops_are_added_to_the_format_stops_once_each() -> None:
     assert merge_stops(["\n"], ["END", "", "\n"], ["END"]) == ["\n", "END"]
+
+
+def _held_plainly(text: str, stops: list[str]) -> int:
+    """What ``safe_length`` means, read off its definition (every tail against every prefix)."""
+    n = len(text)
+    while n > 0 and text[n - 1] == "\ufffd":
+        n -= 1
+    held = max((k for s in stops for k in range(1, min(len(s) - 1, n) + 1) if text.endswith(s[:k], 0, n)), default=0)
+    return n - held
+
+
+def test_what_may_be_sent_is_what_the_plain_definition_gives_token_by_token() -> None:
+    """Streamed a token at a time over a small alphabet (tails that start stop sequences often),
+    ``safe_length`` reading only the unsent tail agrees with every tail checked against every stop."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        stops = ["".join(rng.choice("ab\ufffd") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 4))]
+        text, sent = "", 0
+        for _ in range(rng.randint(1, 12)):
+            text += "".join(rng.choice("abc\ufffd") for _ in range(rng.randint(1, 3)))
+            if any(s in text for s in stops):
+                break  # the cutter stops here (stop_index), before asking what may be sent
+            ready = safe_length(text, stops, sent)
+            assert ready == _held_plainly(text, stops), (text, stops, sent)
+            sent = max(sent, ready)
+
+
+def test_long_stop_sequences_cost_a_token_what_it_adds() -> None:
+    """Four stop sequences of 100,000 characters beside an answer of 20,000: each token used to
+    check every tail of the answer against every stop (quadratic in the answer, 19 ms a token at
+    8,000 characters). Fed a token at a time now, the whole answer takes well under a second, the
+    same as with short stops within a factor that allows for a noisy machine."""
+    long_stops = ["b" + "a" * 100_000, "a" * 100_000 + "b", "ab" * 50_000, "x" * 100_000]
+    words = ("a " * 10_000).split(" ")
+
+    def feed_all(stops: list[str]) -> float:
+        cutter, text = AnswerCutter(stops), ""
+        t0 = time.thread_time()
+        for w in words:
+            text += w + " "
+            cutter.feed(text)
+        cutter.finish()
+        assert cutter.text == text  # nothing stopped it, and all of it was let through
+        return time.thread_time() - t0
+
+    short, long = feed_all(["END", "b"]), feed_all(long_stops)
+    assert long < 1.0 and long < 20 * max(short, 0.01), (short, long)
 
 
 # --- the engine loop, with a scripted stand-in model -------------------------------------------

@@ -192,3 +192,24 @@ class TestTransformersEngineContract(EngineContract):
             return result.completion_tokens <= 2 and time.perf_counter() - t0 < 10
 
         return stopped
+
+
+def test_the_answer_text_decoded_token_by_token_is_the_whole_decode_at_every_token(engine: TransformersEngine) -> None:
+    """The engine decodes each new token beside the one before (``IncrementalDecoder``), not every
+    token so far: with Gemma's own tokenizer the text after each token is what decoding them all
+    gives, for prose, code, runs of spaces and newlines, emoji and CJK (byte-fallback tokens)."""
+    from ragserve.models.detokenize import IncrementalDecoder
+
+    tokenizer = engine._tokenizer
+    texts = [
+        "The pump is serviced every 30 minutes, isn't it? Yes.",
+        "def f(x):\n    return {'a': [1, 2]}  # done\n\n\n",
+        "   leading   spaces and\ttabs\t\tend   ",
+        "Emoji 😀🚀 and 中文字符 and ﬁ ligature, Ελληνικά, עברית.",
+        "<start_of_turn>model\nNot special here<end_of_turn>",
+    ]
+    for text in texts:
+        ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+        decoder = IncrementalDecoder(lambda t: tokenizer.decode(t, skip_special_tokens=True))
+        for i, token in enumerate(ids):
+            assert decoder.add(token) == tokenizer.decode(ids[: i + 1], skip_special_tokens=True), (text, i)
