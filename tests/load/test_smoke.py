@@ -114,6 +114,7 @@ def test_locustfile_runs_headless_with_every_user_and_writes_reports(server: str
         "bench_encode_parts",
         "bench_gc_pause",
         "bench_chat_cpu",
+        "bench_detokenize",
     ],
 )
 def test_benchmark_smoke_prints_its_table(script: str, tmp_path: Path) -> None:
