@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
-from ragserve.api.sampling import SamplingParams
+from ragserve.api.sampling import SamplingParams, check_stop
 from ragserve.api.values import INT64_MAX, INT64_MIN, RequestModel, check_filter, check_metadata
 
 #: Matched whole with ``fullmatch`` (``$`` would also match before a trailing newline).
@@ -241,8 +241,10 @@ class LLMParams(RequestModel):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, allow_inf_nan=False)
-    stop: str | list[str] | None = Field(default=None, max_length=4)
+    stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+
+    _check_stop = field_validator("stop")(lambda cls, v: check_stop(v))
 
     def to_sampling_params(self, max_tokens: int, *, grounded: bool = False) -> SamplingParams:
         """What the engine needs, once the budget has fixed ``max_tokens`` and built the prompt

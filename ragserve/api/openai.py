@@ -21,7 +21,7 @@ from ragserve.api.documents import (
     index_names,
     validate_metadata_filter,
 )
-from ragserve.api.sampling import SamplingParams, extra_fields
+from ragserve.api.sampling import SamplingParams, check_stop, extra_fields
 from ragserve.api.values import INT64_MAX, INT64_MIN, RequestModel
 
 # Fields that only ragserve understands; they are removed before a request goes upstream.
@@ -126,12 +126,7 @@ class ChatCompletionRequest(RequestModel):
 
     _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
 
-    @field_validator("stop")
-    @classmethod
-    def _stop_list_size(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, list) and len(v) > 4:
-            raise ValueError("at most 4 stop sequences")
-        return v
+    _check_stop = field_validator("stop")(lambda cls, v: check_stop(v))
 
     @property
     def indexes(self) -> tuple[str, ...]:

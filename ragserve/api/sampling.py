@@ -37,6 +37,26 @@ NOT_EXTRA = frozenset(
 )
 
 
+#: Stop sequences a request may send (OpenAI's four), and characters in each: a local engine checks
+#: the unsent tail of its answer against every stop after every token, and a stop no longer than
+#: this keeps that check a fraction of a millisecond whatever the answer (four stops of 100,000
+#: characters cost seconds over a few thousand tokens of spaces a stripped answer holds back).
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_CHARS = 256
+
+
+def check_stop(stop: str | list[str] | None) -> str | list[str] | None:
+    """``stop`` as a request sent it, or ``ValueError`` saying what is accepted (a pydantic
+    validator: the message names the field)."""
+    stops = [stop] if isinstance(stop, str) else list(stop or ())
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences, got {len(stops)}")
+    for i, s in enumerate(stops):
+        if len(s) > MAX_STOP_CHARS:
+            raise ValueError(f"stop sequence {i} has {len(s)} characters; each may have at most {MAX_STOP_CHARS}")
+    return stop
+
+
 def extra_fields(body: Mapping[str, Any]) -> dict[str, Any]:
     """The fields of an OpenAI chat body beyond the typed sampling parameters (``response_format``,
     penalties, ``logprobs``, ``logit_bias``, a server's own such as ``repetition_penalty``), without

@@ -55,7 +55,8 @@ def safe_length(text: str, stops: Sequence[str], sent: int = 0) -> int:
     unsent tail is read: a token costs what it adds, not the whole answer against every stop
     sequence (four stops of 100,000 characters against 8,000 generated ones took 19 ms a token).
     Only the places where a stop sequence's first character occurs are tried, longest first, and
-    each by its last character before the whole."""
+    each by its last character before the whole; a tail longer than a stop is never read, and
+    requests bound each stop (``ragserve.api.sampling.MAX_STOP_CHARS``)."""
     n = len(text)
     while n > sent and text[n - 1] == "\ufffd":
         n -= 1

@@ -8,8 +8,11 @@ open server (no API keys: the loopback only) the SDK's DNS-rebinding guard admit
 ``Host`` and ``Origin`` headers, so a web page cannot reach the tools through a rebound name (the
 other routes of an open server have no such guard: an open server is for one machine's own use).
 
-Before the SDK reads a message, :func:`envelope_error` checks what the SDK would let through or
-spend the event loop on: a body nesting deeper than ``MAX_JSON_DEPTH`` or holding more than
+A message is at most ``MAX_MCP_BODY_BYTES`` (a 413 past it, read no further): a tool call is a
+query and a few settings, and the SDK parses and validates a message on the event loop (33 MB of
+4,300-digit integers held it for 9 s). Before the SDK reads a JSON message, :func:`envelope_error`
+checks what the SDK would let through or spend the event loop on: a body nesting deeper than
+``MAX_JSON_DEPTH`` or holding more than
 ``MAX_MCP_JSON_VALUES`` values (a tool's arguments are a handful; millions took the loop for a
 second), and a request whose ``id`` is not a string or an integer (MCP: "MUST be a string or
 integer", never null). The SDK read such a request as a notification and answered 202 with no
@@ -39,9 +42,10 @@ from ragserve.service.wiring import Services
 
 MCP_PATH = "/mcp"
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
-#: JSON values (array items and object members) one MCP message may hold: a tool call's arguments
-#: are a query and a few settings.
+#: JSON values (array items and object members) one MCP message may hold, and its bytes: a tool
+#: call's arguments are a query and a few settings.
 MAX_MCP_JSON_VALUES = 10_000
+MAX_MCP_BODY_BYTES = 1 << 20
 #: JSON-RPC's error code for a message that is not a valid request.
 INVALID_REQUEST = -32600
 
@@ -72,8 +76,8 @@ def envelope_error(body: bytes) -> str | None:
     return None
 
 
-def _rpc_error(message: str) -> JSONResponse:
-    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}}, 400)
+def _rpc_error(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}}, status)
 
 
 def _guard(open_server: bool) -> TransportSecuritySettings:
@@ -110,7 +114,7 @@ class McpEndpoint:
             stateless_http=True,
             json_response=True,
             transport_security=_guard(open_server),
-            max_request_body_size=services.limits.max_request_bytes,
+            max_request_body_size=min(MAX_MCP_BODY_BYTES, services.limits.max_request_bytes),
         )
         return server.session_manager
 
@@ -131,27 +135,42 @@ class McpEndpoint:
             await response(scope, receive, send)
             return
         if scope.get("method") == "POST":
-            body, receive = await _read_body(receive)
+            body, receive = await _read_body(receive, MAX_MCP_BODY_BYTES)
             if body is None:  # the client left
                 return
-            error = envelope_error(body)
+            if len(body) > MAX_MCP_BODY_BYTES:
+                message = f"an MCP message may have at most {MAX_MCP_BODY_BYTES} bytes: send a shorter one"
+                await _rpc_error(message, 413)(scope, receive, send)
+                return
+            error = envelope_error(body) if _is_json(scope) else None  # else the SDK's own 415 or 400
             if error is not None:
                 await _rpc_error(f"Invalid Request: {error}")(scope, receive, send)
                 return
         await manager.handle_request(scope, receive, send)
 
 
-async def _read_body(receive: Receive) -> tuple[bytes | None, Receive]:
-    """The request's whole body (bounded by the body size middleware before this route) and a
-    ``receive`` that gives it again, then what the client sends after (a disconnect); None when the
-    client left before its body was read."""
+def _is_json(scope: Scope) -> bool:
+    """Whether the request says its body is JSON (the SDK refuses any other with its own error)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            return value.split(b";")[0].strip().lower() == b"application/json"
+    return False
+
+
+async def _read_body(receive: Receive, most: int) -> tuple[bytes | None, Receive]:
+    """The request's whole body and a ``receive`` that gives it again, then what the client sends
+    after (a disconnect); None when the client left before its body was read. Reading stops once
+    more than ``most`` bytes came: what is returned is then longer than ``most``, not all."""
     parts: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None, receive
-        parts.append(message.get("body", b""))
-        if not message.get("more_body", False):
+        part = message.get("body", b"")
+        parts.append(part)
+        size += len(part)
+        if not message.get("more_body", False) or size > most:
             break
     body = b"".join(parts)
     replayed = False

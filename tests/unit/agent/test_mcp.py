@@ -287,3 +287,21 @@ def test_a_message_nesting_deep_or_holding_many_values_is_refused_before_the_sdk
     # a well-formed call is handed on unchanged (its body read here and given again to the SDK)
     r = httpx.post(f"{server}/mcp", content=call % '"Zephyr filter"', headers=headers, timeout=60)
     assert r.status_code == 200 and "zephyr" in r.text.lower(), r.text
+
+
+def test_an_mcp_message_is_bounded_in_bytes_and_other_content_types_get_the_sdks_answer(server: str) -> None:
+    from ragserve.http.routes.mcp import MAX_MCP_BODY_BYTES
+
+    headers = {
+        "Authorization": f"Bearer {ADMIN}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    query = "pump " * (MAX_MCP_BODY_BYTES // 5)
+    body = '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search","arguments":{"query":"%s"}}}'
+    r = httpx.post(f"{server}/mcp", content=body % query, headers=headers, timeout=60)
+    assert r.status_code == 413 and "at most" in r.json()["error"]["message"], r.text
+    # not JSON by its content type: the SDK's own refusal, before what the body holds is looked at
+    plain = {**headers, "Content-Type": "text/plain"}
+    r = httpx.post(f"{server}/mcp", content='{"jsonrpc":"2.0","id":null,"method":"tools/list"}', headers=plain)
+    assert r.status_code == 400 and "Content-Type" in r.text, r.text

@@ -129,6 +129,9 @@ def test_deeply_nested_code_is_chunked_not_a_crash(client: TestClient) -> None:
         {"temperature": "hot"},
         {"top_p": 2},
         {"stop": 7},
+        {"stop": ["a", "b", "c", "d", "e"]},
+        {"stop": "=" * 257},  # a local engine checks every stop after every token: each is bounded
+        {"stop": ["END", " " * 100_000]},
         {"seed": 2**80},
         {"frequency_penalty": 1.0},
     ],
@@ -139,6 +142,20 @@ def test_query_llm_params_are_validated(client: TestClient, fake: FakeOpenAI, pa
     assert r.status_code == 422, r.text
     assert next(iter(params)) in r.text
     assert len(fake.requests) == before  # nothing reached the engine
+
+
+def test_chat_stop_sequences_are_bounded_in_number_and_length(client: TestClient, fake: FakeOpenAI) -> None:
+    before = len(fake.requests)
+    for stop, says in (
+        ("=" * 257, "at most 256"),
+        (["a", "b", "c", "d", "e"], "at most 4"),
+        (["x", "y" * 300], "stop sequence 1"),
+    ):
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "stop": stop})
+        assert r.status_code == 400 and says in r.text and "stop" in r.json()["error"]["param"], r.text
+    assert len(fake.requests) == before
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "stop": "=" * 256})
+    assert r.status_code == 200, r.text
 
 
 def test_query_llm_params_reach_the_engine(client: TestClient, fake: FakeOpenAI) -> None:

@@ -129,6 +129,23 @@ def test_long_stop_sequences_cost_a_token_what_it_adds() -> None:
     assert long < 1.0 and long < 20 * max(short, 0.01), (short, long)
 
 
+def test_a_held_tail_against_stops_of_the_longest_accepted_length_stays_cheap() -> None:
+    """A completion answer holds trailing spaces back (strip), so with stops that could start with
+    spaces the unsent tail grows with every space token and is read against each stop: bounded by
+    the stops' length, which requests may not exceed (``MAX_STOP_CHARS``). 8,000 space tokens:
+    ~0.2 ms a token here; the bound allows for a loaded machine and coverage tracing."""
+    from ragserve.api.sampling import MAX_STOP_CHARS as most
+
+    stops = [" z" + " " * (most - 2), " " + "z" * (most - 1), "\n" * most, " " * (most - 1) + "q"]
+    cutter, text = AnswerCutter(stops, strip=True), "x"
+    t0 = time.thread_time()
+    for _ in range(8000):
+        text += " "
+        cutter.feed(text)
+    assert cutter.finish() == "" and cutter.text == "x"
+    assert time.thread_time() - t0 < 10.0
+
+
 # --- the engine loop, with a scripted stand-in model -------------------------------------------
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ragserve.models.detokenize import MAX_PENDING, IncrementalDecoder
 
@@ -40,6 +40,41 @@ def test_every_step_is_what_decoding_all_the_tokens_gives() -> None:
         assert decoder.add(t) == words_decode(ids[: i + 1])
 
 
+def byte_fallback_decode() -> Callable[[Sequence[int]], str]:
+    """A Llama-style decoder from the ``tokenizers`` library: byte-fallback tokens (a run of them
+    shown as U+FFFD while any character of it is incomplete), and the leading space of what it
+    decodes stripped; special tokens skipped."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    vocab = {"<unk>": 0, "▁Hello": 1, "▁world": 2, "<0xE2>": 3, "<0x82>": 4, "<0xAC>": 5, "<0xFF>": 6, "▁ok": 7}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    tok.add_special_tokens([AddedToken("<unk>", special=True), AddedToken("[INST]", special=True)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return lambda ids: tok.decode(list(ids), skip_special_tokens=True)
+
+
+def test_runs_of_byte_tokens_and_skipped_special_tokens_decode_as_the_whole_does() -> None:
+    """A byte-fallback decoder shows a whole run of byte tokens as U+FFFD while a character of it is
+    incomplete: three euro signs written as nine byte tokens came out as "€€���" when the context
+    was one token. And a word after skipped special tokens keeps its space."""
+    decode = byte_fallback_decode()
+    special = 8  # [INST]
+    euro = [3, 4, 5]
+    rng = random.Random(5)
+    cases = [euro * 3 + [2], [1] + [special] * 12 + [2], [1, *euro, special, *euro, 7]]
+    units = [[1], [2], [7], [special], euro]  # what a model writes: whole characters, in bytes or not
+    cases += [[t for _ in range(rng.randint(1, 30)) for t in rng.choice(units)] for _ in range(2000)]
+    for ids in cases:
+        decoder = IncrementalDecoder(decode)
+        for i, token in enumerate(ids):
+            text, whole = decoder.add(token), decode(ids[: i + 1])
+            if "\ufffd" not in whole:  # a character split in bytes shows as U+FFFD until complete
+                assert text == whole, (ids[: i + 1], text, whole)
+        assert decoder.text == decode(ids), ids
+
+
 def test_a_token_costs_the_same_early_and_late_in_a_long_text() -> None:
     """Decoding calls see a few tokens each, never the whole list: 20,000 tokens take a few
     hundred thousand ids decoded in all, where decoding everything each time took 200 million."""
@@ -57,4 +92,9 @@ def test_a_token_costs_the_same_early_and_late_in_a_long_text() -> None:
         decoder.add(b)
     assert decoder.text == data.decode()
     assert seen < 4 * MAX_PENDING * len(data), seen
+    junk = IncrementalDecoder(counting)  # bytes that never complete a character: the window moves on
+    seen = 0
+    for b in bytes([0xF0, 0xFF, 0x9F]) * 5000:
+        junk.add(b)
+    assert seen < 4 * MAX_PENDING * 15_000, seen
     assert time.thread_time() - t0 < 2.0

@@ -197,7 +197,9 @@ class TestTransformersEngineContract(EngineContract):
 def test_the_answer_text_decoded_token_by_token_is_the_whole_decode_at_every_token(engine: TransformersEngine) -> None:
     """The engine decodes each new token beside the one before (``IncrementalDecoder``), not every
     token so far: with Gemma's own tokenizer the text after each token is what decoding them all
-    gives, for prose, code, runs of spaces and newlines, emoji and CJK (byte-fallback tokens)."""
+    gives, for prose, code, runs of spaces and newlines, emoji, CJK and runs of characters written
+    in byte tokens, with skipped special tokens between (while a character is incomplete, Gemma's
+    decode shows its whole run of byte tokens as U+FFFD: those steps are not compared)."""
     from ragserve.models.detokenize import IncrementalDecoder
 
     tokenizer = engine._tokenizer
@@ -207,9 +209,15 @@ def test_the_answer_text_decoded_token_by_token_is_the_whole_decode_at_every_tok
         "   leading   spaces and\ttabs\t\tend   ",
         "Emoji 😀🚀 and 中文字符 and ﬁ ligature, Ελληνικά, עברית.",
         "<start_of_turn>model\nNot special here<end_of_turn>",
+        "ꙮꙮꙮ ok 🫨🫨🫨🫨 𓀀𓀁𓀂 runs of characters written in byte tokens",
     ]
+    special = tokenizer.all_special_ids[0]
     for text in texts:
         ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+        ids = ids[:5] + [special] * 3 + ids[5:]  # skipped special tokens between
         decoder = IncrementalDecoder(lambda t: tokenizer.decode(t, skip_special_tokens=True))
         for i, token in enumerate(ids):
-            assert decoder.add(token) == tokenizer.decode(ids[: i + 1], skip_special_tokens=True), (text, i)
+            got, whole = decoder.add(token), tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+            if "\ufffd" not in whole:  # a character split in byte tokens shows as U+FFFD until complete
+                assert got == whole, (text, i)
+        assert decoder.text == tokenizer.decode(ids, skip_special_tokens=True)
