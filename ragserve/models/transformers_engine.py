@@ -50,7 +50,7 @@ from ragserve.api.sampling import SamplingParams
 from ragserve.errors import BadRequestError, EngineError
 from ragserve.hardware import usable_cores
 from ragserve.models import batching
-from ragserve.models.detokenize import IncrementalDecoder
+from ragserve.models.detokenize import IncrementalDecoder, silent_tokens
 from ragserve.models.engine import GenerationEngine
 from ragserve.models.gemma import render_gemma
 from ragserve.models.prompt_format import PromptFormat, completion_answer_rule, completion_renderer, resolve_format
@@ -214,6 +214,7 @@ class TransformersEngine(GenerationEngine):
             self.model_id = model
         self._model: Any = None
         self._tokenizer: Any = None
+        self._silent: frozenset[int] = frozenset()
         self._counter: HFTokenCounter | None = None
         self._window = None
         self._prefill_rate: float | None = None
@@ -415,6 +416,13 @@ class TransformersEngine(GenerationEngine):
         packaged weights). Starts the batch loop's thread."""
         self._tokenizer, self._model = tokenizer, model
         self._setup(tokenizer, model)
+        # special tokens decoding skips wherever they are: kept out of the incremental decoder's window
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self._silent = silent_tokens(
+            lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
+            [i for i, t in added.items() if getattr(t, "special", False)],
+            list(tokenizer(_PROBE_TEXT, add_special_tokens=False).input_ids)[:6],
+        )
         if self._batcher is not None:
             self._batcher.close()
         self._batcher = batching.BatchLoop(
@@ -529,7 +537,7 @@ class TransformersEngine(GenerationEngine):
             batcher.submit(seq)
         except batching.LoopClosed as exc:
             raise EngineError(503, f"model {self.model_id} is stopping", type_="server_error") from exc
-        text = IncrementalDecoder(lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        text = IncrementalDecoder(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self._silent)
         generated = text.ids
         try:
             while True:

@@ -7,7 +7,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 
-from ragserve.models.detokenize import MAX_PENDING, IncrementalDecoder
+from ragserve.models.detokenize import MAX_PENDING, IncrementalDecoder, silent_tokens
 
 
 def byte_decode(ids: Sequence[int]) -> str:
@@ -64,10 +64,11 @@ def test_runs_of_byte_tokens_and_skipped_special_tokens_decode_as_the_whole_does
     euro = [3, 4, 5]
     rng = random.Random(5)
     cases = [euro * 3 + [2], [1] + [special] * 12 + [2], [1, *euro, special, *euro, 7]]
+    cases += [[*euro, *[special] * n, *euro, 7] for n in (13, 15, 40)]  # skipped tokens between byte runs
     units = [[1], [2], [7], [special], euro]  # what a model writes: whole characters, in bytes or not
     cases += [[t for _ in range(rng.randint(1, 30)) for t in rng.choice(units)] for _ in range(2000)]
     for ids in cases:
-        decoder = IncrementalDecoder(decode)
+        decoder = IncrementalDecoder(decode, silent_tokens(decode, [special, 2], [1, 2, 7]))
         for i, token in enumerate(ids):
             text, whole = decoder.add(token), decode(ids[: i + 1])
             if "\ufffd" not in whole:  # a character split in bytes shows as U+FFFD until complete

@@ -8,6 +8,7 @@ counts, finish reasons, streaming, cancellation), never on the wording of the sm
 from __future__ import annotations
 
 import asyncio
+import itertools
 import pickle
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -211,11 +212,12 @@ def test_the_answer_text_decoded_token_by_token_is_the_whole_decode_at_every_tok
         "<start_of_turn>model\nNot special here<end_of_turn>",
         "ꙮꙮꙮ ok 🫨🫨🫨🫨 𓀀𓀁𓀂 runs of characters written in byte tokens",
     ]
-    special = tokenizer.all_special_ids[0]
-    for text in texts:
+    pad, end_of_turn = tokenizer.pad_token_id, tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    assert {pad, end_of_turn} <= engine._silent  # skipped wherever they are: kept out of the window
+    for text, between in itertools.product(texts, (3, 14, 40)):
         ids = list(tokenizer(text, add_special_tokens=False).input_ids)
-        ids = ids[:5] + [special] * 3 + ids[5:]  # skipped special tokens between
-        decoder = IncrementalDecoder(lambda t: tokenizer.decode(t, skip_special_tokens=True))
+        ids = ids[:3] + [pad, end_of_turn] * between + ids[3:]  # skipped special tokens between
+        decoder = IncrementalDecoder(lambda t: tokenizer.decode(t, skip_special_tokens=True), engine._silent)
         for i, token in enumerate(ids):
             got, whole = decoder.add(token), tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
             if "\ufffd" not in whole:  # a character split in byte tokens shows as U+FFFD until complete
