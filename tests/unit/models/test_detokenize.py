@@ -47,6 +47,7 @@ def byte_fallback_decode() -> Callable[[Sequence[int]], str]:
     from tokenizers import AddedToken, Tokenizer, decoders, models
 
     vocab = {"<unk>": 0, "▁Hello": 1, "▁world": 2, "<0xE2>": 3, "<0x82>": 4, "<0xAC>": 5, "<0xFF>": 6, "▁ok": 7}
+    vocab["\ufffd"] = 8  # a token of U+FFFD itself, as Gemma's vocabulary has
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
     tok.add_special_tokens([AddedToken("<unk>", special=True), AddedToken("[INST]", special=True)])
     tok.decoder = decoders.Sequence(
@@ -60,11 +61,13 @@ def test_runs_of_byte_tokens_and_skipped_special_tokens_decode_as_the_whole_does
     incomplete: three euro signs written as nine byte tokens came out as "€€���" when the context
     was one token. And a word after skipped special tokens keeps its space."""
     decode = byte_fallback_decode()
-    special = 8  # [INST]
+    special, replacement = 9, 8  # [INST], U+FFFD
     euro = [3, 4, 5]
     rng = random.Random(5)
     cases = [euro * 3 + [2], [1] + [special] * 12 + [2], [1, *euro, special, *euro, 7]]
     cases += [[*euro, *[special] * n, *euro, 7] for n in (13, 15, 40)]  # skipped tokens between byte runs
+    cases += [[1, *[replacement] * n, *euro, 7] for n in range(10, 20)]  # a character after U+FFFD tokens
+    broken = [[1, *euro, 3, 2, 2], [1, 3, 2, 2], [1, *euro, 4, 2, 2]]  # a stray byte: the next words keep their space
     units = [[1], [2], [7], [special], euro]  # what a model writes: whole characters, in bytes or not
     cases += [[t for _ in range(rng.randint(1, 30)) for t in rng.choice(units)] for _ in range(2000)]
     for ids in cases:
@@ -74,6 +77,11 @@ def test_runs_of_byte_tokens_and_skipped_special_tokens_decode_as_the_whole_does
             if "\ufffd" not in whole:  # a character split in bytes shows as U+FFFD until complete
                 assert text == whole, (ids[: i + 1], text, whole)
         assert decoder.text == decode(ids), ids
+    for ids in broken:
+        decoder = IncrementalDecoder(decode)
+        for token in ids:
+            decoder.add(token)
+        assert decoder.text == decode(ids) and decoder.text.endswith(" world world"), (ids, decoder.text)
 
 
 def test_a_token_costs_the_same_early_and_late_in_a_long_text() -> None:
