@@ -95,10 +95,8 @@ class IncrementalDecoder:
             self._head += self._said
             self._settle(self._window[self._read :], added, "")
         elif waiting >= MAX_WINDOW:  # never completing: settled as it decodes but for the newest tokens
-            self._cut(text, len(self._window) - CHARACTER_TAIL)
-        elif waiting % MAX_PENDING == 0 and self._move_on(text):
-            pass
-        else:
+            self._cut(len(self._window) - CHARACTER_TAIL)
+        elif waiting % MAX_PENDING != 0 or not self._move_on(text):
             self._pending = added
         return self.text
 
@@ -119,16 +117,18 @@ class IncrementalDecoder:
         for at in range(end - 1, low, -1):
             before, rest = tried[at] = self._decode(self._window[:at]), self._decode(self._window[at:])
             if before + rest == text and not before.endswith("\ufffd"):
-                self._cut(text, at, before, rest)
+                self._cut(at, before, rest)
                 return True
         for at in range(end - CHARACTER_TAIL, low, -1):
             before, rest = tried[at]
             if before + rest == text:
-                self._cut(text, at, before, rest)
+                self._cut(at, before, rest)
                 return True
         return False
 
-    def _cut(self, text: str, at: int, before: str | None = None, rest: str | None = None) -> None:
+    def _cut(self, at: int, before: str | None = None, rest: str | None = None) -> None:
+        """Settle the window's tokens before ``at`` (``before``: their text decoded from the window's
+        start); those from ``at`` on stay in it, pending (``rest``: their text)."""
         before = self._decode(self._window[:at]) if before is None else before
         rest = self._decode(self._window[at:]) if rest is None else rest
         # what the context said stands; the window's text up to the cut follows it

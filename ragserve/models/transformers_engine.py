@@ -38,7 +38,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import AsyncGenerator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -159,6 +159,11 @@ def _bos_text(tokenizer: Any) -> str:
     return bos if list(ids[:1]) == [bos_id] else ""
 
 
+def _decode_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The text of generated token ids as a client gets it (special tokens skipped)."""
+    return str(tokenizer.decode(list(ids), skip_special_tokens=True))
+
+
 class TransformersEngine(GenerationEngine):
     """A transformers causal LM on CPU.
 
@@ -215,6 +220,7 @@ class TransformersEngine(GenerationEngine):
         self._model: Any = None
         self._tokenizer: Any = None
         self._silent: frozenset[int] = frozenset()
+        self._decode: Callable[[Sequence[int]], str] | None = None
         self._counter: HFTokenCounter | None = None
         self._window = None
         self._prefill_rate: float | None = None
@@ -417,9 +423,10 @@ class TransformersEngine(GenerationEngine):
         self._tokenizer, self._model = tokenizer, model
         self._setup(tokenizer, model)
         # special tokens decoding skips wherever they are: kept out of the incremental decoder's window
+        self._decode = decode = functools.partial(_decode_text, tokenizer)
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         self._silent = silent_tokens(
-            lambda ids: tokenizer.decode(list(ids), skip_special_tokens=True),
+            decode,
             [i for i, t in added.items() if getattr(t, "special", False)],
             list(tokenizer(_PROBE_TEXT, add_special_tokens=False).input_ids)[:6],
         )
@@ -480,7 +487,7 @@ class TransformersEngine(GenerationEngine):
         """Ends the batch loop: requests waiting or being served end with a 503 (after the step under
         way, which is waited for, up to ``STOP_WAIT_S``)."""
         batcher, self._batcher = self._batcher, None
-        self._model = self._tokenizer = None
+        self._model = self._tokenizer = self._decode = None
         if batcher is not None:
             batcher.close()
             if not await asyncio.to_thread(batcher.join, STOP_WAIT_S):
@@ -537,7 +544,8 @@ class TransformersEngine(GenerationEngine):
             batcher.submit(seq)
         except batching.LoopClosed as exc:
             raise EngineError(503, f"model {self.model_id} is stopping", type_="server_error") from exc
-        text = IncrementalDecoder(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), self._silent)
+        assert self._decode is not None
+        text = IncrementalDecoder(self._decode, self._silent)
         generated = text.ids
         try:
             while True:

@@ -30,6 +30,7 @@ from typing import Any
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
@@ -151,10 +152,7 @@ class McpEndpoint:
 
 def _is_json(scope: Scope) -> bool:
     """Whether the request says its body is JSON (the SDK refuses any other with its own error)."""
-    for name, value in scope.get("headers", ()):
-        if name == b"content-type":
-            return value.split(b";")[0].strip().lower() == b"application/json"
-    return False
+    return Headers(scope=scope).get("content-type", "").split(";")[0].strip().lower() == "application/json"
 
 
 async def _read_body(receive: Receive, most: int) -> tuple[bytes | None, Receive]:
