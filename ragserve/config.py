@@ -33,7 +33,8 @@ class ScopedKey(BaseModel):
     """An API key limited to some indexes (glob patterns) and a role: ``read`` may retrieve, query,
     chat and list; ``write`` also changes documents; ``admin`` also drops, persists and loads indexes."""
 
-    model_config = ConfigDict(extra="forbid")
+    # an error never echoes what was given: it may hold the key
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
     key: SecretStr
     indexes: list[str] = Field(default_factory=lambda: ["*"], min_length=1)
     role: Literal["read", "write", "admin"] = "read"
@@ -69,7 +70,11 @@ QueryEmbeddingSetting = Literal["ingress", "deployment", "auto"]
 class Settings(BaseSettings):
     """Everything a ragserve application needs to know; defaults are the embedded CPU setup."""
 
-    model_config = SettingsConfigDict(env_prefix="RAGSERVE_", extra="forbid", validate_default=True)
+    # hide_input_in_errors: an error names the field and what is wrong, never the value given, which
+    # may be a key (api_keys, llm_api_key, job_webhook_secret)
+    model_config = SettingsConfigDict(
+        env_prefix="RAGSERVE_", extra="forbid", validate_default=True, hide_input_in_errors=True
+    )
 
     # --- generation -------------------------------------------------------------------------
     llm_engine: LlmEngineName = "transformers"
@@ -477,6 +482,14 @@ class Settings(BaseSettings):
     def _no_empty_keys(cls, keys: list[SecretStr | ScopedKey] | None) -> list[SecretStr | ScopedKey] | None:
         if keys is not None and any(not (k.key if isinstance(k, ScopedKey) else k).get_secret_value() for k in keys):
             raise ValueError("api_keys must not contain empty strings")
+        secrets = [(k.key if isinstance(k, ScopedKey) else k).get_secret_value() for k in keys or []]
+        first = {secret: i for i, secret in reversed(list(enumerate(secrets)))}
+        twice = [i for i, secret in enumerate(secrets) if first[secret] != i]
+        if twice:
+            # one secret with two scopes would get whichever the check met last: say which, never the key
+            raise ValueError(
+                f"api_keys: each key must be different; the entries at positions {twice} repeat an earlier one"
+            )
         names = [k.name for k in keys or [] if isinstance(k, ScopedKey) and k.name is not None]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:

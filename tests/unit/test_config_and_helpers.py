@@ -49,6 +49,16 @@ def test_invalid_settings_are_rejected(args: dict) -> None:
         Settings(**args)
 
 
+def test_a_key_given_twice_is_refused_without_showing_it() -> None:
+    # one secret under two scopes would be checked as whichever came last
+    reader = {"key": "sk-same-secret", "indexes": ["kb"], "role": "read"}
+    for keys in (["sk-same-secret", reader], [reader, {**reader, "role": "admin"}], ["a", "b", "a"]):
+        with pytest.raises(ValidationError) as caught:
+            Settings(api_keys=keys)
+        assert "repeat" in str(caught.value) and "sk-same-secret" not in str(caught.value)
+    assert len(Settings(api_keys=["a", {"key": "b", "indexes": ["kb"]}]).api_keys or []) == 2
+
+
 def test_shard_routing_is_stable_and_balanced() -> None:
     assert shard_for("doc-1", 4) == shard_for("doc-1", 4)
     assert shard_for("anything", 1) == 0

@@ -132,6 +132,30 @@ def test_key_checker_compares_every_key() -> None:
         KeyChecker([])
 
 
+def test_a_websocket_needs_a_key_too() -> None:
+    # no route takes a websocket today; one added later must not be reached with full access
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+    from starlette.websockets import WebSocket, WebSocketDisconnect
+
+    from ragserve.http.security import ApiKeyMiddleware, principal_of
+
+    async def echo(ws: WebSocket) -> None:
+        await ws.accept()
+        await ws.send_json({"role": principal_of(ws.scope).role.name})
+        await ws.close()
+
+    reader = Principal(Role.READ, ("kb",))
+    app = ApiKeyMiddleware(Starlette(routes=[WebSocketRoute("/ws", echo)]), keys=[(KEY, reader)])
+    with TestClient(app) as client:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            with pytest.raises(WebSocketDisconnect) as closed, client.websocket_connect("/ws", headers=headers):
+                pass
+            assert closed.value.code == 1008
+        with client.websocket_connect("/ws", headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            assert ws.receive_json() == {"role": "READ"}
+
+
 def test_a_key_must_reach_every_index_of_a_query_and_the_refusal_names_the_first_it_does_not() -> None:
     from ragserve.service.access import ForbiddenError
 
