@@ -61,6 +61,11 @@ def validate_metadata_filter(flt: Any) -> dict[str, Any] | None:
     return check_filter(flt)
 
 
+#: A request's ``metadata_filter``, checked as part of its type: its key count is refused before
+#: anything walks its keys (``RequestModel.values_checked_by_type``).
+MetadataFilter = Annotated[dict[str, Any] | None, AfterValidator(check_filter)]
+
+
 #: How a retrieval searches: dense and lexical candidates fused, cosine only, or BM25 only.
 RetrievalMode = Literal["hybrid", "dense", "lexical"]
 RETRIEVAL_MODES: tuple[str, ...] = get_args(RetrievalMode)
@@ -86,6 +91,7 @@ class Document(RequestModel):
     """A document to index: text plus optional metadata and client-chosen id."""
 
     model_config = ConfigDict(extra="forbid")
+    values_checked_by_type = frozenset({"metadata"})
     text: Text
     metadata: Metadata = Field(default_factory=dict)
     doc_id: str | None = Field(default=None, min_length=1, max_length=256)
@@ -136,6 +142,7 @@ class ListDocumentsResponse(BaseModel):
 
 class UpdateDocument(RequestModel):
     model_config = ConfigDict(extra="ignore")  # KAITO clients send hash_value back; it is recomputed
+    values_checked_by_type = frozenset({"metadata"})
     doc_id: str = Field(min_length=1)
     text: Text
     metadata: Metadata | None = None  # omitted: keep the stored metadata
@@ -214,17 +221,16 @@ class _RetrievalRequest(RequestModel):
     """The fields ``/query`` and ``/retrieve`` share: which index, what to look for, how relevant."""
 
     model_config = ConfigDict(extra="forbid")
+    values_checked_by_type = frozenset({"metadata_filter"})
     index_name: IndexNames = Field(
         description="The index to search, or a list of indexes searched as one ranking (each node names its index)."
     )
     query: Text
-    metadata_filter: dict[str, Any] | None = None
+    metadata_filter: MetadataFilter = None
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0)
     retrieval_mode: RetrievalMode | None = Field(
         default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted."
     )
-
-    _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
 
     @property
     def indexes(self) -> tuple[str, ...]:

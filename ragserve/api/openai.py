@@ -15,11 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from ragserve.api.documents import (
     Evidence,
     IndexNames,
+    MetadataFilter,
     NodeWithScore,
     QueryRewrite,
     RetrievalMode,
     index_names,
-    validate_metadata_filter,
 )
 from ragserve.api.sampling import SamplingParams, check_stop, extra_fields
 from ragserve.api.values import INT64_MAX, INT64_MIN, RequestModel
@@ -74,6 +74,7 @@ class ChatCompletionRequest(RequestModel):
     """``POST /v1/chat/completions``: the OpenAI body plus the RAG extensions."""
 
     model_config = ConfigDict(extra="allow")
+    values_checked_by_type = frozenset({"metadata_filter"})
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
@@ -101,7 +102,7 @@ class ChatCompletionRequest(RequestModel):
     context_token_ratio: float | None = Field(default=None, ge=0.2, le=0.8, strict=True)
     top_k: int | None = Field(default=None, ge=1, le=1000, strict=True)
     similarity_threshold: float | None = Field(default=None, ge=-1.0, le=1.0, strict=True)
-    metadata_filter: dict[str, Any] | None = None
+    metadata_filter: MetadataFilter = None
     retrieval_mode: RetrievalMode | None = Field(
         default=None, description="hybrid, dense or lexical; the server's retrieval_mode when omitted."
     )
@@ -123,8 +124,6 @@ class ChatCompletionRequest(RequestModel):
         description="The answer cache (RAG answers): false neither reads nor keeps this answer; true also "
         "caches a request with temperature > 0; omitted: the server's rules (X-RAG-Cache says what happened).",
     )
-
-    _check_filter = field_validator("metadata_filter")(lambda cls, v: validate_metadata_filter(v))
 
     _check_stop = field_validator("stop")(lambda cls, v: check_stop(v))
 

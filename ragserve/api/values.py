@@ -22,7 +22,7 @@ import json
 import math
 import re
 import sys
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ValidationInfo, field_validator, model_validator
@@ -40,6 +40,8 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 def check_text(value: str, where: str) -> str:
     """``value`` if it is valid Unicode text (no lone surrogates), else ``ValueError`` naming ``where``."""
+    if value.isascii():  # read from the string's header: no scan
+        return value
     match = _SURROGATE.search(value)
     if match is not None:
         raise ValueError(
@@ -49,35 +51,56 @@ def check_text(value: str, where: str) -> str:
     return value
 
 
+def _bad_scalar(x: Any) -> bool:
+    """Whether ``x``, a scalar, is a string with a lone surrogate or a number that is not finite."""
+    if isinstance(x, str):
+        return not x.isascii() and _SURROGATE.search(x) is not None
+    return isinstance(x, float) and not math.isfinite(x)
+
+
+#: Where a value sits in a request, kept as links to its parent and written out only for a value
+#: at fault (:func:`_place`): the field's name, or ``(parent, list index or object key)``.
+_Place = str | tuple[Any, int | str]
+
+
+def _place(at: _Place) -> str:
+    """``at`` written out: ``documents[3]['metadata']``."""
+    steps: list[str] = []
+    while isinstance(at, tuple):
+        at, step = at
+        steps.append(f"[{step!r}]" if isinstance(step, str) else f"[{step}]")
+    return at + "".join(reversed(steps))
+
+
 def check_values(value: Any, where: str) -> None:
     """Every string in ``value`` valid Unicode (:func:`check_text`) and every number finite: the
     value itself, or the items, keys and values of the lists and objects it holds (a walk without
-    recursion; models inside it checked themselves)."""
-    stack: list[tuple[Any, str]] = [(value, where)]
+    recursion; models inside it checked themselves). A value's place (``where[3]['k']``) is written
+    out only for the value at fault: a body of a million values costs their checks, not a million
+    paths."""
+    stack: list[tuple[Any, _Place]] = [(value, where)]
     while stack:
         item, at = stack.pop()
         if isinstance(item, str):
-            check_text(item, at)
+            if not item.isascii():
+                check_text(item, _place(at))
         elif isinstance(item, float):
             if not math.isfinite(item):
-                raise ValueError(f"{at}: {item} is not a finite number (NaN and Infinity are not JSON)")
+                raise ValueError(f"{_place(at)}: {item} is not a finite number (NaN and Infinity are not JSON)")
         elif isinstance(item, list | tuple):
             for i, x in enumerate(item):  # scalars in place: a list may hold millions of them
                 if x is None or isinstance(x, int):
                     continue
-                if isinstance(x, float):
-                    if not math.isfinite(x):
-                        stack.append((x, f"{at}[{i}]"))
-                elif isinstance(x, str):
-                    if _SURROGATE.search(x) is not None:
-                        stack.append((x, f"{at}[{i}]"))
-                else:
-                    stack.append((x, f"{at}[{i}]"))
+                if isinstance(x, list | tuple | dict) or _bad_scalar(x):
+                    stack.append((x, (at, i)))
         elif isinstance(item, dict):
             for key, x in item.items():
-                if isinstance(key, str):
-                    check_text(key, f"{at} key")
-                stack.append((x, f"{at}[{key!r}]"))
+                if isinstance(key, str) and not key.isascii():
+                    check_text(key, f"{_place(at)} key")
+                if x is None or isinstance(x, int):
+                    continue
+                if isinstance(x, list | tuple | dict) or _bad_scalar(x):
+                    stack.append((x, (at, key)))
 
 
 def replace_lone_surrogates(value: Any) -> Any:
@@ -108,10 +131,15 @@ class RequestModel(BaseModel):
     Infinity, which a field typed ``Any`` (or an extra field) would forward upstream as invalid
     JSON (a 4xx naming the field)."""
 
+    #: Fields whose type's own validator already checks every string and number in them (flat
+    #: metadata, ``check_metadata``; a filter, ``check_filter``): not walked a second time.
+    values_checked_by_type: ClassVar[frozenset[str]] = frozenset()
+
     @field_validator("*", mode="after")
     @classmethod
     def _valid_values(cls, value: Any, info: ValidationInfo) -> Any:
-        check_values(value, info.field_name or "value")
+        if info.field_name not in cls.values_checked_by_type:
+            check_values(value, info.field_name or "value")
         return value
 
     @model_validator(mode="after")
@@ -120,6 +148,20 @@ class RequestModel(BaseModel):
             check_text(key, "a field name")
             check_values(value, key)
         return self
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is a scalar that :func:`_check_scalar` accepts, told without a scan (an
+    ASCII string within bounds, a 64-bit integer, a finite float, a boolean or null): the checks
+    below then write no message for it."""
+    kind = type(value)
+    if kind is str:
+        return len(value) <= MAX_VALUE_CHARS and value.isascii()
+    if kind is int:
+        return INT64_MIN <= value <= INT64_MAX
+    if kind is float:
+        return math.isfinite(value)
+    return value is None or kind is bool
 
 
 def _check_scalar(value: Any, where: str) -> None:
@@ -145,6 +187,8 @@ def _check_keys(obj: dict[Any, Any], what: str) -> None:
     if len(obj) > MAX_METADATA_KEYS:
         raise ValueError(f"{what} has {len(obj)} keys; at most {MAX_METADATA_KEYS} are accepted")
     for key in obj:
+        if type(key) is str and 0 < len(key) <= MAX_KEY_CHARS and key.isascii():
+            continue
         if not isinstance(key, str) or not key:
             raise ValueError(f"{what} keys must be non-empty strings")
         if len(key) > MAX_KEY_CHARS:
@@ -156,11 +200,15 @@ def check_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
     """Flat metadata: each value a scalar or a list of scalars (see the module docstring)."""
     _check_keys(metadata, "metadata")
     for key, value in metadata.items():
+        if _plain(value):
+            continue
         where = f"metadata[{key!r}]"
         if isinstance(value, list):
             if len(value) > MAX_LIST_ITEMS:
                 raise ValueError(f"{where}: lists are limited to {MAX_LIST_ITEMS} items, got {len(value)}")
             for i, item in enumerate(value):
+                if _plain(item):
+                    continue
                 if isinstance(item, list | dict):
                     raise ValueError(
                         f"{where}[{i}]: metadata lists hold strings, numbers, booleans or null, "
@@ -185,6 +233,8 @@ def check_filter(flt: Any) -> dict[str, Any] | None:
         raise ValueError("metadata_filter must be a JSON object of key: value pairs")
     _check_keys(flt, "metadata_filter")
     for key, value in flt.items():
+        if _plain(value):
+            continue
         if isinstance(value, list | dict):
             raise ValueError(f"metadata_filter[{key!r}] must be a string, number, boolean or null")
         _check_scalar(value, f"metadata_filter[{key!r}]")

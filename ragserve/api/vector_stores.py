@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from ragserve.api.values import RequestModel, check_filter
+from ragserve.api.values import MAX_METADATA_KEYS, RequestModel, check_filter
 from ragserve.errors import BadRequestError
 
 #: OpenAI's limits on ``attributes``: 16 keys of at most 64 characters, strings of at most 512.
@@ -275,7 +275,7 @@ class SearchRequest(RequestModel):
     model_config = ConfigDict(extra="forbid")
     query: str | list[str]
     max_num_results: int = Field(default=10, ge=1, le=MAX_SEARCH_RESULTS)
-    filters: dict[str, Any] | None = None
+    filters: Annotated[dict[str, Any] | None, BeforeValidator(check_filter_size)] = None
     ranking_options: RankingOptions | None = None
     rewrite_query: bool = False
 
@@ -330,45 +330,92 @@ class VectorStoreFileList(Page):
     data: list[VectorStoreFile]
 
 
+#: Comparisons and compound filters one ``filters`` may hold: what it maps to holds at most
+#: ``MAX_METADATA_KEYS`` keys, so more is never needed (and a list of 240,000 repeated ``eq``
+#: comparisons, one key, was seconds of the event loop before this bound).
+MAX_FILTER_NODES = 2 * MAX_METADATA_KEYS
+
+
+def check_filter_size(flt: Any) -> Any:
+    """``flt`` unless it holds more than ``MAX_FILTER_NODES`` comparisons and compound filters
+    (``ValueError``): counted before anything validates them, so a list of millions is refused at
+    the cost of reading its length."""
+    nodes, stack = 1, [flt]
+    while stack:
+        f = stack.pop()
+        parts = f.get("filters") if isinstance(f, dict) else None
+        if isinstance(parts, list):
+            nodes += len(parts)
+            if nodes > MAX_FILTER_NODES:
+                raise ValueError(
+                    f"filters holds more than {MAX_FILTER_NODES} comparisons and compound filters; it can compare "
+                    f"at most {MAX_METADATA_KEYS} keys: send one 'eq' a key"
+                )
+            stack.extend(parts)
+    return flt
+
+
+def _filter_place(at: tuple[Any, ...] | str) -> str:
+    """Where a filter sits (``filters.filters[2].filters[0]``), written out only for an error."""
+    steps: list[str] = []
+    while isinstance(at, tuple):
+        at, i = at
+        steps.append(f".filters[{i}]")
+    return at + "".join(reversed(steps))
+
+
 def openai_filter(flt: dict[str, Any] | None) -> dict[str, Any] | None:
     """OpenAI's ``filters`` as a ragserve metadata filter (``{key: value}``, every pair must match):
-    an ``eq`` comparison, or ``and`` of them. Anything else (``ne``, ``gt``, ``in``, ``or``, ...) is a
-    400 that names it: a filter that cannot be applied is never dropped silently. What it maps to
-    is held to a ``metadata_filter``'s rules (``check_filter``: how many keys, their length, 64-bit
-    integers), so no filter reaches the shards that ``/retrieve`` would refuse."""
+    an ``eq`` comparison, or ``and`` of them (at most ``MAX_FILTER_NODES`` in all). Anything else
+    (``ne``, ``gt``, ``in``, ``or``, ...) is a 400 that names it: a filter that cannot be applied is
+    never dropped silently. What it maps to is held to a ``metadata_filter``'s rules
+    (``check_filter``: how many keys, their length, 64-bit integers), so no filter reaches the
+    shards that ``/retrieve`` would refuse."""
     if flt is None:
         return None
+    try:
+        check_filter_size(flt)
+    except ValueError as e:
+        raise BadRequestError(str(e), param="filters") from None
     out: dict[str, Any] = {}
-    stack: list[tuple[Any, str]] = [(flt, "filters")]
+    stack: list[tuple[Any, tuple[Any, ...] | str]] = [(flt, "filters")]
     while stack:
-        f, where = stack.pop()
+        f, at = stack.pop()
         if not isinstance(f, dict):
-            raise BadRequestError(f"{where} must be a comparison or compound filter object", param="filters")
+            raise BadRequestError(
+                f"{_filter_place(at)} must be a comparison or compound filter object", param="filters"
+            )
         kind = f.get("type")
         if kind == "and":
             parts = f.get("filters")
             if not isinstance(parts, list) or not parts:
-                raise BadRequestError(f"{where}: an 'and' filter needs a non-empty 'filters' list", param="filters")
-            stack.extend((p, f"{where}.filters[{i}]") for i, p in enumerate(parts))
+                raise BadRequestError(
+                    f"{_filter_place(at)}: an 'and' filter needs a non-empty 'filters' list", param="filters"
+                )
+            stack.extend((p, (at, i)) for i, p in enumerate(parts))
         elif kind == "eq":
             key, value = f.get("key"), f.get("value")
             if not isinstance(key, str) or not key:
-                raise BadRequestError(f"{where}: 'key' must be a non-empty string", param="filters")
+                raise BadRequestError(f"{_filter_place(at)}: 'key' must be a non-empty string", param="filters")
             if not isinstance(value, str | int | float | bool) or (isinstance(value, float) and value != value):
-                raise BadRequestError(f"{where}: 'value' of 'eq' must be a string, number or boolean", param="filters")
+                raise BadRequestError(
+                    f"{_filter_place(at)}: 'value' of 'eq' must be a string, number or boolean", param="filters"
+                )
             if key in out and out[key] != value:
-                raise BadRequestError(f"{where}: key {key!r} must equal two different values", param="filters")
+                raise BadRequestError(
+                    f"{_filter_place(at)}: key {key!r} must equal two different values", param="filters"
+                )
             out[key] = value
         elif kind in ("ne", "gt", "gte", "lt", "lte", "in", "nin", "or"):
             raise BadRequestError(
-                f"{where}: filter type {kind!r} is not supported; ragserve filters by equality: use 'eq' "
-                "comparisons, joined by 'and'",
+                f"{_filter_place(at)}: filter type {kind!r} is not supported; ragserve filters by equality: use "
+                "'eq' comparisons, joined by 'and'",
                 param="filters",
             )
         else:
             raise BadRequestError(
-                f"{where}: unknown filter type {kind!r}: comparison types are eq, ne, gt, gte, lt, lte, in, nin; "
-                "compound types and, or",
+                f"{_filter_place(at)}: unknown filter type {kind!r}: comparison types are eq, ne, gt, gte, lt, lte, "
+                "in, nin; compound types and, or",
                 param="filters",
             )
     try:

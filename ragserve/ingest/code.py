@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -82,8 +83,39 @@ def _parser(language: str) -> Any:
     return Parser(lang)
 
 
+#: The CPU time a parse may take: ``PARSE_SECONDS`` plus ``PARSE_SECONDS_PER_MB`` a MB of code.
+#: tree-sitter parses ordinary code at 0.3-0.5 s a MB here, but some shapes cost far more (C++'s
+#: ``A<A<A<...``: ~9 s a MB), and it holds the GIL throughout: every other thread of the process,
+#: the event loop's too, waits (py-tree-sitter #111). Its progress callback, called every few bytes,
+#: runs a little Python, which lets other threads in, and stops a parse past its time; such a file
+#: is then split by lines, as a node nested too deep is.
+PARSE_SECONDS = 0.25
+PARSE_SECONDS_PER_MB = 1.5
+#: Bytes handed to the parser a read.
+_READ_BYTES = 1 << 16
+
+
+def parse_bounded(language: str, data: bytes) -> Any | None:
+    """``data``'s syntax tree, or None when parsing it took more than its CPU time (see above)."""
+    parser = _parser(language)
+    budget = PARSE_SECONDS + PARSE_SECONDS_PER_MB * len(data) / 1e6
+    start = time.thread_time()  # this thread's: a busy machine does not cut an ordinary file short
+
+    def past_time(_offset: int, _has_error: bool) -> bool:
+        return time.thread_time() - start > budget
+
+    try:
+        return parser.parse(lambda offset, _point: data[offset : offset + _READ_BYTES], progress_callback=past_time)
+    except ValueError:  # "Parsing failed": stopped by past_time
+        return None
+
+
 #: Syntax-tree levels followed when splitting; deeper structure is split by lines instead.
 MAX_DEPTH = 100
+#: A node longer than this many bytes a token of the chunk size is split without being counted:
+#: code averages 3-4 bytes a token, so such a node almost never fits, and where it would (long runs
+#: of indentation), its parts are merged back up to the chunk size.
+OVERSIZED_BYTES_PER_TOKEN = 8
 
 
 class CodeChunker:
@@ -99,7 +131,9 @@ class CodeChunker:
         if not text.strip():
             return []
         data = text.encode("utf-8")
-        tree = _parser(lang).parse(data)
+        tree = parse_bounded(lang, data)
+        if tree is None:
+            return number([(c.start_char, c.end_char) for c in self._by_lines(text)], text)
         to_char = _offset_mapper(text, data)
         segments: list[tuple[int, int]] = []
         self._segments(tree.root_node, 0, len(data), data, segments)
@@ -131,10 +165,16 @@ class CodeChunker:
             segments.append((child, pos, seg_end))
             pos = seg_end
         # the children that could be split are counted in one batch (one call per child cost
-        # about 0.1 ms of Python each: seconds for a file of many small statements)
+        # about 0.1 ms of Python each: seconds for a file of many small statements); one longer
+        # than OVERSIZED_BYTES_PER_TOKEN bytes a token of the chunk size is split uncounted
+        # (``_merge`` joins its parts again where they fit): counting every level's nodes whole
+        # cost the depth times the file (100 levels of nested brackets: 100x a flat file's time)
         splittable = [(c, s, e) for c, s, e in segments if c.child_count]
-        counts = count_each(self.count, [data[s:e].decode("utf-8", errors="ignore") for _, s, e in splittable])
-        oversized = {id(c) for (c, _, _), n in zip(splittable, counts, strict=True) if n > self.chunk_size}
+        longest = self.chunk_size * OVERSIZED_BYTES_PER_TOKEN
+        oversized = {id(c) for c, s, e in splittable if e - s > longest}
+        counted = [(c, s, e) for c, s, e in splittable if id(c) not in oversized]
+        counts = count_each(self.count, [data[s:e].decode("utf-8", errors="ignore") for _, s, e in counted])
+        oversized.update(id(c) for (c, _, _), n in zip(counted, counts, strict=True) if n > self.chunk_size)
         for child, s, e in segments:
             if id(child) in oversized:
                 self._segments(child, s, e, data, out, depth + 1)

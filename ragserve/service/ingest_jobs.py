@@ -90,22 +90,26 @@ class JobService:
                 )
         DocumentService._reject_repeated_ids([d.doc_id for d in docs])
         n = self.batch_documents
-        items = [
-            (
-                f"batch-{i // n:06d}",
-                {"first": i, "documents": [d.model_dump(exclude_none=True) for d in docs[i : i + n]]},
+
+        def create() -> Job:
+            # on a thread, the documents' dump too: 20,000 of them with their metadata are ~0.1-0.2 s
+            items = [
+                (
+                    f"batch-{i // n:06d}",
+                    {"first": i, "documents": [d.model_dump(exclude_none=True) for d in docs[i : i + n]]},
+                )
+                for i in range(0, len(docs), n)
+            ]
+            return self.store.create(
+                DOCUMENTS_JOB,
+                req.index_name,
+                items,
+                {"documents": len(docs), "batch_documents": n, **({USAGE_KEY: usage_key} if usage_key else {})},
+                req.webhook and self.webhook_configured,
+                owner=owner,
             )
-            for i in range(0, len(docs), n)
-        ]
-        job = await asyncio.to_thread(
-            self.store.create,
-            DOCUMENTS_JOB,
-            req.index_name,
-            items,
-            {"documents": len(docs), "batch_documents": n, **({USAGE_KEY: usage_key} if usage_key else {})},
-            req.webhook and self.webhook_configured,
-            owner=owner,
-        )
+
+        job = await asyncio.to_thread(create)
         if self._wake is not None:
             self._wake()
         return await self.info(job)

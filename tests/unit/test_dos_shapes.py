@@ -7,6 +7,7 @@ to give the same spans as a plain reference on small random texts."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -214,3 +215,47 @@ def test_code_chunking_counts_each_segment_once(embedding_model, language: str, 
     assert time.thread_time() - t0 < 5.0
     assert "".join(c.text for c in chunks) == text.strip()  # every byte kept, once
     assert all(count(c.text) <= 256 for c in chunks)
+
+
+NESTED = [
+    ("python", "x = " + "[" * 50_000 + "]" * 50_000),
+    ("python", "x = " + "a+" * 50_000 + "a"),
+    ("javascript", "x = " + "{a:" * 33_000 + "1" + "}" * 33_000),
+    ("cpp", "A" + "<A" * 50_000),
+    ("java", "class A{int f(){return " + "a?" * 50_000 + "b" + ":c" * 50_000 + ";}}"),
+    ("rust", "fn f(){" + "{" * 50_000 + "}" * 50_000 + "}"),
+]
+
+
+@pytest.mark.parametrize(("language", "text"), NESTED, ids=lambda v: v if len(v) < 12 else ascii(v[:12]))
+def test_code_chunking_of_deep_nesting_is_linear(embedding_model, language: str, text: str) -> None:
+    """Balanced nesting 100 levels deep and more: a node too long to fit is split uncounted (counting
+    each level's node whole cost the depth times the file: 100 KB took 10-25 s), and a parse past its
+    time (C++'s ``A<A<...``, which tree-sitter parses at ~9 s a MB holding the GIL) stops and the
+    file is split by lines."""
+    from ragserve.ingest.chunks import hf_token_counter
+    from ragserve.ingest.code import CodeChunker
+
+    count = hf_token_counter(embedding_model.tokenizer)
+    chunker = CodeChunker(count, 256, 32)
+    t0 = time.thread_time()
+    chunks = chunker.split(text, language)
+    assert time.thread_time() - t0 < 5.0
+    assert chunks and all(count(c.text) <= 256 for c in chunks)
+    assert chunks[0].start_char == 0 and chunks[-1].end_char == len(text.rstrip())
+    # nothing left out but the whitespace between chunks
+    assert all(not text[a.end_char : b.start_char].strip() for a, b in itertools.pairwise(chunks))
+
+
+def test_a_parse_past_its_time_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ragserve.ingest import code
+
+    data = ("A" + "<A" * 100_000).encode()
+    monkeypatch.setattr(code, "PARSE_SECONDS", 0.01)
+    monkeypatch.setattr(code, "PARSE_SECONDS_PER_MB", 0.0)
+    t0 = time.thread_time()
+    assert code.parse_bounded("cpp", data) is None
+    assert time.thread_time() - t0 < 0.5  # stopped, not run to its end (~1.8 s)
+    monkeypatch.setattr(code, "PARSE_SECONDS", 5.0)
+    tree = code.parse_bounded("python", b"def f(x):\n    return x + 1\n")
+    assert tree is not None and tree.root_node.end_byte > 0

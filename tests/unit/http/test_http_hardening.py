@@ -256,6 +256,27 @@ def test_a_lone_surrogate_in_any_string_is_a_4xx_naming_the_field(
     assert listed["total_items"] == 1 and listed["documents"][0]["text"] == DOC["text"]
 
 
+def test_the_value_at_fault_is_named_at_any_depth_and_a_filters_size_is_refused_first() -> None:
+    from pydantic import ValidationError
+
+    from ragserve.api.documents import RetrieveRequest
+    from ragserve.api.values import check_values
+
+    lone = "\ud800"
+    for value, place in [
+        ([1, {"a": [2, {"b\u00e9": lone}]}], "body[1]['a'][1]['b\u00e9'] contains a lone surrogate"),
+        ({"x": [1.5, float("nan")]}, "body['x'][1]: nan is not a finite"),
+        ([{"k": 1}, {lone: 1}], "body[1] key contains a lone surrogate"),
+    ]:
+        with pytest.raises(ValueError) as caught:
+            check_values(value, "body")
+        assert place in str(caught.value), caught.value
+    # a filter's keys are counted before anything reads them (300,000 keys: seconds of the loop)
+    flt = {f"k{i}": lone for i in range(300)}
+    with pytest.raises(ValidationError, match="metadata_filter has 300 keys"):
+        RetrieveRequest.model_validate({"index_name": "kb", "query": "q", "metadata_filter": flt})
+
+
 def test_every_request_model_checks_its_strings() -> None:
     """Every model a route reads a body into is a RequestModel (and so is every model inside one)."""
     import ragserve.api.documents as documents
@@ -552,6 +573,28 @@ def test_an_integer_of_thousands_of_digits_is_a_400_saying_where(client: TestCli
     line = text[: text.index("1" * 5001)].count("\n") + 1
     assert f"invalid JSON at line {line}, column" in message and "more than 4300 digits" in message, message
     assert "64 bits" in message and "set_int_max_str_digits" not in message
+
+
+def test_a_body_over_a_mib_is_checked_and_parsed_off_the_loop_with_the_same_answers(client: TestClient) -> None:
+    # bodies over OFF_LOOP_BYTES are scanned and parsed on a worker thread: the same 400 for a number
+    # Python refuses, the same result for a good body
+    from ragserve.http.json_body import OFF_LOOP_BYTES
+
+    pad = "x" * (OFF_LOOP_BYTES + 1000)
+    text = '{"index_name": "kb", "documents": [{"text": "PAD", "metadata": {"n": N}}]}'
+    r = raw_post(client, "/index", text.replace("PAD", pad).replace("N", "1" * 5001))
+    assert r.status_code == 400 and "more than 4300 digits" in r.json()["detail"], r.text
+    # over a MiB in metadata (cheap to index): 20 values of 60,000 characters
+    meta = ", ".join(f'"k{i}": "{"m" * 60_000}"' for i in range(20))
+    r = raw_post(
+        client,
+        "/index",
+        '{"index_name": "big", "documents": [{"text": "t", "metadata": {META}}]}'.replace("META", meta),
+    )
+    assert r.status_code == 200, r.text
+    assert client.get("/indexes/big/documents").json()["documents"][0]["metadata"]["k19"] == "m" * 60_000
+    truncated = '{"index_name": "kb", "documents": [{"text": "PAD"}'.replace("PAD", pad)
+    assert raw_post(client, "/index", truncated).status_code == 422
 
 
 def test_an_integer_of_thousands_of_digits_in_the_list_filter_is_a_400_saying_where(client: TestClient) -> None:

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from ragserve.api.vector_stores import openai_filter
 from ragserve.errors import BadRequestError
@@ -162,6 +163,29 @@ def test_filters_that_cannot_map_are_refused_by_name(flt: object, named: str) ->
 
 def test_a_deeply_nested_filter_costs_no_recursion() -> None:
     flt: dict = eq("a", 1)
-    for _ in range(100_000):
+    for _ in range(100):
         flt = both(flt)
     assert openai_filter(flt) == {"a": 1}
+    for _ in range(100_000):  # refused by its size (MAX_FILTER_NODES), still without recursion
+        flt = both(flt)
+    with pytest.raises(BadRequestError, match="comparisons and compound filters"):
+        openai_filter(flt)
+
+
+def test_a_filter_of_more_comparisons_than_can_matter_is_refused_before_it_is_read() -> None:
+    from ragserve.api.vector_stores import MAX_FILTER_NODES, SearchRequest
+
+    eq = {"type": "eq", "key": "a", "value": 1}
+    assert openai_filter({"type": "and", "filters": [eq] * (MAX_FILTER_NODES - 1)}) == {"a": 1}
+    huge = {"type": "and", "filters": [eq] * 240_000}
+    with pytest.raises(BadRequestError, match=f"more than {MAX_FILTER_NODES}"):
+        openai_filter(huge)
+    nested = {"type": "and", "filters": [{"type": "and", "filters": [eq] * 200}] * 2}
+    with pytest.raises(BadRequestError, match=f"more than {MAX_FILTER_NODES}"):
+        openai_filter(nested)
+    with pytest.raises(ValidationError, match=f"more than {MAX_FILTER_NODES}"):
+        SearchRequest.model_validate({"query": "q", "filters": huge})
+    # a place is still named where a comparison is wrong
+    bad = {"type": "and", "filters": [eq, {"type": "and", "filters": [eq, {"type": "gt", "key": "a", "value": 1}]}]}
+    with pytest.raises(BadRequestError, match=r"filters\.filters\[1\]\.filters\[1\]: filter type 'gt'"):
+        openai_filter(bad)
