@@ -5,7 +5,8 @@
 ``DATA_DIR`` holds BEIR's files: ``corpus.jsonl`` (``_id``, ``title``, ``text``), ``queries.jsonl``
 (``_id``, ``text``) and ``qrels/test.tsv`` (``query-id``, ``corpus-id``, ``score``, with a header).
 The corpus is indexed through the HTTP API into a fresh index (dropped afterwards unless
-``--keep-index``), then every query with judgements is sent to ``/retrieve`` in each mode; a
+``--keep-index``; an ``--index`` that already exists is refused, so eval never writes to or drops
+an index it did not create), then every query with judgements is sent to ``/retrieve`` in each mode; a
 document ranks where its best chunk does. Printed per mode: nDCG@10, recall@10, recall@100, MRR@10
 and the p50 latency of ``/retrieve`` as the client saw it; ``--out`` writes the same as JSON.
 
@@ -28,9 +29,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
+from ragserve.api.documents import validate_index_name
+from ragserve.cli.args import at_least, positive_seconds
 from ragserve.cli.client import default_url
 
 MODES = ("hybrid", "dense", "lexical")
@@ -133,6 +137,16 @@ def _check(r: httpx.Response, what: str) -> httpx.Response:
     return r
 
 
+def index_exists(client: httpx.Client, index: str) -> bool:
+    """Whether the server holds ``index`` already (``GET /indexes``)."""
+    names = _check(client.get("/indexes"), "listing the indexes").json()
+    return index in names
+
+
+def index_path(index: str) -> str:
+    return f"/indexes/{quote(index, safe='')}"
+
+
 def index_corpus(client: httpx.Client, index: str, data: Dataset, batch: int) -> None:
     """The corpus into ``index``: the title and the text as the document (the title is part of what
     BEIR's retrievers see), the BEIR id as doc_id."""
@@ -198,11 +212,15 @@ def parser(prog: str = "ragserve-eval") -> argparse.ArgumentParser:
     )
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated retrieval modes")
     ap.add_argument("--split", default="test", help="the qrels file to judge with")
-    ap.add_argument("--index", default=None, help="index name (default: a fresh eval-<random> index)")
+    ap.add_argument(
+        "--index",
+        default=None,
+        help="name of the index to create (default: a fresh eval-<random> index); one that exists is refused",
+    )
     ap.add_argument("--keep-index", action="store_true", help="do not drop the index afterwards")
-    ap.add_argument("--batch", type=int, default=64, help="documents per /index request")
-    ap.add_argument("--max-queries", type=int, default=None, help="only the first N judged queries")
-    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per HTTP request")
+    ap.add_argument("--batch", type=at_least(1), default=64, help="documents per /index request")
+    ap.add_argument("--max-queries", type=at_least(1), default=None, help="only the first N judged queries")
+    ap.add_argument("--timeout", type=positive_seconds, default=600.0, help="seconds per HTTP request")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     return ap
 
@@ -219,12 +237,27 @@ def main(argv: list[str] | None = None, prog: str = "ragserve-eval") -> int:
     except (OSError, ValueError, KeyError) as e:
         print(f"ragserve-eval: cannot read the dataset at {args.data}: {e}", file=sys.stderr)
         return 2
+    if args.index is not None:
+        try:
+            validate_index_name(args.index)
+        except ValueError as e:
+            print(f"ragserve-eval: --index: {e}", file=sys.stderr)
+            return 2
     if args.max_queries:
         data.queries = dict(list(data.queries.items())[: args.max_queries])
     index = args.index or f"eval-{uuid.uuid4().hex[:10]}"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    created = False  # only an index this run created is ever dropped
     with httpx.Client(base_url=args.url or default_url(), headers=headers, timeout=args.timeout) as client:
         try:
+            if index_exists(client, index):
+                print(
+                    f"ragserve-eval: index {index!r} already exists; name a new one with --index, or leave "
+                    "--index out for a fresh one (eval indexes its corpus into an index it creates, then drops it)",
+                    file=sys.stderr,
+                )
+                return 2
+            created = True
             t0 = time.perf_counter()
             index_corpus(client, index, data, args.batch)
             indexed_s = time.perf_counter() - t0
@@ -233,9 +266,9 @@ def main(argv: list[str] | None = None, prog: str = "ragserve-eval") -> int:
             print(f"ragserve-eval: {e}", file=sys.stderr)
             return 1
         finally:
-            if not args.keep_index:
+            if created and not args.keep_index:
                 with contextlib.suppress(httpx.HTTPError):  # the results stand without the clean-up
-                    client.delete(f"/indexes/{index}")
+                    client.delete(index_path(index))
     summaries = {m: r.summary() for m, r in results.items()}
     print(
         f"{Path(args.data).name}: {len(data.corpus)} documents (indexed in {indexed_s:.1f} s), "

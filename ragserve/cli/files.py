@@ -46,6 +46,7 @@ class LocalFile:
     rel: str  # POSIX path relative to the base: the document id and metadata ``path``
     size: int
     mtime: float
+    key: tuple[int, int] | None = None  # (st_dev, st_ino) when found: reading checks it is still that file
 
 
 @dataclass(frozen=True)
@@ -217,13 +218,17 @@ def discover(
     skipped: list[tuple[str, str]] | None = None,
     links_outside: list[str] | None = None,
     unreadable: list[tuple[str, str]] | None = None,
+    left_out: list[str] | None = None,
 ) -> list[LocalFile]:
     """The supported files under ``roots`` (files or directories), sorted by relative path, each once.
     Unsupported or ignored files named explicitly, and broken links, are reported in ``skipped`` with
     the reason; links whose target lies outside the folder they are in (under a root, or named on the
     command line) are left out and listed in ``links_outside``; folders and entries that cannot be
     read are listed in ``unreadable`` (relative path, '' for the base itself, and the reason): what
-    lies under them is unknown, not gone. Names in ``skipped`` and ``links_outside`` are printable (:func:`shown`)."""
+    lies under them is unknown, not gone. Paths named on the command line that the rules leave out
+    (see :func:`left_out_roots`) are listed in ``skipped`` and, by relative path, in ``left_out``:
+    what the index holds under them is not gone either. Names in ``skipped`` and ``links_outside``
+    are printable (:func:`shown`)."""
     base = base.resolve()
     found: dict[str, LocalFile] = {}
     rules = _Rules(gitignore)
@@ -237,18 +242,18 @@ def discover(
             continue
         real = Path(os.path.realpath(where))  # a link named as a file is read where it lies
         try:
-            left_out = rules.named_left_out(lies) or (
-                real != lies  # a link: its target is judged too, from the folder the link is in
-                and rules.left_out(lies.parent, real, real.is_dir())
-            )
+            out = _root_left_out(rules, lies, real)
             inherited = rules.ancestors(where) if where.is_dir() else []
         except OSError as e:
             if unreadable is not None:
                 unreadable.append((relative_name(where, base), f"cannot read it: {e.strerror or e}"))
             continue
-        if left_out:
+        if out:
             if skipped is not None:
                 skipped.append((shown(name), "ignored (.gitignore, or a folder never indexed such as .git)"))
+            prefix = scope_prefix(given, base)
+            if left_out is not None and prefix is not None:
+                left_out.append(prefix)
             continue
         if not where.is_dir():
             rel = relative_name(where, base)
@@ -268,7 +273,7 @@ def discover(
                 if skipped is not None:
                     skipped.append((shown(rel), "not a regular file"))
                 continue
-            found[rel] = LocalFile(where, rel, st.st_size, st.st_mtime)
+            found[rel] = LocalFile(where, rel, st.st_size, st.st_mtime, _key(st))
             continue
         walk = _Walk(where, rules, inherited)
         for f, st, through in walk.files():
@@ -277,7 +282,7 @@ def discover(
                 continue
             if through is not None and through != f and selector.excluded(relative_name(through, base)):
                 continue  # a link inside to a file --exclude leaves out
-            found[rel] = LocalFile(f, rel, st.st_size, st.st_mtime)
+            found[rel] = LocalFile(f, rel, st.st_size, st.st_mtime, _key(st))
         if links_outside is not None:
             links_outside += [shown(relative_name(p, base)) for p in walk.outside]
         if skipped is not None:
@@ -286,6 +291,44 @@ def discover(
         if unreadable is not None:
             unreadable += [(relative_name(p, base), reason) for p, reason in walk.unreadable]
     return [found[k] for k in sorted(found)]
+
+
+def _root_left_out(rules: _Rules, lies: Path, real: Path) -> bool:
+    """Whether the rules leave out a path named on the command line (``lies``: where it lies;
+    ``real``: where it resolves to). Raises OSError for a ``.gitignore`` that cannot be read."""
+    return rules.named_left_out(lies) or (
+        real != lies  # a link: its target is judged too, from the folder the link is in
+        and rules.left_out(lies.parent, real, real.is_dir())
+    )
+
+
+def left_out_roots(roots: Sequence[Path], base: Path, *, gitignore: bool = True) -> list[tuple[str, str]]:
+    """The paths named on the command line that :func:`discover` would leave out, as (name, why):
+    ignored by a ``.gitignore`` (``--no-gitignore`` takes them), or lying in a folder never indexed
+    (:data:`ALWAYS_SKIPPED_DIRS`). ``ragserve ingest`` refuses to sync such a path named alone: it
+    would find nothing, and ``--delete`` would take everything under it for gone. A path that cannot
+    be judged (a ``.gitignore`` that cannot be read) is not listed: discover reports it."""
+    base = base.resolve()
+    rules, always = _Rules(gitignore), _Rules(False)
+    out: list[tuple[str, str]] = []
+    for given in roots:
+        where = _walked(given, base)
+        if where is None:
+            continue
+        lies, real = located(given), Path(os.path.realpath(where))
+        try:
+            if not _root_left_out(rules, lies, real):
+                continue
+            never = _root_left_out(always, lies, real)
+        except OSError:
+            continue
+        why = (
+            f"it lies in a folder never indexed ({', '.join(sorted(ALWAYS_SKIPPED_DIRS))})"
+            if never
+            else "a .gitignore leaves it out (--no-gitignore indexes it)"
+        )
+        out.append((shown(str(given)), why))
+    return out
 
 
 def _key(st: os.stat_result) -> tuple[int, int]:

@@ -16,11 +16,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +29,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from ragserve.api.documents import validate_index_name
+from ragserve.cli.args import at_least, positive_seconds
 from ragserve.cli.client import DEFAULT_URL, ApiError, RagClient, default_url
-from ragserve.cli.files import given_roots, shown, sync_base
+from ragserve.cli.files import given_roots, left_out_roots, sync_base
 from ragserve.cli.output import (
     RichProgress,
     document_rows,
@@ -38,6 +40,8 @@ from ragserve.cli.output import (
     print_json,
     print_report,
     print_sources,
+    printable,
+    shown_text,
 )
 from ragserve.cli.sync import Limits, NoProgress, ProgressSink, Syncer, SyncReport, watch
 
@@ -62,7 +66,7 @@ def _filter_arg(text: str | None) -> dict[str, Any] | None:
     text = text.strip()
     if text.startswith(("{", "[")):
         try:
-            value = json.loads(text)
+            value = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
         except ValueError as e:
             raise UsageError(f"--filter is not valid JSON: {e}") from None
         if not isinstance(value, dict):
@@ -80,8 +84,24 @@ def _filter_arg(text: str | None) -> dict[str, Any] | None:
                 break
             except ValueError:
                 continue
+        if isinstance(v, float) and not math.isfinite(v):
+            raise UsageError(
+                f"--filter value of {key.strip()!r} is not a finite number: {value.strip()!r} "
+                f'(to match it as text, use JSON: --filter \'{{"{key.strip()}": "{value.strip()}"}}\')'
+            )
         out[key.strip()] = v
     return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a filter can hold")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is too large for a number a filter can hold")
+    return value
 
 
 def _index_arg(name: str) -> str:
@@ -95,7 +115,7 @@ def _fail(args: argparse.Namespace, console: Console, error: Exception, status: 
     """One line on stderr (never a traceback); with ``--json`` also ``{"error": ...}`` on stdout,
     which then carries nothing but JSON."""
     message = error.message if isinstance(error, ApiError) else str(error)
-    line = shown(str(error))  # a path that is not UTF-8 (any bytes make a name) as \xe9
+    line = printable(str(error))  # control characters and bytes that are not UTF-8 as \x1b, \xe9
     console.print(f"[red]ragserve: {escape(line)}[/red]", highlight=False, soft_wrap=True)
     if getattr(args, "json", False):
         print_json({"error": {"status": getattr(error, "status", None), "message": message}})
@@ -105,6 +125,10 @@ def _fail(args: argparse.Namespace, console: Console, error: Exception, status: 
 # --- ingest -------------------------------------------------------------------------------------
 def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, out: Console) -> int:
     _index_arg(args.index)
+    if any(not p for p in args.paths):  # Path("") is ".": an unset variable would sync the current folder
+        raise UsageError("a PATH is empty (an unset shell variable?); name the files or folders to index")
+    if args.base is not None and not args.base:
+        raise UsageError("--base is empty; name the folder that document ids are relative to")
     roots = [Path(p) for p in args.paths]
     missing = [str(p) for p in roots if not p.exists()]
     if missing:
@@ -118,6 +142,12 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         base = sync_base(roots, given_base)
     except ValueError as e:  # a PATH outside --base
         raise UsageError(str(e)) from None
+    left_out = left_out_roots(roots, base, gitignore=not args.no_gitignore)
+    if left_out and (len(roots) == 1 or len(left_out) == len(roots)):
+        # Named alone it would sync nothing, and --delete would take everything under it for gone. A
+        # shell glob (docs/*) naming an ignored entry among others skips it, as a walk of docs would.
+        name, why = left_out[0]
+        raise UsageError(f"{name} is not indexed: {why}")
     limits = Limits.from_config(client.config())
     show_progress = not args.json and not args.quiet
     progress: ProgressSink = RichProgress(console) if show_progress else NoProgress()
@@ -173,8 +203,8 @@ def cmd_ingest(args: argparse.Namespace, client: RagClient, console: Console, ou
         show(report)
         if args.watch and not stop.is_set() and not report.fatal:
             if not args.json:
-                where = shown(", ".join(map(str, roots)))
-                console.print(f"[dim]watching {escape(where)} for changes (Ctrl-C to stop)…[/dim]")
+                where = shown_text(", ".join(map(str, roots)))
+                console.print(f"[dim]watching {where} for changes (Ctrl-C to stop)…[/dim]")
             watch(syncer, stop, show)
             return EXIT_OK if last[0].ok or last[0].interrupted else EXIT_FAIL  # as the last run ended
     except ApiError as e:
@@ -210,7 +240,7 @@ def cmd_query(args: argparse.Namespace, client: RagClient, err: Console, console
     if args.json:
         print_json(answer)
         return EXIT_OK
-    console.print(escape(answer["response"]), highlight=False)
+    console.print(escape(printable(answer["response"], keep="\n\t")), highlight=False)
     print_evidence(answer.get("evidence") or [], console)
     print_sources(answer.get("source_nodes") or [], console)
     return EXIT_OK
@@ -235,7 +265,7 @@ def _chat_once(
         sources = response.get("source_nodes") or []
         rag = response.get("rag") or {}
         if not args.json:
-            console.print(escape(text), highlight=False)
+            console.print(escape(printable(text, keep="\n\t")), highlight=False)
     else:
         text, sources, mode, reason = "", [], "", ""
         for stream in client.chat_stream(body):
@@ -249,7 +279,7 @@ def _chat_once(
                     piece = (choice.get("delta") or {}).get("content") or ""
                     if piece:
                         text += piece
-                        sys.stdout.write(piece)
+                        sys.stdout.write(printable(piece, keep="\n\t"))
                         sys.stdout.flush()
         sys.stdout.write("\n")
     if not args.json:
@@ -367,29 +397,14 @@ def cmd_docs_list(args: argparse.Namespace, client: RagClient, err: Console, con
     if not docs:
         what = "no documents match the filter" if flt else "no documents"
         console.print(
-            f"{escape(index)}: {what}" + (f" from --offset {args.offset} (of {total})" if args.offset else "")
+            f"{shown_text(index)}: {what}" + (f" from --offset {args.offset} (of {total})" if args.offset else "")
         )
         return EXIT_OK
-    console.print(f"{escape(index)}: documents {args.offset + 1}–{args.offset + len(docs)} of {total}")
+    console.print(f"{shown_text(index)}: documents {args.offset + 1}–{args.offset + len(docs)} of {total}")
     document_rows(docs, console)
     if args.offset + len(docs) < total:
         console.print(f"[dim]{total - args.offset - len(docs)} more: --offset {args.offset + len(docs)}[/dim]")
     return EXIT_OK
-
-
-def _at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number of at least ``minimum``."""
-
-    def whole(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-        return value
-
-    return whole
 
 
 def _sync_id(text: str) -> str:
@@ -411,7 +426,7 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     )
     common.add_argument("--api-key", default=d(None), help="API key (env RAGSERVE_API_KEY)")
     common.add_argument("--json", action="store_true", default=d(False), help="machine-readable output on stdout")
-    common.add_argument("--timeout", type=float, default=d(600.0), help="seconds per request (600)")
+    common.add_argument("--timeout", type=positive_seconds, default=d(600.0), help="seconds per request (600)")
     return common
 
 
@@ -459,13 +474,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--sync-id",
         type=_sync_id,
-        help="the name of this sync, marking its documents (default: a hash of the folder's resolved path); "
-        "give the same one to keep syncing a folder after moving it, or from another machine",
+        help="the name of this sync, marking its documents (default: a hash of the folder's resolved absolute "
+        "path, so the same path on any machine is the same sync: CI runners checking out one repository at "
+        "one path update each other's documents); give the same one to keep syncing a folder after moving it, "
+        "and a different one on each machine whose folder at that path holds different files",
     )
-    p.add_argument("--batch-size", type=int, default=16, help="documents per request (at most the server's limit)")
+    p.add_argument(
+        "--batch-size",
+        type=at_least(1),
+        default=16,
+        help="documents per request (at most the server's limit)",
+    )
     p.add_argument(
         "--batch-kb",
-        type=int,
+        type=at_least(1),
         default=64,
         help="text per request in KiB, a soft target for a moving progress bar (a larger file goes whole)",
     )
@@ -498,9 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
             action="append",
             help="index name; repeat it to search several indexes as one",
         )
-        p.add_argument("--top-k", type=int, default=5)
+        p.add_argument("--top-k", type=at_least(1), default=5)
         p.add_argument("--filter", help="metadata filter: JSON object or key=value,key2=value2")
-        p.add_argument("--max-tokens", type=int)
+        p.add_argument("--max-tokens", type=at_least(1))
         if name == "query":
             p.add_argument("question", nargs="+")
             p.set_defaults(func=cmd_query)
@@ -526,11 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
         "whether `ragserve ingest` wrote it, and the start of the text.",
     )
     p.add_argument("--index", "-i", required=True, help="index name")
-    p.add_argument("--limit", "-n", type=_at_least(1), default=20, help="documents to show (20); pages as needed")
-    p.add_argument("--offset", type=_at_least(0), default=0, help="skip this many documents first (0)")
+    p.add_argument("--limit", "-n", type=at_least(1), default=20, help="documents to show (20); pages as needed")
+    p.add_argument("--offset", type=at_least(0), default=0, help="skip this many documents first (0)")
     p.add_argument("--filter", help="metadata filter: JSON object or key=value,key2=value2")
     p.add_argument(
-        "--text-length", type=_at_least(1), default=200, help="characters of each document's text to fetch (200)"
+        "--text-length", type=at_least(1), default=200, help="characters of each document's text to fetch (200)"
     )
     p.set_defaults(func=cmd_docs_list)
     p = sub.add_parser(

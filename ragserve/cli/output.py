@@ -2,6 +2,10 @@
 tables of indexes and documents, and JSON on stdout. ``ragserve.cli.main`` decides what to print and
 when; this module only says how it looks.
 
+Names and whatever the server sends (file names, titles, paths, reasons) are printed through
+:func:`printable`: a control or format character in them (ESC, a newline, a bidi override) is shown
+as an escape such as ``\\x1b``, so it can neither drive the terminal nor forge a line of the report.
+
 Tables never cut the column that the next command needs (an index name, a document id): the other
 columns wrap or shorten instead, and a terminal too narrow for that gets one block per row.
 """
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import unicodedata
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +26,34 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskProgressColumn
 from rich.table import Table
 
 from ragserve.cli.sync import SOURCE, SyncReport
+
+#: Unicode categories never printed as they are: controls, format characters (bidi overrides, zero
+#: widths), lone surrogates (bytes of a file name that are not UTF-8), line and paragraph separators.
+_UNPRINTED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def printable(text: object, keep: str = "\t") -> str:
+    """``text`` with every control or format character but those in ``keep`` written as an escape
+    (``\\x1b``, ``\\u202e``; a byte of a name that is not UTF-8 as ``\\xe9``): the one way names and
+    server data reach the terminal."""
+    s = str(text)
+    if s.isprintable():  # the common case, quickly (tab is not printable: it takes the slow path)
+        return s
+    return "".join(c if c in keep or unicodedata.category(c) not in _UNPRINTED else _escaped(c) for c in s)
+
+
+def _escaped(c: str) -> str:
+    n = ord(c)
+    if 0xDC80 <= n <= 0xDCFF:  # os.fsdecode's stand-in for a byte that is not UTF-8
+        return f"\\x{n - 0xDC00:02x}"
+    if n < 0x100:
+        return f"\\x{n:02x}"
+    return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def shown_text(text: object) -> str:
+    """``text`` as rich markup that prints it as it is, with :func:`printable`'s escapes."""
+    return escape(printable(text))
 
 
 def human_bytes(n: float) -> str:
@@ -98,22 +131,22 @@ def print_json(obj: Any) -> None:
 
 def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | None) -> None:
     console.print(
-        f"[bold]{report.index}[/bold]: {len(report.added)} added, {len(report.updated)} updated, "
+        f"[bold]{shown_text(report.index)}[/bold]: {len(report.added)} added, {len(report.updated)} updated, "
         f"{len(report.unchanged)} unchanged, {len(report.deleted)} deleted, "
         f"[{'red' if report.failed else 'default'}]{len(report.failed)} failed[/] "
         f"({report.documents_sent} documents sent in {report.seconds:.1f} s)"
     )
     for path, reason in report.failed:
-        console.print(f"  [red]failed[/red]  {escape(path)}: {escape(reason)}")
+        console.print(f"  [red]failed[/red]  {shown_text(path)}: {shown_text(reason)}")
     for path, warning in report.warnings:
-        console.print(f"  [yellow]warning[/yellow] {escape(path)}: {escape(warning)}")
+        console.print(f"  [yellow]warning[/yellow] {shown_text(path)}: {shown_text(warning)}")
     for path, reason in report.skipped:
-        console.print(f"  [dim]skipped {escape(path)}: {escape(reason)}[/dim]")
+        console.print(f"  [dim]skipped {shown_text(path)}: {shown_text(reason)}[/dim]")
     if report.links_outside:
         listed = ", ".join(report.links_outside[:10]) + (", …" if len(report.links_outside) > 10 else "")
         n = len(report.links_outside)
         console.print(
-            f"  [yellow]skipped {n} link{'' if n == 1 else 's'} leaving the folder: {escape(listed)} "
+            f"  [yellow]skipped {n} link{'' if n == 1 else 's'} leaving the folder: {shown_text(listed)} "
             "(to index a link's target, name the target itself)[/yellow]"
         )
     if report.stale:
@@ -122,9 +155,9 @@ def print_report(report: SyncReport, console: Console, stats: dict[str, Any] | N
             "run with --delete to remove them[/yellow]"
         )
     for notice in report.notices:
-        console.print(f"  [yellow]note[/yellow]    {escape(notice)}")
+        console.print(f"  [yellow]note[/yellow]    {shown_text(notice)}")
     if report.fatal:
-        console.print(f"  [red]stopped: {escape(report.fatal)}[/red]")
+        console.print(f"  [red]stopped: {shown_text(report.fatal)}[/red]")
     if report.interrupted:
         console.print(
             f"  [yellow]interrupted: {len(report.not_processed)} file(s) not processed; every file "
@@ -151,7 +184,7 @@ def print_sources(nodes: Sequence[dict[str, Any]], console: Console) -> None:
         return
     console.print("[bold]Sources[/bold]")
     for i, node in enumerate(nodes, start=1):
-        console.print(escape(_source_line(i, node)), highlight=False)
+        console.print(shown_text(_source_line(i, node)), highlight=False)
 
 
 #: The most characters of one evidence passage printed (whitespace collapsed; the JSON has it whole).
@@ -169,28 +202,31 @@ def print_evidence(evidence: Sequence[dict[str, Any]], console: Console) -> None
         if len(text) > EVIDENCE_CHARS:
             text = text[: EVIDENCE_CHARS - 1] + "…"
         line = f'  [{e.get("source")}] "{text}"  (score {float(e.get("score", 0)):.2f})'
-        console.print(escape(line), highlight=False)
+        console.print(shown_text(line), highlight=False)
 
 
 def print_indexes(rows: Sequence[dict[str, Any]], console: Console) -> None:
     """The indexes as a table whose names are never cut (a name is what the next command needs); a
     terminal too narrow for that gets one line per index."""
     cells = [
-        (
-            str(r["index_name"]),
-            str(r.get("documents", "?")),
-            str(r.get("chunks", "?")),
-            human_bytes(r["bytes"]) if "bytes" in r else "?",
-            str(r.get("index_kind", "?")),
-            str(len(r.get("shards", []))) if "shards" in r else "?",
+        tuple(
+            escape(printable(c))  # server data, as it is: a control character as an escape
+            for c in (
+                r["index_name"],
+                r.get("documents", "?"),
+                r.get("chunks", "?"),
+                human_bytes(r["bytes"]) if "bytes" in r else "?",
+                r.get("index_kind", "?"),
+                len(r.get("shards", [])) if "shards" in r else "?",
+            )
         )
         for r in rows
     ]
-    widest = max(cell_len(c[0]) for c in cells)
+    widest = max(cell_len(printable(r["index_name"])) for r in rows)
     if console.width < widest + 50:  # a name is never cut (it is what the next command needs)
         for name, docs, chunks, size, kind, shards in cells:
             console.print(
-                f"[bold]{escape(name)}[/bold]: {docs} documents, {chunks} chunks, {size}, {kind}, {shards} shards",
+                f"[bold]{name}[/bold]: {docs} documents, {chunks} chunks, {size}, {kind}, {shards} shards",
                 soft_wrap=True,
                 highlight=False,
             )
@@ -198,7 +234,7 @@ def print_indexes(rows: Sequence[dict[str, Any]], console: Console) -> None:
     table = Table("index", "documents", "chunks", "bytes", "kind", "shards")
     table.columns[0].no_wrap, table.columns[0].min_width = True, widest
     for row in cells:
-        table.add_row(escape(row[0]), *row[1:])
+        table.add_row(*row)
     console.print(table)
 
 
@@ -211,13 +247,16 @@ def document_rows(docs: Sequence[dict[str, Any]], console: Console) -> None:
         meta = d.get("metadata") or {}
         text = " ".join(str(d.get("text") or "").split())
         rows.append(
-            (
-                str(d.get("doc_id")),
-                str(meta.get("path", "")),
-                str(meta.get("title", "")),
-                str(meta.get("file_type", "")),
-                "ragserve ingest" if meta.get("source") == SOURCE else "",
-                text[:60] + ("…" if len(text) > 60 else ""),
+            tuple(
+                printable(c)
+                for c in (
+                    d.get("doc_id"),
+                    meta.get("path", ""),
+                    meta.get("title", ""),
+                    meta.get("file_type", ""),
+                    "ragserve ingest" if meta.get("source") == SOURCE else "",
+                    text[:60] + ("…" if len(text) > 60 else ""),
+                )
             )
         )
     widest = max(cell_len(r[0]) for r in rows)

@@ -3,16 +3,23 @@
 Document ids come from the file's path relative to the folder synced (``guide.md``; a PDF page is
 ``report.pdf#p3``; a file too large for one document is ``big.txt#part2``; see
 ``ragserve.cli.files.sync_base``), and every document the sync writes is marked as its own: metadata
-``source: ragserve-cli`` and ``sync_root``, a stable id of the synced folder. A run only ever
-updates or deletes documents carrying its own mark: a UI upload, another client's document, another
-folder's sync, or a document indexed before the mark existed is never touched, and a file whose id
-such a document holds is reported as failed instead of overwriting it. A second run knows which
-documents are whose:
+``source: ragserve-cli`` and ``sync_root``, a stable id of the synced folder (by default a hash of
+the folder's resolved absolute path: the same path on two machines is the same sync). A run only
+ever updates or deletes documents carrying its own mark under the id it gives their ``path``
+(:func:`expected_doc_id`: a document of another client copying the mark is foreign): a UI upload,
+another client's document, another folder's sync, or a document indexed before the mark existed is
+never touched, and a file whose id such a document holds is reported as failed instead of
+overwriting it. Beside the mark, a document records its file's ``size`` and how many
+``documents`` the file became. A second run knows which documents are whose:
 
 - a new file is added (``POST /index``);
 - a changed file is updated (``POST /indexes/{name}/documents``), its vanished pages deleted;
-- an unchanged file is skipped without being read when its recorded ``mtime`` matches, and
-  otherwise when its text and metadata hash to the stored ``hash_value`` (``ragserve.ingest.ids``: the
+- a file is read only when it is still the regular file discovery found (a file swapped for a link
+  leaving the folder is not followed) and is within the server's ``max_file_bytes``; its text must
+  be within ``max_file_text_chars``;
+- an unchanged file is skipped without being read when its recorded ``mtime`` and ``size`` match
+  and all its documents are in the index (:func:`stored_whole`), and otherwise when its text and
+  metadata hash to the stored ``hash_value`` (``ragserve.ingest.ids``: the
   server computes the same sha256, so nothing is sent to find out). A file that was only touched
   keeps its old ``mtime`` and costs no re-embedding;
 - with ``delete``, documents of this sync whose ``path`` lies under the synced folders but names
@@ -20,7 +27,10 @@ documents are whose:
 
 Requests stay within the server's limits (documents per request, bytes per request, characters
 per document), and all documents of one file travel in the same request, so stopping (Ctrl-C sets
-``stop``) between two batches never leaves a file half-indexed: the batch in flight completes.
+``stop``) between two batches never leaves a file half-indexed: the batch in flight completes. A
+file too large for one request takes several: when one of them fails, the file's documents the
+earlier ones stored are deleted again and the file fails; a run killed between two of them leaves
+a file whose documents are not all there, which the next run sees and sends again.
 
 New files can instead go to the server's ingestion jobs (``POST /jobs``, ``use_jobs``): one job
 carries up to ``max_documents_per_job`` documents in one request of at most ``max_request_bytes``,
@@ -45,9 +55,10 @@ import functools
 import hashlib
 import json
 import os
+import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,12 +67,16 @@ from typing import Any, Protocol
 from ragserve.cli.client import ApiError, RagClient
 from ragserve.cli.files import FileSelector, LocalFile, discover, given_roots, scope_prefix, shown, sync_base
 from ragserve.config import Settings
-from ragserve.ingest.convert import ConversionError, Converted, convert, file_documents, iso_mtime
+from ragserve.ingest.convert import ConversionError, Converted, convert, doc_id_for, file_documents, iso_mtime
 from ragserve.ingest.ids import content_hash
 
 JSON_OVERHEAD = 512  # request envelope and per-document keys, on top of text and metadata
 _LOOKAHEAD = 4  # files converted ahead of the batch being sent
 SOURCE = "ragserve-cli"  # metadata ``source`` of every document a sync writes
+#: Metadata a sync adds to a file's documents beside the mark: the file's size in bytes, and how many
+#: documents the file became (so a run can tell that all of them are stored). An older CLI wrote
+#: neither: its documents are judged by their content hash instead (see ``Syncer._plan_file``).
+SIZE, DOCUMENTS = "size", "documents"
 
 
 def sync_id_for(base: Path) -> str:
@@ -80,6 +95,8 @@ class Limits:
     max_list_limit: int = 100
     max_unpacked_bytes: int = Settings.model_fields["max_unpacked_bytes"].default  # defined once, in Settings
     max_documents_per_job: int = Settings.model_fields["max_documents_per_job"].default
+    max_file_bytes: int = Settings.model_fields["max_file_bytes"].default  # a file larger is not read
+    max_file_text_chars: int = Settings.model_fields["max_file_text_chars"].default  # text of one file
 
     @classmethod
     def from_config(cls, config: dict[str, Any] | None) -> Limits:
@@ -89,6 +106,86 @@ class Limits:
         config = config or {}
         given = {**(config.get("settings") or {}), **(config.get("limits") or {})}
         return cls(**{k: int(v) for k, v in given.items() if k in cls.__dataclass_fields__ and v is not None})
+
+
+def _count(value: Any) -> int | None:
+    """A count or a number from 1 up as metadata holds it, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def expected_doc_id(metadata: Mapping[str, Any]) -> str | None:
+    """The id a sync gives the document with this metadata: its ``path`` in the forms of
+    ``ragserve.ingest.convert.file_documents`` (``a.md``, ``a.pdf#p3``, ``a.txt#part2``,
+    ``a.pdf#p3.part2``, through ``doc_id_for``); None when the metadata names no such document."""
+    path = metadata.get("path")
+    if not isinstance(path, str):
+        return None
+    suffix = ""
+    if "page" in metadata:
+        page = _count(metadata["page"])
+        if page is None:
+            return None
+        suffix = f"#p{page}"
+    if "part" in metadata or "parts" in metadata:
+        part, parts = _count(metadata.get("part")), _count(metadata.get("parts"))
+        if part is None or parts is None or parts < 2 or part > parts:
+            return None
+        suffix = f"{suffix}.part{part}" if suffix else f"#part{part}"
+    return doc_id_for(path, suffix)
+
+
+def stored_whole(stored: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether one file's documents in the index (metadata by id, each id in the sync's form) are
+    all the documents the file became: as many as their ``documents`` count says, and every part
+    ``1..parts`` of each page (or of the whole file) that was split. Documents of an older CLI carry
+    no count: their parts are checked. A run that stopped between two requests of one file (killed,
+    or the undo of a failed request that failed too) leaves a set that is not whole."""
+    declared = {m.get(DOCUMENTS) for m in stored.values()} - {None}
+    if len(declared) > 1 or (declared and declared != {len(stored)}):
+        return False
+    pages: dict[Any, list[Mapping[str, Any]]] = {}
+    for m in stored.values():
+        pages.setdefault(m.get("page"), []).append(m)
+    for group in pages.values():
+        split = [m for m in group if m.get("parts") is not None]
+        if not split:
+            continue
+        if len(split) != len(group) or {m.get("parts") for m in split} != {len(split)}:
+            return False
+        if sorted(_count(m.get("part")) or 0 for m in split) != list(range(1, len(split) + 1)):
+            return False
+    return True
+
+
+class FileRefused(Exception):
+    """A file that is not read, with the reason in words."""
+
+
+def read_file(file: LocalFile, max_bytes: int) -> bytes:
+    """The bytes of ``file``, read only when it is still the regular file discovery found (the same
+    device and inode: a file swapped for a link leaving the folder, or a link put into its path, is
+    not followed) and holds at most ``max_bytes`` (the server's ``max_file_bytes``), which is checked
+    before reading. Raises FileNotFoundError when it is gone, FileRefused, or OSError."""
+    if file.size > max_bytes:
+        raise FileRefused(_too_large(file.size, max_bytes))
+    fd = os.open(file.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (file.key is not None and (st.st_dev, st.st_ino) != file.key):
+            raise FileRefused("it was replaced while the sync ran (by another file or a link); run the sync again")
+        if st.st_size > max_bytes:
+            raise FileRefused(_too_large(st.st_size, max_bytes))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise FileRefused(_too_large(len(data), max_bytes))
+    return data
+
+
+def _too_large(size: int, max_bytes: int) -> str:
+    return f"the file is {size} bytes; the server takes files of at most {max_bytes} bytes (max_file_bytes)"
 
 
 @dataclass
@@ -264,8 +361,12 @@ class Syncer:
         """The metadata that says a document is this sync's own."""
         return {"source": SOURCE, "sync_root": self.sync_id}
 
-    def owns(self, metadata: dict[str, Any]) -> bool:
-        return metadata.get("source") == SOURCE and metadata.get("sync_root") == self.sync_id
+    def owns(self, doc_id: str, metadata: dict[str, Any]) -> bool:
+        """Whether a document is this sync's own: it carries the mark, and its id is the one the
+        sync gives its ``path`` (:func:`expected_doc_id`). Another client can copy the mark, not
+        the id of a file it did not write: a marked document under any other id is foreign."""
+        marked = metadata.get("source") == SOURCE and metadata.get("sync_root") == self.sync_id
+        return marked and expected_doc_id(metadata) == doc_id
 
     def load_remote(self) -> dict[str, RemoteDoc]:
         """This sync's documents with a ``path`` under the synced roots, and the ids of the index's
@@ -275,8 +376,8 @@ class Syncer:
         for d in self.client.iter_documents(self.index, page_size=self.limits.max_list_limit, max_text_length=1):
             meta = d.get("metadata") or {}
             path = meta.get("path")
-            if not self.owns(meta):
-                foreign[d["doc_id"]] = _whose(meta)
+            if not self.owns(d["doc_id"], meta):
+                foreign[d["doc_id"]] = _whose(meta, self.sync_id)
             elif isinstance(path, str) and self._in_scope(path):
                 remote[d["doc_id"]] = RemoteDoc(d["hash_value"], meta)
         self.remote, self.foreign = remote, foreign
@@ -316,16 +417,26 @@ class Syncer:
             return FilePlan(
                 file, "failed", reason=f"its modification time cannot be recorded ({e}); set it with `touch`"
             )
-        if not self.checksum and existing_ids and all(remote[i].metadata.get("mtime") == mtime for i in existing_ids):
+        stored = {i: remote[i].metadata for i in existing_ids}
+        if not self.checksum and existing_ids and _same_file(stored, mtime, file.size):
             return FilePlan(file, "unchanged")
         try:
-            data = file.path.read_bytes()
+            data = read_file(file, self.limits.max_file_bytes)
         except FileNotFoundError:
             raise
+        except FileRefused as e:
+            return FilePlan(file, "failed", reason=str(e))
         except OSError as e:
             return FilePlan(file, "failed", reason=f"cannot read the file: {e.strerror or e}")
         try:
             converted = self.convert_file(data, file.path.name)
+            if converted.text_chars > self.limits.max_file_text_chars:
+                return FilePlan(
+                    file,
+                    "failed",
+                    reason=f"the file converts to {converted.text_chars} characters of text; the server takes at "
+                    f"most {self.limits.max_file_text_chars} (max_file_text_chars)",
+                )
             docs = file_documents(file.rel, file.mtime, converted, self.limits.max_document_chars)
         except ConversionError as e:
             return FilePlan(file, "failed", reason=str(e) or type(e).__name__)
@@ -343,7 +454,7 @@ class Syncer:
                 "(sync into another index, or delete that document first)",
             )
         for doc in docs:
-            doc["metadata"].update(self.mark())
+            doc["metadata"].update(self.mark(), **{SIZE: len(data), DOCUMENTS: len(docs)})
         plan = FilePlan(file, "added" if not existing_ids else "unchanged", warnings=list(converted.warnings))
         if not docs:  # empty: nothing to index, and what an earlier version indexed goes
             plan.deletes = sorted(existing_ids)
@@ -355,8 +466,12 @@ class Syncer:
             if old is None:
                 plan.adds.append(doc)
                 continue
-            # Only touched: the stored mtime stands, so the hash compares text and the rest.
-            same = dict(doc["metadata"], mtime=old.metadata.get("mtime", mtime))
+            # Only touched: the stored mtime and size stand, so the hash compares text and the rest
+            # (a document of an older CLI, without size or count, compares as it was stored).
+            same = dict(doc["metadata"], mtime=old.metadata.get("mtime", mtime), size=old.metadata.get(SIZE))
+            for key in (SIZE, DOCUMENTS):
+                if key not in old.metadata:
+                    del same[key]
             if content_hash(doc["text"], same) == old.hash_value:
                 continue
             plan.updates.append(doc)
@@ -413,21 +528,45 @@ class Syncer:
             yield part
 
     def _send(self, batch: list[FilePlan]) -> None:
-        """Adds, then updates, then deletions of stale pages; raises ApiError."""
+        """Adds, then updates, then deletions of stale pages; raises ApiError. A batch larger than
+        one request (a single large file) takes several: when one fails, the documents that the earlier
+        ones stored of a file it cut in two are deleted again (best effort), so no file stays half in
+        the index; one whose undo fails too is not whole, which the next run sees (:func:`stored_whole`)."""
         adds = [d for p in batch for d in p.adds]
         updates = [d for p in batch for d in p.updates]
         deletes = [i for p in batch for i in p.deletes]
-        for part in self._split(adds):
-            self.client.add_documents(self.index, part)
-        for part in self._split(updates):
-            answer = self.client.update_documents(self.index, part)
-            gone = {d["doc_id"] for d in answer.get("not_found_documents") or []}
-            if gone:  # deleted by someone else meanwhile: add them back
-                self.client.add_documents(self.index, [d for d in part if d["doc_id"] in gone])
+        stored: list[str] = []
+        try:
+            for part in self._split(adds):
+                self.client.add_documents(self.index, part)
+                stored += [d["doc_id"] for d in part]
+            for part in self._split(updates):
+                answer = self.client.update_documents(self.index, part)
+                gone = {d["doc_id"] for d in answer.get("not_found_documents") or []}
+                if gone:  # deleted by someone else meanwhile: add them back
+                    self.client.add_documents(self.index, [d for d in part if d["doc_id"] in gone])
+                stored += [d["doc_id"] for d in part]
+        except ApiError:
+            # only the files the failure cut in two: one whose documents all went is whole
+            path = {d["doc_id"]: d["metadata"].get("path") for d in [*adds, *updates]}
+            sent = set(stored)
+            cut = {path[i] for i in path if i not in sent}
+            self._undo([i for i in stored if path[i] in cut])
+            raise
         for i in range(0, len(deletes), self.limits.max_documents_per_request):
             self.client.delete_documents(self.index, deletes[i : i + self.limits.max_documents_per_request])
         self._remember([*adds, *updates])
         for doc_id in deletes:
+            (self.remote or {}).pop(doc_id, None)
+
+    def _undo(self, doc_ids: list[str]) -> None:
+        """Delete documents this run stored of files that failed (best effort: the error that
+        failed them is what is reported)."""
+        step = self.limits.max_documents_per_request
+        with contextlib.suppress(ApiError):
+            for i in range(0, len(doc_ids), step):
+                self.client.delete_documents(self.index, doc_ids[i : i + step])
+        for doc_id in doc_ids:
             (self.remote or {}).pop(doc_id, None)
 
     def _remember(self, docs: Sequence[dict[str, Any]]) -> None:
@@ -660,6 +799,7 @@ class Syncer:
         t0 = time.monotonic()
         report = SyncReport(self.index)
         unreadable: list[tuple[str, str]] = []
+        left_out: list[str] = []  # paths named that the rules leave out: what they hold is not gone
         files = discover(
             self.roots,
             self.base,
@@ -668,11 +808,12 @@ class Syncer:
             skipped=report.skipped,
             links_outside=report.links_outside,
             unreadable=unreadable,
+            left_out=left_out,
         )
         # A folder that could not be read is a failure, and what the index holds under it stays:
         # its files are not known to be gone.
         report.failed += [(shown(rel or "."), reason) for rel, reason in unreadable]
-        kept = [rel for rel, _ in unreadable]
+        kept = [rel for rel, _ in unreadable] + left_out
         done: set[str] = set()  # files recorded in the report, by their own names
         vanished: set[str] = set()  # gone between discovery and reading: as if never found
         batch: list[FilePlan] = []
@@ -761,8 +902,18 @@ def _what(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
-def _whose(metadata: dict[str, Any]) -> str:
+def _same_file(stored: Mapping[str, Mapping[str, Any]], mtime: str, size: int) -> bool:
+    """Whether a file's stored documents stand for it as it is, without reading it: all of them are
+    there (:func:`stored_whole`) and each records the file's modification time and size. Documents
+    of an older CLI record no size: the file is read and its content hash compared instead."""
+    same = all(m.get("mtime") == mtime and m.get(SIZE) == size for m in stored.values())
+    return same and stored_whole(stored)
+
+
+def _whose(metadata: dict[str, Any], sync_id: str) -> str:
     """Who wrote a document that is not this sync's, in words."""
+    if metadata.get("source") == SOURCE and metadata.get("sync_root") == sync_id:
+        return "another client (it carries this sync's mark under an id the sync does not give that path)"
     if metadata.get("source") == SOURCE:
         return "the ragserve sync of another folder"
     return "another client (an upload, another program, or a ragserve version before sync marks)"

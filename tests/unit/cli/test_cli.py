@@ -93,6 +93,8 @@ def test_ingest_then_sync_updates_skips_and_deletes(server: str, tmp_path: Path,
         "mtime": None,
         "source": "ragserve-cli",  # the sync's mark: only documents carrying it are ever updated or deleted
         "sync_root": sync_id_for(root),
+        "size": (root / "docs" / "manual.pdf").stat().st_size,  # with mtime: unchanged without being read
+        "documents": 2,  # the file's documents: a file not all of whose documents are stored is sent again
     }
     assert docs["src/calc.py"]["metadata"]["split_type"] == "code"
     assert docs["src/calc.py"]["metadata"]["language"] == "python"
@@ -114,14 +116,17 @@ def test_ingest_then_sync_updates_skips_and_deletes(server: str, tmp_path: Path,
     assert report["unchanged"] == 2
     docs = docs_of(server, "proj")
     assert "docs/manual.pdf#p2" not in docs and "every second week" in docs["docs/pumps.md"]["text"]
-    # the same mtime hides an edit unless --checksum (as with rsync -c)
+    # the same mtime and size hide an edit unless --checksum (as with rsync -c); another size does not
     pumps = root / "docs" / "pumps.md"
     before = pumps.stat()
-    pumps.write_text("# Pump servicing\n\nPumps are now serviced every third week.\n")
+    pumps.write_text("# Pump servicing\n\nPumps are now serviced every fourth week.\n")  # as long as "second"
     os.utime(pumps, ns=(before.st_atime_ns, before.st_mtime_ns))
     one = ("ingest", str(pumps), "--index", "proj", "--base", ".", "--json")  # a file of the sync of "."
     assert json.loads(run(capsys, *one)[1])["unchanged"] == 1
     assert json.loads(run(capsys, *one, "--checksum")[1])["updated"] == ["docs/pumps.md"]
+    pumps.write_text("# Pump servicing\n\nPumps are now serviced every third week.\n")
+    os.utime(pumps, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert json.loads(run(capsys, *one)[1])["updated"] == ["docs/pumps.md"]
     (root / "docs" / "valves.html").unlink()
     code, out, _ = run(capsys, "ingest", "docs", "--index", "proj", "--base", ".", "--json")
     assert json.loads(out)["stale"] == ["docs/valves.html"] and "docs/valves.html" in docs_of(server, "proj")
