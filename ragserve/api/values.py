@@ -173,7 +173,7 @@ def _check_scalar(value: Any, where: str) -> None:
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError(f"{where}: {value} is not a finite number")
+            raise ValueError(f"{where}: {value} is not a finite number (NaN and Infinity are not JSON)")
         return
     if isinstance(value, str):
         if len(value) > MAX_VALUE_CHARS:

@@ -3,8 +3,8 @@ tables of indexes and documents, and JSON on stdout. ``ragserve.cli.main`` decid
 when; this module only says how it looks.
 
 Names and whatever the server sends (file names, titles, paths, reasons) are printed through
-:func:`printable`: a control or format character in them (ESC, a newline, a bidi override) is shown
-as an escape such as ``\\x1b``, so it can neither drive the terminal nor forge a line of the report.
+:func:`printable`: a control character or a bidi control in them (ESC, a newline, a right-to-left
+override) is shown as an escape such as ``\\x1b``, so it can neither drive the terminal nor forge a line of the report.
 
 Tables never cut the column that the next command needs (an index name, a document id): the other
 columns wrap or shorten instead, and a terminal too narrow for that gets one block per row.
@@ -27,9 +27,14 @@ from rich.table import Table
 
 from ragserve.cli.sync import SOURCE, SyncReport
 
-#: Unicode categories never printed as they are: controls, format characters (bidi overrides, zero
-#: widths), lone surrogates (bytes of a file name that are not UTF-8), line and paragraph separators.
-_UNPRINTED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+#: Unicode categories never printed as they are: controls, lone surrogates (bytes of a file name
+#: that are not UTF-8), line and paragraph separators.
+_UNPRINTED = frozenset({"Cc", "Cs", "Zl", "Zp"})
+#: Format characters (category Cf) that are printed escaped too: the bidi marks, embeddings,
+#: overrides and isolates, which reorder what a terminal shows ("Trojan Source"), and the BOM. The
+#: rest of Cf prints as it is: the joiners that build emoji and Indic and Persian words (U+200C,
+#: U+200D), the soft hyphen, the tag characters of subdivision flags.
+_REORDERING = frozenset({0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0xFEFF})
 
 
 def printable(text: object, keep: str = "\t") -> str:
@@ -39,7 +44,11 @@ def printable(text: object, keep: str = "\t") -> str:
     s = str(text)
     if s.isprintable():  # the common case, quickly (tab is not printable: it takes the slow path)
         return s
-    return "".join(c if c in keep or unicodedata.category(c) not in _UNPRINTED else _escaped(c) for c in s)
+    return "".join(_escaped(c) if c not in keep and _unprinted(c) else c for c in s)
+
+
+def _unprinted(c: str) -> bool:
+    return ord(c) in _REORDERING or unicodedata.category(c) in _UNPRINTED
 
 
 def _escaped(c: str) -> str:

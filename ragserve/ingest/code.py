@@ -112,10 +112,10 @@ def parse_bounded(language: str, data: bytes) -> Any | None:
 
 #: Syntax-tree levels followed when splitting; deeper structure is split by lines instead.
 MAX_DEPTH = 100
-#: A node longer than this many bytes a token of the chunk size is split without being counted:
-#: code averages 3-4 bytes a token, so such a node almost never fits, and where it would (long runs
-#: of indentation), its parts are merged back up to the chunk size.
-OVERSIZED_BYTES_PER_TOKEN = 8
+#: How far a node is counted, in bytes a token of the chunk size (8 KB for 256 tokens): code
+#: averages 3-4 bytes a token, and even deeply indented code, whose indentation the embedding
+#: model's tokenizer does not count, stays under 20.
+COUNTED_BYTES_PER_TOKEN = 32
 
 
 class CodeChunker:
@@ -165,16 +165,20 @@ class CodeChunker:
             segments.append((child, pos, seg_end))
             pos = seg_end
         # the children that could be split are counted in one batch (one call per child cost
-        # about 0.1 ms of Python each: seconds for a file of many small statements); one longer
-        # than OVERSIZED_BYTES_PER_TOKEN bytes a token of the chunk size is split uncounted
-        # (``_merge`` joins its parts again where they fit): counting every level's nodes whole
-        # cost the depth times the file (100 levels of nested brackets: 100x a flat file's time)
+        # about 0.1 ms of Python each: seconds for a file of many small statements), each only as
+        # far as COUNTED_BYTES_PER_TOKEN bytes a token of the chunk size: counting every level's
+        # nodes whole cost the depth times the file (100 levels of nested brackets: 100x a flat
+        # file's time). A prefix over the chunk size means the node is; a node longer than the
+        # prefix whose prefix fits is whitespace, nearly all (the embedding model's tokenizer counts
+        # none), and is split: ``_merge`` joins its parts again where they fit.
         splittable = [(c, s, e) for c, s, e in segments if c.child_count]
-        longest = self.chunk_size * OVERSIZED_BYTES_PER_TOKEN
-        oversized = {id(c) for c, s, e in splittable if e - s > longest}
-        counted = [(c, s, e) for c, s, e in splittable if id(c) not in oversized]
-        counts = count_each(self.count, [data[s:e].decode("utf-8", errors="ignore") for _, s, e in counted])
-        oversized.update(id(c) for (c, _, _), n in zip(counted, counts, strict=True) if n > self.chunk_size)
+        longest = self.chunk_size * COUNTED_BYTES_PER_TOKEN
+        counts = count_each(
+            self.count, [data[s : min(e, s + longest)].decode("utf-8", errors="ignore") for _, s, e in splittable]
+        )
+        oversized = {
+            id(c) for (c, s, e), n in zip(splittable, counts, strict=True) if n > self.chunk_size or e - s > longest
+        }
         for child, s, e in segments:
             if id(child) in oversized:
                 self._segments(child, s, e, data, out, depth + 1)

@@ -308,6 +308,17 @@ def test_control_characters_never_reach_the_terminal() -> None:
         assert shown.isprintable(), shown
     assert printable("line\nnext", keep="\n") == "line\nnext"
     assert printable(os.fsdecode(b"caf\xe9")) == "caf\\xe9"
+    # the joiners of emoji and of Persian and Indic words, a soft hyphen, a flag's tags print as they are
+    for name in (
+        "👨\u200d👩\u200d👧.md",
+        "می\u200cخواهم.md",
+        "क्\u200dष.md",
+        "co\xadoperate.md",
+        "🏴\U000e0067\U000e007f",
+    ):
+        assert printable(name) == name
+    for reordering in ("\u200e", "\u200f", "\u202a", "\u2066", "\u2069", "\ufeff", "\u061c"):
+        assert printable(f"a{reordering}b") == f"a\\u{ord(reordering):04x}b"
 
 
 def test_names_and_server_data_are_printed_escaped(tmp_path: Path) -> None:

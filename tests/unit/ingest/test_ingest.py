@@ -243,6 +243,18 @@ def test_python_chunks_are_whole_functions_and_methods() -> None:
     assert all(PYTHON[c.start_char : c.end_char] == c.text for c in chunks)
 
 
+def test_a_deeply_indented_method_that_fits_stays_whole() -> None:
+    # far more bytes than tokens (the embedding model's tokenizer counts no indentation): still
+    # counted, not split for its length alone
+    pad = " " * 24
+    method = "    def load(self):\n" + "".join(f"{pad}x = y\n" for _ in range(3)) + f"{pad}return x\n"
+    first = "    def first(self):\n        a = b\n        return a\n\n"
+    text = "class Loader:\n" + first + method
+    assert len(method) > 14 * 8 and words(method) <= 14
+    chunks = CodeChunker(words, chunk_size=14).split(text, "python")
+    assert sum(method.strip() in c.text for c in chunks) == 1
+
+
 def test_go_chunks_are_whole_functions() -> None:
     chunks = CodeChunker(words, chunk_size=16).split(GO, "golang")
     texts = [c.text for c in chunks]
