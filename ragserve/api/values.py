@@ -22,6 +22,7 @@ import json
 import math
 import re
 import sys
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -59,16 +60,20 @@ def _bad_scalar(x: Any) -> bool:
 
 
 #: Where a value sits in a request, kept as links to its parent and written out only for a value
-#: at fault (:func:`_place`): the field's name, or ``(parent, list index or object key)``.
+#: at fault (:func:`place`): the field's name, or ``(parent, list index or object key)``.
 _Place = str | tuple[Any, int | str]
 
 
-def _place(at: _Place) -> str:
-    """``at`` written out: ``documents[3]['metadata']``."""
+def _subscript(step: int | str) -> str:
+    return f"[{step!r}]" if isinstance(step, str) else f"[{step}]"
+
+
+def place(at: _Place, step: Callable[[Any], str] = _subscript) -> str:
+    """``at`` written out, each step as ``step`` writes it: ``documents[3]['metadata']``."""
     steps: list[str] = []
     while isinstance(at, tuple):
-        at, step = at
-        steps.append(f"[{step!r}]" if isinstance(step, str) else f"[{step}]")
+        at, last = at
+        steps.append(step(last))
     return at + "".join(reversed(steps))
 
 
@@ -83,10 +88,10 @@ def check_values(value: Any, where: str) -> None:
         item, at = stack.pop()
         if isinstance(item, str):
             if not item.isascii():
-                check_text(item, _place(at))
+                check_text(item, place(at))
         elif isinstance(item, float):
             if not math.isfinite(item):
-                raise ValueError(f"{_place(at)}: {item} is not a finite number (NaN and Infinity are not JSON)")
+                raise ValueError(f"{place(at)}: {item} is not a finite number (NaN and Infinity are not JSON)")
         elif isinstance(item, list | tuple):
             for i, x in enumerate(item):  # scalars in place: a list may hold millions of them
                 if x is None or isinstance(x, int):
@@ -96,7 +101,7 @@ def check_values(value: Any, where: str) -> None:
         elif isinstance(item, dict):
             for key, x in item.items():
                 if isinstance(key, str) and not key.isascii():
-                    check_text(key, f"{_place(at)} key")
+                    check_text(key, f"{place(at)} key")
                 if x is None or isinstance(x, int):
                     continue
                 if isinstance(x, list | tuple | dict) or _bad_scalar(x):

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from ragserve.api.values import MAX_METADATA_KEYS, RequestModel, check_filter
+from ragserve.api.values import MAX_METADATA_KEYS, RequestModel, check_filter, place
 from ragserve.errors import BadRequestError
 
 #: OpenAI's limits on ``attributes``: 16 keys of at most 64 characters, strings of at most 512.
@@ -357,11 +357,7 @@ def check_filter_size(flt: Any) -> Any:
 
 def _filter_place(at: tuple[Any, ...] | str) -> str:
     """Where a filter sits (``filters.filters[2].filters[0]``), written out only for an error."""
-    steps: list[str] = []
-    while isinstance(at, tuple):
-        at, i = at
-        steps.append(f".filters[{i}]")
-    return at + "".join(reversed(steps))
+    return place(at, lambda i: f".filters[{i}]")
 
 
 def openai_filter(flt: dict[str, Any] | None) -> dict[str, Any] | None:
