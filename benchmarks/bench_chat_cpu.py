@@ -4,7 +4,7 @@ process that serves it, beside a passthrough chat of the same application (its f
 same FastAPI app, middleware and upstream call, no retrieval).
 
     python -m benchmarks.bench_chat_cpu [--docs 500] [--requests 600] [--rounds 2]
-        [--paths chat-warm,chat,retrieve-warm,passthrough] [--json out.json] [--out plot.png] [--smoke]
+        [--paths chat-warm,chat,chat-cached,retrieve-warm,passthrough] [--json out.json] [--out plot.png] [--smoke]
 
 The server is the in-process application (``ragserve.testing.inprocess``: real shards, MiniLM
 behind the ingress's own query embedder with its query-vector cache, production chunking, the
@@ -13,10 +13,11 @@ over ``httpx.ASGITransport`` by one client, one request at a time: each request'
 process's, every thread: the client and the fake upstream included alike for every path) and its
 latency. ``--docs`` synthetic documents (``make_texts``, 8 sentences) on 2 shards; warm paths
 repeat 32 questions (the query-vector cache, the search memo and the evidence's memos warm), cold
-ones ask each question once. RAG chats send ``cache: false`` (the pipeline, not the answer
-cache). Paths alternate within each of ``--rounds`` rounds, so drift hits them alike. This is where
-a change to the core is measured before Serve (``bench_load``) is: no process boundary, no
-scheduling between replicas (docs/benchmarks.md, issue 28).
+ones ask each question once. RAG chats send ``cache: false`` (the pipeline, not the answer cache),
+except ``chat-cached``: the warm questions with the answer cache on (its hits). Paths alternate
+within each of ``--rounds`` rounds, so drift hits them alike. This is where a change to the core is
+measured before Serve (``bench_load``) is: no process boundary, no scheduling between replicas
+(docs/benchmarks.md, issue 28).
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ from ragserve.testing.inprocess import inprocess_app
 
 INDEX = "kb"
 WARM_QUERIES = 32
-PATHS = ("chat-warm", "chat", "retrieve-warm", "retrieve", "passthrough")
+PATHS = ("chat-warm", "chat", "chat-cached", "retrieve-warm", "retrieve", "passthrough")
+
+
+def repeats(path: str) -> bool:
+    """Whether ``path`` asks the same ``WARM_QUERIES`` questions again and again."""
+    return path.endswith(("-warm", "-cached"))
 
 
 def request(path: str, query: str) -> tuple[str, dict[str, Any]]:
@@ -49,7 +55,7 @@ def request(path: str, query: str) -> tuple[str, dict[str, Any]]:
         return "/retrieve", {"index_name": INDEX, "query": query, "max_node_count": 5}
     body: dict[str, Any] = {"max_tokens": 16, "messages": [{"role": "user", "content": query}]}
     if path != "passthrough":
-        body.update(index_name=INDEX, cache=False)
+        body.update(index_name=INDEX, cache=path == "chat-cached")
     return "/v1/chat/completions", body
 
 
@@ -67,6 +73,8 @@ async def run_path(client: httpx.AsyncClient, path: str, queries: list[str]) -> 
             raise RuntimeError(f"{path}: {r.status_code} {r.text[:300]}")
         if path.startswith("chat") and r.headers.get("x-rag-mode") != "rag":
             raise RuntimeError(f"{path}: answered as {r.headers.get('x-rag-mode')}, not rag")
+        if path == "chat-cached" and len(cpu) > WARM_QUERIES and r.headers.get("x-rag-cache") != "hit":
+            raise RuntimeError(f"{path}: the answer cache said {r.headers.get('x-rag-cache')}, not hit")
     return {"cpu_ms": cpu, "wall_ms": wall}
 
 
@@ -94,12 +102,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 docs = [{"text": t, "doc_id": f"doc-{i + j}"} for j, t in enumerate(texts[i : i + 64])]
                 (await client.post("/index", json={"index_name": INDEX, "documents": docs})).raise_for_status()
             for path in paths:  # warm-up: the model, the memos of the warm questions, the connections
-                await run_path(client, path, warm if path.endswith("-warm") else [next(cold) for _ in range(4)])
+                await run_path(client, path, warm if repeats(path) else [next(cold) for _ in range(4)])
             for _ in range(args.rounds):
                 for path in paths:
                     asked = (
                         [warm[i % WARM_QUERIES] for i in range(args.requests)]
-                        if path.endswith("-warm")
+                        if repeats(path)
                         else [next(cold) for _ in range(args.requests)]
                     )
                     got = await run_path(client, path, asked)
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--docs", type=int, default=500)
     ap.add_argument("--requests", type=int, default=600, help="requests of each path in each round")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--paths", default="chat-warm,chat,retrieve-warm,passthrough")
+    ap.add_argument("--paths", default="chat-warm,chat,chat-cached,retrieve-warm,passthrough")
     ap.add_argument("--json", default=None)
     ap.add_argument("--out", default=None)
     ap.add_argument("--smoke", action="store_true")

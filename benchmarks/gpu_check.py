@@ -569,14 +569,18 @@ def stream_rag_chat(client: Any, body: Mapping[str, Any]) -> tuple[Generation, l
     return Generation(first, last, int(usage["completion_tokens"]), int(usage["prompt_tokens"])), sources
 
 
-async def timed_outputs(outputs: AsyncIterator[Any], started: float, prompt_tokens: int) -> Generation:
-    """Timings of vLLM's ``RequestOutput`` stream (cumulative ``outputs[0].token_ids``), in seconds
-    from ``started`` (a ``time.perf_counter()``)."""
+async def timed_outputs(
+    outputs: AsyncIterator[Any], started: float, prompt_tokens: int, delta: bool = False
+) -> Generation:
+    """Timings of vLLM's ``RequestOutput`` stream, in seconds from ``started`` (a
+    ``time.perf_counter()``); ``outputs[0].token_ids`` are the new ids of each output (``delta``)
+    or all ids so far."""
     first = last = None
     count = 0
     async for out in outputs:
         now = time.perf_counter() - started
-        tokens = len(out.outputs[0].token_ids or ())
+        ids = len(out.outputs[0].token_ids or ())
+        tokens = count + ids if delta else ids
         if tokens > count:
             count, last = tokens, now
             first = now if first is None else first
@@ -623,7 +627,8 @@ async def vllm_alone(settings: Mapping[str, Any], chats: Sequence[ChatPrompt]) -
             sampling = engine.sampling_params(SamplingParams(max_tokens=chat.max_tokens, temperature=0.0))
             started = time.perf_counter()
             stream = raw.generate({"prompt_token_ids": ids}, sampling, f"gpu-check-{i}")
-            out.append((await timed_outputs(stream, started, len(ids)), len(ids) == chat.prompt_tokens))
+            timed = await timed_outputs(stream, started, len(ids), engine.delta_outputs)
+            out.append((timed, len(ids) == chat.prompt_tokens))
         return out
     finally:
         await engine.stop()

@@ -6,9 +6,11 @@ in current releases) and tolerates the API differences between releases:
 
 * ``get_tokenizer()`` is a coroutine in older releases and a plain method in newer ones;
 * the model config is the ``model_config`` attribute (newer) or ``await get_model_config()`` (older);
-* ``generate(prompt, sampling_params, request_id)`` yields ``RequestOutput`` objects whose
-  ``outputs[0].text`` and ``outputs[0].token_ids`` are cumulative (the default output kind), so
-  deltas are computed here.
+* ``generate(prompt, sampling_params, request_id)`` yields ``RequestOutput`` objects. Releases with
+  ``vllm.sampling_params.RequestOutputKind`` are asked for ``DELTA`` outputs (each holds only the
+  new text and token ids, as vLLM's own OpenAI server streams them: no whole text rebuilt and
+  sliced each step); in older ones ``outputs[0].text`` and ``outputs[0].token_ids`` are cumulative
+  and the deltas are computed here.
 
 Prompts are rendered with the tokenizer's chat template (Gemma's turn format for a Gemma model
 without one) and tokenized here, then passed as token ids: the ids the budget counted are exactly
@@ -64,11 +66,18 @@ class VLLMEngine(GenerationEngine):
         self._tokenizer: Any = None
         self._counter: HFTokenCounter | None = None
         self._defaults: dict[str, Any] = {}
+        self._delta_kind: Any = None  # RequestOutputKind.DELTA where vLLM has it
 
     async def start(self) -> None:
         from vllm import AsyncEngineArgs, AsyncLLMEngine
         from vllm import SamplingParams as VLLMSamplingParams
 
+        try:
+            from vllm.sampling_params import RequestOutputKind
+        except ImportError:  # before vLLM 0.6.1: cumulative outputs only
+            self._delta_kind = None
+        else:
+            self._delta_kind = RequestOutputKind.DELTA
         self._sampling_params_cls = VLLMSamplingParams
         args = AsyncEngineArgs(model=self.model_id, **self._engine_args)
         self._engine = AsyncLLMEngine.from_engine_args(args)
@@ -97,6 +106,11 @@ class VLLMEngine(GenerationEngine):
         self._counter = HFTokenCounter(self._tokenizer, render=render, name=f"hf:{self.model_id}")
         log.info("vllm engine: %s ready (window %s, sampling defaults %s)", self.model_id, self._window, self._defaults)
 
+    @property
+    def delta_outputs(self) -> bool:
+        """Whether ``sampling_params`` asks vLLM for delta outputs (else they are cumulative)."""
+        return self._delta_kind is not None
+
     async def stop(self) -> None:
         engine, self._engine = self._engine, None
         if engine is None:
@@ -123,12 +137,15 @@ class VLLMEngine(GenerationEngine):
         """The vLLM ``SamplingParams`` for a request: the model's defaults, then what the request set."""
         kwargs: dict[str, Any] = dict(self._defaults)
         kwargs.update(n=1, max_tokens=params.max_tokens, **params.set_fields())
+        if self._delta_kind is not None:
+            kwargs["output_kind"] = self._delta_kind
         return self._sampling_params_cls(**kwargs)
 
     async def chat_stream(
         self, messages: Sequence[Message], params: SamplingParams
     ) -> AsyncGenerator[GenerationDelta, None]:
-        """Deltas of vLLM's cumulative outputs; leaving early aborts the request in vLLM."""
+        """vLLM's outputs as deltas (asked for as such, or computed from cumulative ones); leaving
+        early aborts the request in vLLM."""
         self.check_sampling(params)
         counter = self.token_counter()
         engine = self._engine
@@ -141,15 +158,21 @@ class VLLMEngine(GenerationEngine):
         except (ValueError, TypeError) as exc:
             raise BadRequestError(f"invalid sampling parameters: {exc}") from exc
         request_id = f"ragserve-{uuid.uuid4().hex}"
+        delta = self.delta_outputs
         outputs = engine.generate({"prompt_token_ids": prompt_ids}, sampling, request_id)
-        sent = ""
+        sent = ""  # cumulative outputs: the text already yielded
+        generated = 0  # delta outputs: the token ids seen
         final: Any = None
         finished = False
         try:
             async for output in outputs:
                 completion = output.outputs[0]
                 text = completion.text or ""
-                if len(text) > len(sent):
+                if delta:
+                    generated += len(completion.token_ids or ())
+                    if text:
+                        yield GenerationDelta(text=text)
+                elif len(text) > len(sent):
                     yield GenerationDelta(text=text[len(sent) :])
                     sent = text
                 final = output
@@ -180,5 +203,5 @@ class VLLMEngine(GenerationEngine):
             text="",
             finish_reason=finish,
             prompt_tokens=prompt_tokens,
-            completion_tokens=len(completion.token_ids or ()),
+            completion_tokens=generated if delta else len(completion.token_ids or ()),
         )

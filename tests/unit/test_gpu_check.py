@@ -312,25 +312,29 @@ def test_the_application_settings_point_vllm_at_the_converted_gemma_with_faiss_a
     assert eager.llm_engine_args["enforce_eager"] is True and eager.llm_engine_args["gpu_memory_utilization"] == 0.5
 
 
-def outputs(*counts: int, pause_s: float = 0.01) -> AsyncIterator[Any]:
-    """vLLM's RequestOutput stream: cumulative token ids, ``counts[i]`` of them at step i."""
+def outputs(*counts: int, pause_s: float = 0.01, delta: bool = False) -> AsyncIterator[Any]:
+    """vLLM's RequestOutput stream, ``counts[i]`` token ids so far at step i: all of them
+    (cumulative outputs) or the new ones (``delta``)."""
 
     async def gen() -> AsyncIterator[Any]:
+        before = 0
         for n in counts:
             await asyncio.sleep(pause_s)
-            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(n)))])
+            yield SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(range(before if delta else 0, n)))])
+            before = n
 
     return gen()
 
 
-def test_timed_outputs_times_the_first_and_the_last_new_token() -> None:
+@pytest.mark.parametrize("delta", [False, True], ids=["cumulative", "delta"])
+def test_timed_outputs_times_the_first_and_the_last_new_token(delta: bool) -> None:
     started = time.perf_counter()
-    gen = asyncio.run(timed_outputs(outputs(0, 1, 3, 3, 5), started, prompt_tokens=40))
+    gen = asyncio.run(timed_outputs(outputs(0, 1, 3, 3, 5, delta=delta), started, prompt_tokens=40, delta=delta))
     assert (gen.completion_tokens, gen.prompt_tokens) == (5, 40)
     assert 0.015 < gen.ttft_s < gen.last_s  # the first step carried no token; the fourth none new
     assert gen.decode_tokens_per_s == pytest.approx(4 / (gen.last_s - gen.ttft_s))
     with pytest.raises(RuntimeError, match="no token"):
-        asyncio.run(timed_outputs(outputs(0, 0), time.perf_counter(), prompt_tokens=1))
+        asyncio.run(timed_outputs(outputs(0, 0, delta=delta), time.perf_counter(), prompt_tokens=1, delta=delta))
 
 
 def test_a_one_token_answer_has_no_decode_rate_and_summaries_skip_it() -> None:
@@ -495,6 +499,7 @@ async def test_vllm_alone_generates_from_each_chats_rebuilt_prompt_with_the_appl
     assert (fake.args.model, fake.args.kwargs) == (str(tmp_path / "model"), settings["llm_engine_args"])
     assert [call[0] for call in fake.calls] == [{"prompt_token_ids": ids}] * 2
     assert [(call[1].kwargs["temperature"], call[1].max_tokens) for call in fake.calls] == [(0.0, 3), (0.0, 64)]
+    assert all(call[1].kwargs["output_kind"].name == "DELTA" for call in fake.calls)  # as the application asks
     assert [(g.completion_tokens, g.prompt_tokens, same) for g, same in out] == [
         (3, len(ids), True),
         (len(PIECES), len(ids), False),  # the chat said another length: not the same prompt

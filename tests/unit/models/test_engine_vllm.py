@@ -2,13 +2,16 @@
 
 The fake reproduces what the adapter relies on: ``AsyncEngineArgs``, ``AsyncLLMEngine.from_engine_args``,
 ``SamplingParams`` (validating like vLLM), and ``generate`` streaming ``RequestOutput`` objects whose
-text and token ids are cumulative. Two API flavours are covered: the current one (``model_config``
-attribute, sync ``get_tokenizer``) and the older one (both coroutines).
+text and token ids are the new ones of each step (``output_kind=RequestOutputKind.DELTA``) or
+cumulative (the default kind, and the only one before vLLM 0.6.1). Two API flavours are covered: the
+current one (``model_config`` attribute, sync ``get_tokenizer``, ``vllm.sampling_params``'s output
+kinds) and the older one (both coroutines, cumulative outputs only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import re
 import sys
 import types
@@ -48,12 +51,19 @@ class FakeTokenizer:
         return text + ("<assistant>" if add_generation_prompt else "")
 
 
+class FakeRequestOutputKind(enum.Enum):
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 class FakeSamplingParams:
     def __init__(self, **kwargs: Any):
         if kwargs.get("temperature", 1.0) < 0:
             raise ValueError("temperature must be non-negative")
         self.kwargs = kwargs
         self.max_tokens = kwargs.get("max_tokens", 16)
+        self.output_kind = kwargs.get("output_kind", FakeRequestOutputKind.CUMULATIVE)
 
 
 @dataclass
@@ -96,6 +106,7 @@ class FakeEngine:
 
     last: FakeEngine | None = None
     fail_with: BaseException | None = None
+    output_kinds = True  # vllm.sampling_params.RequestOutputKind exists
 
     def __init__(self, args: FakeAsyncEngineArgs, tokenizer: FakeTokenizer, max_model_len: int, model_type: str):
         self.args = args
@@ -115,16 +126,16 @@ class FakeEngine:
         if FakeEngine.fail_with is not None:
             raise FakeEngine.fail_with
         n = min(len(PIECES), sampling_params.max_tokens)
+        delta = sampling_params.output_kind == FakeRequestOutputKind.DELTA
         for i in range(n):
             await asyncio.sleep(self.step_delay)
             done = i == n - 1
             reason = ("length" if n < len(PIECES) else "stop") if done else None
-            yield FakeRequestOutput(
-                request_id,
-                prompt["prompt_token_ids"],
-                [FakeCompletionOutput(0, "".join(PIECES[: i + 1]), list(range(i + 1)), reason)],
-                finished=done,
-            )
+            if delta:
+                completion = FakeCompletionOutput(0, PIECES[i], [i], reason)
+            else:
+                completion = FakeCompletionOutput(0, "".join(PIECES[: i + 1]), list(range(i + 1)), reason)
+            yield FakeRequestOutput(request_id, prompt["prompt_token_ids"], [completion], finished=done)
         self.finished_requests.append(request_id)
 
     async def abort(self, request_id: str) -> None:
@@ -138,7 +149,10 @@ class FakeEngine:
 
 
 class OldFakeEngine(FakeEngine):
-    """The older API: coroutines ``get_tokenizer()`` and ``get_model_config()``, no ``model_config``."""
+    """The older API: coroutines ``get_tokenizer()`` and ``get_model_config()``, no ``model_config``,
+    no ``vllm.sampling_params`` (cumulative outputs only)."""
+
+    output_kinds = False
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -172,6 +186,13 @@ def install_fake_vllm(
     module.SamplingParams = FakeSamplingParams  # type: ignore[attr-defined]
     module.RequestOutput = FakeRequestOutput  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", module)
+    if engine_cls.output_kinds:
+        kinds = types.ModuleType("vllm.sampling_params")
+        kinds.RequestOutputKind = FakeRequestOutputKind  # type: ignore[attr-defined]
+        module.sampling_params = kinds  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "vllm.sampling_params", kinds)
+    else:
+        monkeypatch.setitem(sys.modules, "vllm.sampling_params", None)
     return module
 
 
@@ -226,8 +247,14 @@ async def test_configured_window_is_capped_by_max_model_len(monkeypatch: pytest.
     assert engine.context_window() == 4096
 
 
-async def test_stream_yields_deltas_of_cumulative_outputs_and_usage(monkeypatch: pytest.MonkeyPatch) -> None:
-    engine, fake = await started(monkeypatch)
+@pytest.mark.parametrize("engine_cls", [FakeEngine, OldFakeEngine], ids=["delta-outputs", "cumulative-outputs"])
+async def test_stream_yields_each_steps_new_text_and_usage(
+    monkeypatch: pytest.MonkeyPatch, engine_cls: type[FakeEngine]
+) -> None:
+    """Asked for delta outputs where vLLM has them (each output's text is yielded as it is, its
+    token ids summed), else the deltas of cumulative ones: the same stream and usage either way."""
+    engine, fake = await started(monkeypatch, engine_cls=engine_cls)
+    assert engine.delta_outputs is engine_cls.output_kinds
     deltas: list[GenerationDelta] = [d async for d in engine.chat_stream(MESSAGES, SamplingParams(max_tokens=64))]
     assert [d.text for d in deltas[:-1]] == PIECES
     last = deltas[-1]
@@ -238,10 +265,15 @@ async def test_stream_yields_deltas_of_cumulative_outputs_and_usage(monkeypatch:
     rendered = FakeTokenizer().apply_chat_template(MESSAGES, add_generation_prompt=True)
     assert prompt == {"prompt_token_ids": FakeTokenizer().encode(rendered, add_special_tokens=False)}
     assert fake.aborted == [] and fake.finished_requests == [request_id]
+    kind = fake.calls[-1][1].output_kind
+    assert kind == (FakeRequestOutputKind.DELTA if engine_cls.output_kinds else FakeRequestOutputKind.CUMULATIVE)
 
 
-async def test_chat_joins_the_text_and_reports_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    engine, _ = await started(monkeypatch)
+@pytest.mark.parametrize("engine_cls", [FakeEngine, OldFakeEngine], ids=["delta-outputs", "cumulative-outputs"])
+async def test_chat_joins_the_text_and_reports_length_with_either_output_kind(
+    monkeypatch: pytest.MonkeyPatch, engine_cls: type[FakeEngine]
+) -> None:
+    engine, _ = await started(monkeypatch, engine_cls=engine_cls)
     full = await engine.chat(MESSAGES, SamplingParams(max_tokens=64))
     assert (full.text, full.finish_reason, full.completion_tokens) == ("".join(PIECES), "stop", len(PIECES))
     cut = await engine.chat(MESSAGES, SamplingParams(max_tokens=2))
@@ -251,7 +283,14 @@ async def test_chat_joins_the_text_and_reports_length(monkeypatch: pytest.Monkey
 async def test_sampling_parameters_map_onto_the_model_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     engine, fake = await started(monkeypatch)
     await engine.chat(MESSAGES, SamplingParams(max_tokens=10))
-    assert fake.calls[-1][1].kwargs == {"temperature": 0.6, "top_p": 0.9, "n": 1, "max_tokens": 10}
+    delta = FakeRequestOutputKind.DELTA
+    assert fake.calls[-1][1].kwargs == {
+        "temperature": 0.6,
+        "top_p": 0.9,
+        "n": 1,
+        "max_tokens": 10,
+        "output_kind": delta,
+    }
     await engine.chat(MESSAGES, SamplingParams(max_tokens=5, temperature=0.0, top_p=0.5, stop=["\n", "END"], seed=42))
     assert fake.calls[-1][1].kwargs == {
         "temperature": 0.0,
@@ -260,6 +299,7 @@ async def test_sampling_parameters_map_onto_the_model_defaults(monkeypatch: pyte
         "max_tokens": 5,
         "stop": ["\n", "END"],
         "seed": 42,
+        "output_kind": delta,
     }
     request_ids = {call[2] for call in fake.calls}
     assert len(request_ids) == 2  # every request has its own id
