@@ -114,12 +114,24 @@ class Document(RequestModel):
         return v
 
 
+#: What ``POST /index`` and ``POST /jobs`` do with a given doc_id the index already holds with other
+#: content: replace it (KAITO's behaviour, the default), or keep it and leave the new document out.
+IfExists = Literal["replace", "keep"]
+IF_EXISTS_DESCRIPTION = (
+    "A document whose doc_id the index already holds with other text or metadata: 'replace' it (the "
+    "default), or 'keep' the stored one and leave this one out (POST /index returns the stored document, "
+    "whose hash_value is not this one's; a job records a 'document_exists' error for it). Decided under "
+    "the shard's write lock: a document another client writes meanwhile is never overwritten."
+)
+
+
 class IndexRequest(RequestModel):
     """``POST /index``: create an index or extend it with documents."""
 
     model_config = ConfigDict(extra="forbid")
     index_name: str
     documents: list[Document] = Field(min_length=1)
+    if_exists: IfExists = Field(default="replace", description=IF_EXISTS_DESCRIPTION)
 
     _check_name = field_validator("index_name")(lambda cls, v: validate_index_name(v))
 

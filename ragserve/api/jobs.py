@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ragserve.api.documents import Document, validate_index_name
+from ragserve.api.documents import IF_EXISTS_DESCRIPTION, Document, IfExists, validate_index_name
 from ragserve.api.values import RequestModel
 
 JobStatusName = Literal["queued", "in_progress", "completed", "failed", "cancelled"]
@@ -22,6 +22,7 @@ class IndexJobRequest(RequestModel):
     index_name: str
     documents: list[Document] = Field(min_length=1)
     webhook: bool = True
+    if_exists: IfExists = Field(default="replace", description=IF_EXISTS_DESCRIPTION)
 
     _check_name = field_validator("index_name")(lambda cls, v: validate_index_name(v))
 

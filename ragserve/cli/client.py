@@ -194,9 +194,16 @@ class RagClient:
             if not docs or offset >= page["total_items"]:
                 return
 
-    def add_documents(self, index: str, documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        # Idempotent (documents carry their ids), so safe to retry.
-        return self.request("POST", "/index", json={"index_name": index, "documents": documents}, retries=3)
+    def add_documents(
+        self, index: str, documents: list[dict[str, Any]], if_exists: str | None = None
+    ) -> list[dict[str, Any]]:
+        """``POST /index``; ``if_exists="keep"`` leaves a document the index holds under a given id
+        as it is (its record comes back instead; a server before the option answers 422 naming it).
+        Idempotent (documents carry their ids), so safe to retry."""
+        body: dict[str, Any] = {"index_name": index, "documents": documents}
+        if if_exists is not None:
+            body["if_exists"] = if_exists
+        return self.request("POST", "/index", json=body, retries=3)
 
     def update_documents(self, index: str, documents: list[dict[str, Any]]) -> dict[str, Any]:
         return self.request(
@@ -209,12 +216,17 @@ class RagClient:
         )
 
     # --- ingestion jobs (POST /jobs) -------------------------------------------------------------
-    def submit_job(self, index: str, documents: list[dict[str, Any]], webhook: bool = False) -> dict[str, Any]:
+    def submit_job(
+        self, index: str, documents: list[dict[str, Any]], webhook: bool = False, if_exists: str | None = None
+    ) -> dict[str, Any]:
         """Start an ingestion job (``POST /jobs``, 202): the documents ``POST /index`` would take,
         indexed in the background; the answer is the job (``id``, ``status``, ``documents`` counts).
         Retried like ``add_documents``: documents carry their ids, so a job submitted twice stores
-        nothing twice. ``webhook`` is off by default: the CLI polls, it needs no announcement."""
-        body = {"index_name": index, "documents": documents, "webhook": webhook}
+        nothing twice. ``webhook`` is off by default: the CLI polls, it needs no announcement.
+        ``if_exists`` as for ``add_documents`` (a kept document is a ``document_exists`` error)."""
+        body: dict[str, Any] = {"index_name": index, "documents": documents, "webhook": webhook}
+        if if_exists is not None:
+            body["if_exists"] = if_exists
         return self.request("POST", "/jobs", json=body, retries=2)
 
     def job(self, job_id: str) -> dict[str, Any]:

@@ -349,6 +349,11 @@ class Syncer:
         self.jobs_threshold = self.limits.max_documents_per_request if jobs_threshold is None else jobs_threshold
         self.job_poll_s = job_poll_s
         self._jobs_available = True  # False once the server answered POST /jobs with 404 (kept for --watch)
+        # New documents are sent with if_exists "keep" (a document another client writes under one of
+        # their ids while the run sends is never overwritten); False once a server without the option
+        # refused it (kept for --watch), with a notice for the run's report.
+        self._keep_available = True
+        self._notices: list[str] = []
 
     # --- what the index holds ------------------------------------------------------------------
     def _prefixes(self) -> list[str]:
@@ -538,15 +543,16 @@ class Syncer:
         stored: list[str] = []
         try:
             for part in self._split(adds):
-                self.client.add_documents(self.index, part)
-                stored += [d["doc_id"] for d in part]
+                stored += self._add(part)
             for part in self._split(updates):
                 answer = self.client.update_documents(self.index, part)
                 gone = {d["doc_id"] for d in answer.get("not_found_documents") or []}
                 if gone:  # deleted by someone else meanwhile: add them back
-                    self.client.add_documents(self.index, [d for d in part if d["doc_id"] in gone])
-                stored += [d["doc_id"] for d in part]
-        except ApiError:
+                    stored += self._add([d for d in part if d["doc_id"] in gone])
+                stored += [d["doc_id"] for d in part if d["doc_id"] not in gone]
+        except ApiError as e:
+            if isinstance(e, _Taken):
+                stored += e.stored
             # only the files the failure cut in two: one whose documents all went is whole
             path = {d["doc_id"]: d["metadata"].get("path") for d in [*adds, *updates]}
             sent = set(stored)
@@ -558,6 +564,39 @@ class Syncer:
         self._remember([*adds, *updates])
         for doc_id in deletes:
             (self.remote or {}).pop(doc_id, None)
+
+    def _add(self, docs: list[dict[str, Any]]) -> list[str]:
+        """``POST /index`` of new documents with ``if_exists: keep``: returns their ids, all stored.
+        A document another client wrote under one of the ids after this run read the index is left
+        as it is and raises :class:`_Taken` (a 409 naming it), which carries the ids that were
+        stored, so ``_send`` deletes those of the files it cut in two and never the other client's."""
+        ids = [d["doc_id"] for d in docs]
+        if self._keep_available:
+            try:
+                answer = self.client.add_documents(self.index, docs, if_exists="keep")
+            except ApiError as e:
+                if not _refuses_keep(e):
+                    raise
+                self._keep_available = False
+                self._notices.append(NO_KEEP_NOTICE)
+            else:
+                taken = [
+                    (d, rec)
+                    for d, rec in zip(docs, answer, strict=False)
+                    if rec.get("hash_value") != content_hash(d["text"], d["metadata"])
+                    and not self.owns(str(rec.get("doc_id")), rec.get("metadata") or {})
+                ]
+                if taken:
+                    raise _Taken(
+                        [i for i in ids if i not in {d["doc_id"] for d, _ in taken}],
+                        409,
+                        f"document id {taken[0][0]['doc_id']!r} was written by "
+                        f"{_whose(taken[0][1].get('metadata') or {}, self.sync_id)} while this run was sending "
+                        "it; it is left as it is (sync into another index, or delete that document first)",
+                    )
+                return ids
+        self.client.add_documents(self.index, docs)
+        return ids
 
     def _undo(self, doc_ids: list[str]) -> None:
         """Delete documents this run stored of files that failed (best effort: the error that
@@ -644,7 +683,14 @@ class Syncer:
             return
         docs = [d for p in plans for d in p.adds]
         try:
-            info = self.client.submit_job(self.index, docs)
+            try:
+                info = self.client.submit_job(self.index, docs, if_exists="keep" if self._keep_available else None)
+            except ApiError as e:
+                if not self._keep_available or not _refuses_keep(e):
+                    raise
+                self._keep_available = False
+                self._notices.append(NO_KEEP_NOTICE)
+                info = self.client.submit_job(self.index, docs)
         except ApiError as e:
             if e.status in (404, 405):
                 if self.use_jobs:
@@ -863,6 +909,8 @@ class Syncer:
             report.fatal = report.fatal or e.message
         finally:
             self.progress.finish()
+        report.notices += self._notices
+        self._notices = []
         left = [shown(f.rel) for f in files if f.rel not in done and f.rel not in vanished]
         report.interrupted = stop.is_set() and bool(left)
         report.not_processed = left if (report.interrupted or report.fatal) else []
@@ -891,6 +939,26 @@ class Syncer:
             (self.remote or {}).pop(doc_id, None)
         report.deleted = sorted(gone)
         report.documents_deleted = len(ids)
+
+
+NO_KEEP_NOTICE = (
+    "the server does not take if_exists (an older ragserve): a document another client writes under a new "
+    "file's id while a run sends it is overwritten"
+)
+
+
+def _refuses_keep(e: ApiError) -> bool:
+    """Whether ``e`` is a server before ``if_exists`` refusing the field (extra fields are a 422)."""
+    return e.status in (400, 422) and "if_exists" in e.message
+
+
+class _Taken(ApiError):
+    """New documents of which some were not stored: another client holds their ids (a 409).
+    ``stored``: the ids of the request that are in the index as sent."""
+
+    def __init__(self, stored: list[str], status: int, message: str):
+        super().__init__(status, message)
+        self.stored = stored
 
 
 def _under(path: str, folders: Sequence[str]) -> bool:

@@ -306,13 +306,21 @@ class DocumentService:
         return final
 
     async def add_documents(
-        self, index: str, docs: Sequence[Document], chunker: DocumentChunker | None = None
+        self,
+        index: str,
+        docs: Sequence[Document],
+        chunker: DocumentChunker | None = None,
+        *,
+        keep_existing: bool = False,
     ) -> list[DocumentRecord]:
         """Create or extend ``index`` (chunked by ``chunker``, default the server's). Re-adding the
         same text and metadata is idempotent: the existing document is returned and nothing is
         stored again, also when identical requests run at once (documents without a doc_id get an
         id derived from their content, and the shard stores an id only once). A doc_id given twice
-        in the request is a 400."""
+        in the request is a 400. A given doc_id the index holds with other content is replaced,
+        unless ``keep_existing``: then that document is left as it is and returned as stored (its
+        ``hash_value`` not the one sent), decided by its shard under the write lock, so a document
+        another client writes meanwhile is never overwritten either."""
         self._reject_repeated_ids([d.doc_id for d in docs])
         hashes = [content_hash(d.text, d.metadata) for d in docs]
         with tracing.span("ingest.chunk", {"ragserve.documents": len(docs)} if tracing.ENABLED else None) as span:
@@ -337,7 +345,9 @@ class DocumentService:
             if d.doc_id:
                 prep = _Prepared(d.doc_id, d.text, dict(d.metadata), h, texts)
                 old = existing_given.get(d.doc_id)
-                if old is None or old.hash_value != h:
+                if old is not None and old.hash_value != h and keep_existing:
+                    prep = _Prepared(old.doc_id, old.text, dict(old.metadata), old.hash_value, [])
+                elif old is None or old.hash_value != h:
                     given.append(prep)
             elif h in existing_by_hash:
                 prep = _Prepared(existing_by_hash[h], d.text, dict(d.metadata), h, texts)
@@ -352,14 +362,36 @@ class DocumentService:
             dim = int(np.asarray(next(c for cs in chunks.values() for c in cs).vector).shape[-1])
             generation = await self.pool.call(HOME_SHARD, ShardService.ensure_index, index=index, dim=dim)
             writes = [self._as_write(p, chunks[p.doc_id]) for p in given]
-            _, final = await asyncio.gather(
-                self._write(index, writes, generation=generation),
+            written, final = await asyncio.gather(
+                self._write(index, writes, generation=generation, if_absent=keep_existing),
                 self._insert_by_content(index, generation, dict(by_content), chunks),
             )
+            held: dict[str, _Prepared] = {}
+            if keep_existing and len(written) < len(writes):
+                held = await self._held_instead(index, generation, [w for w in writes if w.doc_id not in written])
             prepared = [
-                p if key is None else replace(p, doc_id=final[key]) for p, key in zip(prepared, slot, strict=True)
+                held.get(p.doc_id, p) if key is None else replace(p, doc_id=final[key])
+                for p, key in zip(prepared, slot, strict=True)
             ]
         return [_record(p) for p in prepared]
+
+    async def _held_instead(self, index: str, generation: int, writes: list[DocumentWrite]) -> dict[str, _Prepared]:
+        """The documents stored under the ids of ``writes`` that a ``keep_existing`` write left out
+        (another client wrote them after this request read the index). One deleted again since is
+        written once more, as if-absent as before; by id, what the index holds."""
+        held: dict[str, _Prepared] = {}
+        for _ in range(MAX_CONTENT_ID_ATTEMPTS):
+            found = await self._get_documents(index, [w.doc_id for w in writes])
+            for doc_id, doc in found.items():
+                held[doc_id] = _Prepared(doc_id, doc.text, dict(doc.metadata), doc.hash_value, [])
+            writes = [w for w in writes if w.doc_id not in found]
+            if not writes:
+                return held
+            written = await self._write(index, writes, generation=generation, if_absent=True)
+            writes = [w for w in writes if w.doc_id not in written]
+            if not writes:
+                return held
+        raise ConflictError("documents were written and deleted by other clients meanwhile; retry the request")
 
     async def _get_documents(self, index: str, doc_ids: Sequence[str]) -> dict[str, StoredDocument]:
         groups = group_by_shard(list(dict.fromkeys(doc_ids)), lambda x: x, self.pool.num_shards)

@@ -17,9 +17,10 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ragserve.api.documents import Document
+from ragserve.api.documents import Document, DocumentRecord
 from ragserve.api.jobs import DocumentError, DocumentProgress, IndexJobRequest, JobCountsOut, JobInfo, JobList
 from ragserve.errors import BadRequestError, NotFoundError, PayloadTooLargeError, ServiceError
+from ragserve.ingest import content_hash
 from ragserve.jobs.store import Job, JobItem, JobStore
 from ragserve.service.documents import DocumentService
 from ragserve.service.limits import job_document_count
@@ -104,7 +105,12 @@ class JobService:
                 DOCUMENTS_JOB,
                 req.index_name,
                 items,
-                {"documents": len(docs), "batch_documents": n, **({USAGE_KEY: usage_key} if usage_key else {})},
+                {
+                    "documents": len(docs),
+                    "batch_documents": n,
+                    **({"if_exists": req.if_exists} if req.if_exists != "replace" else {}),
+                    **({USAGE_KEY: usage_key} if usage_key else {}),
+                },
                 req.webhook and self.webhook_configured,
                 owner=owner,
             )
@@ -241,10 +247,11 @@ class JobService:
         processed); a 5xx fails the item, which says so."""
         first = int(item.payload.get("first", 0))
         docs = [Document(**d) for d in item.payload.get("documents", [])]
+        keep = job.meta.get("if_exists") == "keep"
         try:
-            records = await self.documents.add_documents(job.index, docs)
+            records = await self.documents.add_documents(job.index, docs, keep_existing=keep)
             await self._metered(job, docs)
-            return {"doc_ids": [r.doc_id for r in records], "errors": []}
+            return _batch_result(first, docs, records)
         except ServiceError as e:
             if not 400 <= e.status < 500:
                 raise
@@ -254,8 +261,11 @@ class JobService:
         errors: list[dict[str, Any]] = []
         for j, d in enumerate(docs):
             try:
-                (rec,) = await self.documents.add_documents(job.index, [d])
-                doc_ids.append(rec.doc_id)
+                got = _batch_result(
+                    first + j, [d], await self.documents.add_documents(job.index, [d], keep_existing=keep)
+                )
+                doc_ids += got["doc_ids"]
+                errors += got["errors"]
                 await self._metered(job, [d])
             except ServiceError as e:
                 if not 400 <= e.status < 500:
@@ -275,6 +285,27 @@ class JobService:
             await self.usage.record([Usage(key, (job.index,), embedding_tokens=tokens)])
         except Exception:
             log.exception("could not record the usage of job %s", job.id)
+
+
+def _batch_result(first: int, docs: list[Document], records: list[DocumentRecord]) -> dict[str, Any]:
+    """A batch's doc ids and errors: a document the index kept another one in place of (``if_exists:
+    keep``: its record is the stored document, another hash) is an error, ``document_exists``."""
+    doc_ids: list[str] = []
+    errors: list[dict[str, Any]] = []
+    for j, (d, rec) in enumerate(zip(docs, records, strict=True)):
+        if d.doc_id is not None and rec.hash_value != content_hash(d.text, d.metadata):
+            errors.append(
+                {
+                    "index": first + j,
+                    "doc_id": d.doc_id,
+                    "code": "document_exists",
+                    "message": f"the index already holds another document under doc_id {d.doc_id!r}; it was kept "
+                    "(if_exists: keep)",
+                }
+            )
+        else:
+            doc_ids.append(rec.doc_id)
+    return {"doc_ids": doc_ids, "errors": errors}
 
 
 def _doc_error(index: int, doc: Document, e: ServiceError) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def documents_router(services: Services) -> APIRouter:
         """Create an index or extend it; the stored documents come back with their ids and hashes."""
         allow(request, Role.WRITE, body.index_name)
         limits.documents([d.text for d in body.documents])
-        records = await docs.add_documents(body.index_name, body.documents)
+        records = await docs.add_documents(body.index_name, body.documents, keep_existing=body.if_exists == "keep")
         tel.indexed(len(records))
         metered_documents(request, [d.text for d in body.documents])
         return records

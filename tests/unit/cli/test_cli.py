@@ -10,6 +10,7 @@ import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -163,9 +164,9 @@ def test_stop_between_batches_leaves_no_file_half_indexed(server: str, tmp_path:
         sent: list[int] = []
         original = client.add_documents
 
-        def add_then_stop(index: str, documents: list[dict]) -> list[dict]:  # Ctrl-C during the 2nd batch
+        def add_then_stop(index: str, documents: list[dict], **kw: Any) -> list[dict]:  # Ctrl-C in the 2nd batch
             sent.append(len(documents))
-            result = original(index, documents)
+            result = original(index, documents, **kw)
             if len(sent) == 2:
                 stop.set()
             return result

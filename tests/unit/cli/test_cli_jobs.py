@@ -139,6 +139,40 @@ def test_a_document_the_job_refuses_fails_its_file_whole(server: str, tmp_path: 
     assert all("text has no content to index" in r for _, r in again.failed)
 
 
+def _with_a_write_first(client: RagClient, method: str, index: str) -> None:
+    """Make ``client.<method>`` (``submit_job`` or ``add_documents``) write another client's
+    document under ``note002.md`` just before its first call goes out."""
+    real = getattr(client, method)
+
+    def other_client_first(*args: Any, **kw: Any) -> Any:
+        setattr(client, method, real)  # once
+        doc = {"text": "Another client's note.", "doc_id": "note002.md", "metadata": {"by": "x"}}
+        client.add_documents(index, [doc])
+        return real(*args, **kw)
+
+    setattr(client, method, other_client_first)
+
+
+@pytest.mark.parametrize("use_jobs", [True, False], ids=["job", "post-index"])
+def test_a_document_another_client_writes_meanwhile_is_kept_and_its_file_fails(
+    server: str, tmp_path: Path, use_jobs: bool
+) -> None:
+    """Another client writes under a new file's id after the run read the index and before the run
+    stores it: the index keeps that document (if_exists: keep; in a job a ``document_exists``
+    error), the file fails saying so, and the other files are added."""
+    root = many(tmp_path / "raced", 4)
+    index = f"raced-{use_jobs}".lower()
+    with RagClient(server) as client:
+        _with_a_write_first(client, "submit_job" if use_jobs else "add_documents", index)
+        report = Syncer(client, index, [root], base=root, use_jobs=use_jobs).run()
+    assert sorted(report.added) == ["note000.md", "note001.md", "note003.md"], report
+    assert [p for p, _ in report.failed] == ["note002.md"]
+    reason = report.failed[0][1]  # the job's error, or the CLI's own words for POST /index
+    assert "'note002.md'" in reason and ("it was kept" in reason or "it is left as it is" in reason), reason
+    held = docs_of(server, index)["note002.md"]
+    assert (held["text"], held["metadata"]) == ("Another client's note.", {"by": "x"})
+
+
 def test_automatic_mode_uses_jobs_above_the_threshold(server: str, tmp_path: Path) -> None:
     small, large = many(tmp_path / "small", 3, "small"), many(tmp_path / "large", 4, "large")
     with RagClient(server) as client:

@@ -19,6 +19,7 @@ from ragserve.cli.files import FileSelector, discover, left_out_roots
 from ragserve.cli.main import main
 from ragserve.cli.output import printable
 from ragserve.cli.sync import (
+    NO_KEEP_NOTICE,
     SOURCE,
     FileRefused,
     Limits,
@@ -40,6 +41,8 @@ class MemoryIndex:
 
     def __init__(self, fail: dict[str, ApiError] | None = None):
         self.docs: dict[str, dict[str, Any]] = {}
+        self.keep_refused = False
+        self.before_add: Any = None  # another client's write, landing just before the next add
         self.fail = dict(fail or {})
         self.calls: dict[str, int] = {}
 
@@ -56,11 +59,24 @@ class MemoryIndex:
         for d in list(self.docs.values()):
             yield {**d, "hash_value": content_hash(d["text"], d["metadata"])}
 
-    def add_documents(self, index: str, documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def add_documents(
+        self, index: str, documents: list[dict[str, Any]], if_exists: str | None = None
+    ) -> list[dict[str, Any]]:
+        """As the server: each document's record as stored; with ``if_exists="keep"`` a held id
+        keeps its document. ``keep_refused``: a server before the option (422 naming it)."""
         self._call("add")
+        before, self.before_add = self.before_add, None
+        if before is not None:
+            before()
+        if if_exists is not None and self.keep_refused:
+            raise ApiError(422, "if_exists: Extra inputs are not permitted")
+        out = []
         for d in documents:
-            self.put(d["doc_id"], d["text"], dict(d["metadata"]))
-        return []
+            if if_exists != "keep" or d["doc_id"] not in self.docs:
+                self.put(d["doc_id"], d["text"], dict(d["metadata"]))
+            held = self.docs[d["doc_id"]]
+            out.append({**held, "hash_value": content_hash(held["text"], held["metadata"])})
+        return out
 
     def update_documents(self, index: str, documents: list[dict[str, Any]]) -> dict[str, Any]:
         self._call("update")
@@ -165,6 +181,42 @@ def test_a_file_whose_documents_are_not_all_stored_is_sent_again(tmp_path: Path)
     assert report.ok and report.updated == ["big.txt"] and report.documents_sent == 1
     assert "big.txt#part5" in index.docs
     assert syncer(index, tmp_path, limits=limits).run().unchanged == ["big.txt"]
+
+
+# --- another client writing meanwhile -------------------------------------------------------------
+def test_a_document_another_client_writes_under_a_new_files_id_meanwhile_is_kept(tmp_path: Path) -> None:
+    """The id of a new file is free when the run reads the index and taken by another client when
+    its documents arrive: that document is left as it is (if_exists: keep), the file fails naming
+    the writer, and the file's documents that did get in are deleted again; never the other's."""
+    big(tmp_path)  # five documents, big.txt#part1..5, in one request
+    (tmp_path / "small.md").write_text("# Small\n\nfine")
+    limits = Limits(max_document_chars=200)
+    index = MemoryIndex()
+    index.before_add = lambda: index.put("big.txt#part3", "An upload of someone else.", {"by": "upload"})
+    report = syncer(index, tmp_path, limits=limits).run()
+    assert report.added == ["small.md"]
+    assert [p for p, _ in report.failed] == ["big.txt"]
+    reason = report.failed[0][1]
+    assert "'big.txt#part3'" in reason and "another client" in reason and "left as it is" in reason
+    assert index.docs["big.txt#part3"]["text"] == "An upload of someone else."
+    assert sorted(index.docs) == ["big.txt#part3", "small.md"]
+    # the next run sees the id as foreign from the start and leaves it too
+    again = syncer(index, tmp_path, limits=limits).run()
+    assert [p for p, _ in again.failed] == ["big.txt"] and "already in the index" in again.failed[0][1]
+    assert index.docs["big.txt#part3"]["text"] == "An upload of someone else."
+
+
+def test_a_server_without_if_exists_gets_the_documents_without_it_and_a_notice(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# A\n\nalpha")
+    index = MemoryIndex()
+    index.keep_refused = True
+    s = syncer(index, tmp_path)
+    report = s.run()
+    assert report.ok and report.added == ["a.md"] and "a.md" in index.docs
+    assert report.notices == [NO_KEEP_NOTICE]
+    (tmp_path / "b.md").write_text("# B\n\nbeta")
+    again = s.run()  # --watch: asked once, remembered
+    assert again.added == ["b.md"] and again.notices == [] and index.calls["add"] == 3
 
 
 # --- what is read ----------------------------------------------------------------------------------

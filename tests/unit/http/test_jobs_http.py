@@ -96,6 +96,38 @@ def test_a_bad_document_fails_alone_with_its_position(base: str) -> None:
     assert "no content" in done["errors"][0]["message"]
 
 
+def test_if_exists_keep_leaves_held_documents_over_index_and_jobs(base: str) -> None:
+    """``if_exists: keep``: POST /index returns a held document as stored (another hash), a job
+    records it as a ``document_exists`` error; the held documents are unchanged. A wrong value is
+    a 422 naming the field."""
+    held = {"text": "written by another client", "doc_id": "shared", "metadata": {"by": "other"}}
+    r = httpx.post(f"{base}/index", json={"index_name": "jobs-keep", "documents": [held]}, headers=H)
+    assert r.status_code == 200, r.text
+    held_hash = r.json()[0]["hash_value"]
+    mine = [{"text": "my copy", "doc_id": "shared"}, {"text": "my new one", "doc_id": "new"}]
+    r = httpx.post(f"{base}/index", json={"index_name": "jobs-keep", "documents": mine, "if_exists": "keep"}, headers=H)
+    assert r.status_code == 200, r.text
+    assert [(d["doc_id"], d["text"], d["hash_value"] == held_hash) for d in r.json()] == [
+        ("shared", "written by another client", True),
+        ("new", "my new one", False),
+    ]
+    job_docs = [{"text": "my job copy", "doc_id": "shared"}, *docs(3, "kept-job")]
+    body = {"index_name": "jobs-keep", "documents": job_docs, "if_exists": "keep"}
+    r = httpx.post(f"{base}/jobs", json=body, headers=H)
+    assert r.status_code == 202 and r.json()["meta"]["if_exists"] == "keep", r.text
+    done = wait(base, r.json()["id"])
+    assert done["documents"]["indexed"] == 3 and done["documents"]["failed"] == 1, done
+    assert [(e["index"], e["doc_id"], e["code"]) for e in done["errors"]] == [(0, "shared", "document_exists")]
+    got = httpx.get(f"{base}/indexes/jobs-keep/documents/shared", headers=H).json()
+    assert got["text"] == "written by another client"
+    # replace (the default) still replaces
+    r = httpx.post(f"{base}/index", json={"index_name": "jobs-keep", "documents": mine[:1]}, headers=H)
+    assert r.status_code == 200 and r.json()[0]["text"] == "my copy"
+    for route in ("/index", "/jobs"):
+        r = httpx.post(f"{base}{route}", json={**body, "if_exists": "skip"}, headers=H)
+        assert r.status_code == 422 and "if_exists" in r.text, r.text
+
+
 def test_requests_a_job_refuses_before_storing_anything(base: str) -> None:
     bad = [
         ({"index_name": "jobs-c", "documents": []}, 422),

@@ -224,3 +224,73 @@ async def test_an_update_without_metadata_keeps_the_stored_metadata(service: Doc
     # an explicit empty object still clears it
     await service.update_documents("kb", [UpdateDocument(doc_id="x", text="new text", metadata={})])
     assert (await service.list_documents("kb")).documents[0].metadata == {}
+
+
+# --- if_exists: keep ----------------------------------------------------------------------------
+class _WriteBeforeWrite(LocalShardPool):
+    """A pool on which another client's write (or delete) lands just before a call of a shard method
+    reaches its shard (``before[method]``, once)."""
+
+    def __init__(self, shards: list[Any]):
+        super().__init__(shards)
+        self.before: dict[Any, Any] = {}
+
+    async def call(self, shard: int, method: Any, *args: Any, **kwargs: Any) -> Any:
+        before = self.before.pop(method, None)
+        if before is not None:
+            await before()
+        return await super().call(shard, method, *args, **kwargs)
+
+
+async def test_keep_existing_leaves_a_held_document_and_returns_it_as_stored(service: DocumentService) -> None:
+    await service.add_documents("kb", [Document(text="the other client's text", doc_id="a", metadata={"o": 1})])
+    out = await service.add_documents(
+        "kb",
+        [Document(text="mine", doc_id="a"), Document(text="also mine", doc_id="b")],
+        keep_existing=True,
+    )
+    assert [(r.doc_id, r.text, r.metadata) for r in out] == [
+        ("a", "the other client's text", {"o": 1}),
+        ("b", "also mine", {}),
+    ]
+    stored = {d.doc_id: d.text for d in (await service.list_documents("kb")).documents}
+    assert stored == {"a": "the other client's text", "b": "also mine"}
+    # the same content again is no conflict: returned as stored, nothing written
+    again = await service.add_documents("kb", [Document(text="also mine", doc_id="b")], keep_existing=True)
+    assert again[0].hash_value == out[1].hash_value
+    # and without the option the document is replaced, as before
+    await service.add_documents("kb", [Document(text="mine", doc_id="a")])
+    assert (await service.get_document("kb", "a")).text == "mine"
+    await assert_healthy(service)
+
+
+async def test_keep_existing_holds_against_a_write_landing_after_the_index_was_read(tmp_path: Path, embedder) -> None:
+    """Another client writes the id between the request's read of the index and its write: the
+    shard's write lock decides, so the other client's document stays and is what comes back."""
+    svc = _service(tmp_path, embedder, _WriteBeforeWrite)
+    pool = svc.pool
+    assert isinstance(pool, _WriteBeforeWrite)
+    await svc.add_documents("kb", [Document(text="seed", doc_id="seed")])
+
+    async def other_client() -> None:
+        await DocumentService.add_documents(svc, "kb", [Document(text="written meanwhile", doc_id="a")])
+
+    pool.before[ShardService.upsert_documents] = other_client
+    out = await svc.add_documents("kb", [Document(text="mine", doc_id="a")], keep_existing=True)
+    assert (out[0].doc_id, out[0].text) == ("a", "written meanwhile")
+    assert (await svc.get_document("kb", "a")).text == "written meanwhile"
+
+    # written before the write and deleted again before it is read back: the id is free when the
+    # write is tried again, so it is written
+    async def write_c() -> None:
+        await DocumentService.add_documents(svc, "kb", [Document(text="there a moment", doc_id="c")])
+        pool.before[ShardService.get_documents] = delete_c
+
+    async def delete_c() -> None:
+        await svc.delete_documents("kb", ["c"])
+
+    pool.before[ShardService.upsert_documents] = write_c
+    out = await svc.add_documents("kb", [Document(text="mine c", doc_id="c")], keep_existing=True)
+    assert out[0].text == "mine c" and (await svc.get_document("kb", "c")).text == "mine c"
+    await assert_healthy(svc)
+    pool.close()
