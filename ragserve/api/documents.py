@@ -7,7 +7,7 @@ import unicodedata
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ragserve.api.sampling import SamplingParams, check_stop
 from ragserve.api.values import INT64_MAX, INT64_MIN, RequestModel, check_filter, check_metadata
@@ -158,6 +158,13 @@ class UpdateDocument(RequestModel):
     doc_id: str = Field(min_length=1)
     text: Text
     metadata: Metadata | None = None  # omitted: keep the stored metadata
+    if_hash_value: str | None = Field(
+        default=None,
+        max_length=256,
+        exclude_if=lambda v: v is None,  # echoed in not_found_documents only when sent (KAITO's shape)
+        description="Update only if the stored document's hash_value is this one (the one read before): "
+        "a document another client changed since is left as it is and listed in conflicting_documents.",
+    )
 
 
 class UpdateDocumentsRequest(RequestModel):
@@ -173,6 +180,11 @@ class UpdateDocumentsResponse(BaseModel):
     updated_documents: list[DocumentRecord] = Field(description="Changed: re-chunked and re-embedded.")
     unchanged_documents: list[DocumentRecord] = Field(description="Same text and metadata: nothing was done.")
     not_found_documents: list[UpdateDocument] = Field(description="No such doc_id in the index (as sent).")
+    conflicting_documents: list[DocumentRecord] = Field(
+        default_factory=list,
+        exclude_if=lambda v: not v,  # KAITO's shape unless there are some
+        description="if_hash_value was not the stored hash_value: left as it is (the stored document).",
+    )
 
 
 class DeleteDocumentsRequest(RequestModel):
@@ -180,13 +192,33 @@ class DeleteDocumentsRequest(RequestModel):
 
     model_config = ConfigDict(extra="forbid")
     doc_ids: list[str] = Field(min_length=1, description="Ids to delete; a repeated id counts once.")
+    if_hash_values: dict[str, Annotated[str, Field(max_length=256)]] | None = Field(
+        default=None,
+        description="doc_id -> the hash_value read before: such a document is deleted only if it is still "
+        "that one (one another client changed since is left, in conflicting_doc_ids). Every key must be in "
+        "doc_ids.",
+    )
+
+    @model_validator(mode="after")
+    def _conditions_name_asked_ids(self) -> DeleteDocumentsRequest:
+        if self.if_hash_values:
+            asked = set(self.doc_ids)
+            extra = next((k for k in self.if_hash_values if k not in asked), None)
+            if extra is not None:
+                raise ValueError(f"if_hash_values names {extra!r}, which doc_ids does not: list it in doc_ids too")
+        return self
 
 
 class DeleteDocumentsResponse(BaseModel):
-    """Each requested id once, in one of the two lists."""
+    """Each requested id once, in one of the lists."""
 
     deleted_doc_ids: list[str] = Field(description="Deleted, in the order asked.")
     not_found_doc_ids: list[str] = Field(description="Not in the index (already deleted, or never there).")
+    conflicting_doc_ids: list[str] = Field(
+        default_factory=list,
+        exclude_if=lambda v: not v,  # KAITO's shape unless there are some
+        description="Left: its hash_value is not the one if_hash_values gave.",
+    )
 
 
 class MessageResponse(BaseModel):

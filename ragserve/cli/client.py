@@ -210,10 +210,15 @@ class RagClient:
             "POST", f"/indexes/{quote(index, safe='')}/documents", json={"documents": documents}, retries=3
         )
 
-    def delete_documents(self, index: str, doc_ids: list[str]) -> dict[str, Any]:
-        return self.request(
-            "POST", f"/indexes/{quote(index, safe='')}/documents/delete", json={"doc_ids": doc_ids}, retries=3
-        )
+    def delete_documents(
+        self, index: str, doc_ids: list[str], if_hash_values: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """Delete by id; ``if_hash_values`` (doc id -> the hash read) leaves a document another
+        client changed since (``conflicting_doc_ids``; a server before the option answers 422 naming it)."""
+        body: dict[str, Any] = {"doc_ids": doc_ids}
+        if if_hash_values:
+            body["if_hash_values"] = if_hash_values
+        return self.request("POST", f"/indexes/{quote(index, safe='')}/documents/delete", json=body, retries=3)
 
     # --- ingestion jobs (POST /jobs) -------------------------------------------------------------
     def submit_job(

@@ -353,6 +353,9 @@ class Syncer:
         # their ids while the run sends is never overwritten); False once a server without the option
         # refused it (kept for --watch), with a notice for the run's report.
         self._keep_available = True
+        # Deletes name the hash each document had when read (if_hash_values); False once a server
+        # without the option refused it (kept for --watch).
+        self._conditions_available = True
         self._notices: list[str] = []
 
     # --- what the index holds ------------------------------------------------------------------
@@ -545,25 +548,82 @@ class Syncer:
             for part in self._split(adds):
                 stored += self._add(part)
             for part in self._split(updates):
-                answer = self.client.update_documents(self.index, part)
-                gone = {d["doc_id"] for d in answer.get("not_found_documents") or []}
-                if gone:  # deleted by someone else meanwhile: add them back
-                    stored += self._add([d for d in part if d["doc_id"] in gone])
-                stored += [d["doc_id"] for d in part if d["doc_id"] not in gone]
+                stored += self._update(part)
         except ApiError as e:
             if isinstance(e, _Taken):
                 stored += e.stored
             # only the files the failure cut in two: one whose documents all went is whole
-            path = {d["doc_id"]: d["metadata"].get("path") for d in [*adds, *updates]}
+            sent_docs = {d["doc_id"]: d for d in [*adds, *updates]}
             sent = set(stored)
-            cut = {path[i] for i in path if i not in sent}
-            self._undo([i for i in stored if path[i] in cut])
+            cut = {d["metadata"].get("path") for i, d in sent_docs.items() if i not in sent}
+            self._undo([sent_docs[i] for i in stored if sent_docs[i]["metadata"].get("path") in cut])
             raise
-        for i in range(0, len(deletes), self.limits.max_documents_per_request):
-            self.client.delete_documents(self.index, deletes[i : i + self.limits.max_documents_per_request])
+        self._delete(deletes, self._read_hashes(deletes), "stale pages")
         self._remember([*adds, *updates])
         for doc_id in deletes:
             (self.remote or {}).pop(doc_id, None)
+
+    def _writer(self, doc_id: str, metadata: dict[str, Any]) -> str:
+        """Who wrote a document this run did not expect, in words."""
+        return (
+            "another run of this sync (or a client copying its mark)"
+            if self.owns(doc_id, metadata)
+            else _whose(metadata, self.sync_id)
+        )
+
+    def _read_hashes(self, doc_ids: Sequence[str]) -> dict[str, str]:
+        """The hashes this run read (or wrote) for ``doc_ids``: the condition of a write to them."""
+        remote = self.remote or {}
+        return {i: remote[i].hash_value for i in doc_ids if i in remote}
+
+    def _update(self, docs: list[dict[str, Any]]) -> list[str]:
+        """Update this sync's documents, each only if it is still the one this run read
+        (``if_hash_value``); returns their ids, all stored. One deleted meanwhile is added back; one
+        another client changed meanwhile is left and raises :class:`_Taken` (a 409 naming it)."""
+        read = self._read_hashes([d["doc_id"] for d in docs])
+        sent = [{**d, "if_hash_value": read[d["doc_id"]]} if d["doc_id"] in read else d for d in docs]
+        answer = self.client.update_documents(self.index, sent)
+        gone = {d["doc_id"] for d in answer.get("not_found_documents") or []}
+        changed = {str(d.get("doc_id")): d for d in answer.get("conflicting_documents") or []}
+        stored = [d["doc_id"] for d in docs if d["doc_id"] not in gone and d["doc_id"] not in changed]
+        if gone:  # deleted by someone else meanwhile: add them back
+            try:
+                stored += self._add([d for d in docs if d["doc_id"] in gone])
+            except _Taken as e:
+                raise _Taken(stored + e.stored, e.status, e.message) from None
+        if changed:
+            doc_id, rec = next(iter(changed.items()))
+            raise _Taken(
+                stored,
+                409,
+                f"document id {doc_id!r} was changed by {self._writer(doc_id, rec.get('metadata') or {})} since "
+                "this run read the index; it is left as it is (run the sync again to update it)",
+            )
+        return stored
+
+    def _delete(self, doc_ids: Sequence[str], hashes: Mapping[str, str], what: str) -> None:
+        """Delete documents of this sync, each only if it is still the one ``hashes`` says
+        (``if_hash_values``): one another client changed meanwhile is left, with a notice."""
+        step = self.limits.max_documents_per_request
+        left: list[str] = []
+        for i in range(0, len(doc_ids), step):
+            ids = list(doc_ids[i : i + step])
+            want = {d: hashes[d] for d in ids if d in hashes} if self._conditions_available else {}
+            try:
+                answer = self.client.delete_documents(self.index, ids, want or None)
+            except ApiError as e:
+                if not want or e.status not in (400, 422) or "if_hash_values" not in e.message:
+                    raise
+                self._conditions_available = False
+                self._notices.append(NO_CONDITIONS_NOTICE)
+                answer = self.client.delete_documents(self.index, ids)
+            left += [str(d) for d in answer.get("conflicting_doc_ids") or []]
+        if left:
+            shown_ids = ", ".join(repr(d) for d in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
+            self._notices.append(
+                f"left {len(left)} document(s) of {what} that another client changed since this run read the "
+                f"index: {shown_ids}"
+            )
 
     def _add(self, docs: list[dict[str, Any]]) -> list[str]:
         """``POST /index`` of new documents with ``if_exists: keep``: returns their ids, all stored.
@@ -591,22 +651,25 @@ class Syncer:
                         [i for i in ids if i not in {d["doc_id"] for d, _ in taken}],
                         409,
                         f"document id {taken[0][0]['doc_id']!r} was written by "
-                        f"{_whose(taken[0][1].get('metadata') or {}, self.sync_id)} while this run was sending "
+                        f"{self._writer(str(taken[0][1].get('doc_id')), taken[0][1].get('metadata') or {})} while "
+                        "this run was sending "
                         "it; it is left as it is (sync into another index, or delete that document first)",
                     )
                 return ids
         self.client.add_documents(self.index, docs)
         return ids
 
-    def _undo(self, doc_ids: list[str]) -> None:
-        """Delete documents this run stored of files that failed (best effort: the error that
-        failed them is what is reported)."""
-        step = self.limits.max_documents_per_request
+    def _undo(self, docs: list[dict[str, Any]]) -> None:
+        """Delete documents this run stored of files that failed, each only if it is still what
+        this run wrote (best effort: the error that failed them is what is reported)."""
         with contextlib.suppress(ApiError):
-            for i in range(0, len(doc_ids), step):
-                self.client.delete_documents(self.index, doc_ids[i : i + step])
-        for doc_id in doc_ids:
-            (self.remote or {}).pop(doc_id, None)
+            self._delete(
+                [d["doc_id"] for d in docs],
+                {d["doc_id"]: content_hash(d["text"], d["metadata"]) for d in docs},
+                "files that failed",
+            )
+        for d in docs:
+            (self.remote or {}).pop(d["doc_id"], None)
 
     def _remember(self, docs: Sequence[dict[str, Any]]) -> None:
         """Documents now in the index as this sync's, for the rest of the run (and the next, with --watch)."""
@@ -789,7 +852,7 @@ class Syncer:
                 return False
             return told or present.get(doc["doc_id"]) == content_hash(doc["text"], doc["metadata"])
 
-        partial: list[str] = []  # documents in the index of files that are not whole
+        partial: list[dict[str, Any]] = []  # documents in the index of files that are not whole
         why = f"ingestion job {info.get('id')} ended {status} before this file was indexed"
         if info.get("error"):
             why += f": {info['error']}"
@@ -804,7 +867,7 @@ class Syncer:
                 self._remember(p.adds)
                 done.add(p.file.rel)
                 continue
-            partial += [d["doc_id"] for d, got in zip(p.adds, ok, strict=True) if got]
+            partial += [d for d, got in zip(p.adds, ok, strict=True) if got]
             refused = [errors[i] for i in positions if i in errors]
             if refused:
                 report.failed.append((p.file.rel, str(refused[0].get("message") or refused[0].get("code"))))
@@ -813,9 +876,11 @@ class Syncer:
             else:
                 continue  # stopped before it was indexed: not processed, for the next run
             done.add(p.file.rel)
-        step = self.limits.max_documents_per_request
-        for i in range(0, len(partial), step):
-            self.client.delete_documents(self.index, partial[i : i + step])
+        self._delete(
+            [d["doc_id"] for d in partial],
+            {d["doc_id"]: content_hash(d["text"], d["metadata"]) for d in partial},
+            "files that failed",
+        )
         if status in ("failed", "cancelled") and not cancelled:
             report.notices.append(
                 f"ingestion job {info.get('id')} ended {status}" + (f": {info['error']}" if info.get("error") else "")
@@ -932,9 +997,7 @@ class Syncer:
             report.stale = sorted(gone)
             return
         ids = sorted(i for v in gone.values() for i in v)
-        step = self.limits.max_documents_per_request
-        for i in range(0, len(ids), step):
-            self.client.delete_documents(self.index, ids[i : i + step])
+        self._delete(ids, self._read_hashes(ids), "deleted files")
         for doc_id in ids:
             (self.remote or {}).pop(doc_id, None)
         report.deleted = sorted(gone)
@@ -944,6 +1007,12 @@ class Syncer:
 NO_KEEP_NOTICE = (
     "the server does not take if_exists (an older ragserve): a document another client writes under a new "
     "file's id while a run sends it is overwritten"
+)
+
+
+NO_CONDITIONS_NOTICE = (
+    "the server does not take if_hash_values (an older ragserve): a document another client changes while a "
+    "run deletes it is deleted"
 )
 
 

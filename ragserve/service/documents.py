@@ -252,6 +252,7 @@ class DocumentService:
         generation: int | None,
         only_existing: bool = False,
         if_absent: bool = False,
+        expected: dict[str, str] | None = None,
     ) -> set[str]:
         """Write to the owning shards; returns once every shard has committed (the acknowledgement
         point), with the doc ids written (with ``only_existing``, those deleted meanwhile are not;
@@ -269,6 +270,9 @@ class DocumentService:
                     only_existing=only_existing,
                     generation=generation,
                     if_absent=if_absent,
+                    expected=None
+                    if expected is None
+                    else {w.doc_id: expected[w.doc_id] for w in ws if w.doc_id in expected},
                 )
                 for s, ws in groups.items()
             )
@@ -427,10 +431,15 @@ class DocumentService:
         updated: list[_Prepared] = []
         unchanged: list[DocumentRecord] = []
         not_found: list[UpdateDocument] = []
+        conflicting: list[DocumentRecord] = []
+        expected = {d.doc_id: d.if_hash_value for d in docs if d.if_hash_value is not None}
         for i, d in enumerate(docs):
             old = current.get(d.doc_id)
             if old is None:
                 not_found.append(d)
+                continue
+            if expected.get(d.doc_id, old.hash_value) != old.hash_value:
+                conflicting.append(_record(old))
                 continue
             metadata = dict(old.metadata) if d.metadata is None else dict(d.metadata)
             h = content_hash(d.text, metadata)
@@ -441,27 +450,57 @@ class DocumentService:
             updated.append(_Prepared(d.doc_id, d.text, metadata, h, texts))
         chunks = await self._embed_chunks(updated) if updated else {}
         written = await self._write(
-            index, [self._as_write(p, chunks[p.doc_id]) for p in updated], generation=generation, only_existing=True
+            index,
+            [self._as_write(p, chunks[p.doc_id]) for p in updated],
+            generation=generation,
+            only_existing=True,
+            expected={p.doc_id: expected[p.doc_id] for p in updated if p.doc_id in expected} or None,
         )
         by_id = {d.doc_id: d for d in docs}
-        not_found += [by_id[p.doc_id] for p in updated if p.doc_id not in written]  # deleted meanwhile
+        missed = [p for p in updated if p.doc_id not in written]  # deleted meanwhile, or changed
+        changed = [p.doc_id for p in missed if p.doc_id in expected]  # (with if_hash_value) by another client
+        now = await self._get_documents(index, changed) if changed else {}
+        for p in missed:
+            if p.doc_id in now:
+                conflicting.append(_record(now[p.doc_id]))
+            else:
+                not_found.append(by_id[p.doc_id])
         updated = [p for p in updated if p.doc_id in written]
         echo = [d if d.metadata is not None else d.model_copy(update={"metadata": {}}) for d in not_found]
         return UpdateDocumentsResponse(
-            updated_documents=[_record(p) for p in updated], unchanged_documents=unchanged, not_found_documents=echo
+            updated_documents=[_record(p) for p in updated],
+            unchanged_documents=unchanged,
+            not_found_documents=echo,
+            conflicting_documents=conflicting,
         )
 
-    async def delete_documents(self, index: str, doc_ids: Sequence[str]) -> DeleteDocumentsResponse:
+    async def delete_documents(
+        self, index: str, doc_ids: Sequence[str], if_hash_values: dict[str, str] | None = None
+    ) -> DeleteDocumentsResponse:
+        """Delete by id; ``if_hash_values`` (doc id -> hash) leaves a named document whose stored
+        hash is another (decided by its shard under the write lock)."""
         await self.require_index(index)
         unique = list(dict.fromkeys(doc_ids))
+        want = if_hash_values or {}
         groups = group_by_shard(unique, lambda x: x, self.pool.num_shards)
         results = await asyncio.gather(
-            *(self.pool.call(s, ShardService.delete_documents, index=index, doc_ids=ids) for s, ids in groups.items())
+            *(
+                self.pool.call(
+                    s,
+                    ShardService.delete_documents,
+                    index=index,
+                    doc_ids=ids,
+                    expected={i: want[i] for i in ids if i in want} or None,
+                )
+                for s, ids in groups.items()
+            )
         )
         deleted = {d for r in results for d in r[0]}
+        missing = {d for r in results for d in r[1]}
         return DeleteDocumentsResponse(
             deleted_doc_ids=[d for d in unique if d in deleted],
-            not_found_doc_ids=[d for d in unique if d not in deleted],
+            not_found_doc_ids=[d for d in unique if d in missing],
+            conflicting_doc_ids=[d for d in unique if d not in deleted and d not in missing],
         )
 
     # --- reads --------------------------------------------------------------------------------

@@ -259,18 +259,21 @@ class ShardService:
         only_existing: bool = False,
         generation: int | None = None,
         if_absent: bool = False,
+        expected: dict[str, str] | None = None,
     ) -> list[str]:
         """``Shard.upsert_documents``; a write for a dropped or replaced generation is a 409."""
         try:
             return self._shard.upsert_documents(
-                index, docs, only_existing=only_existing, if_absent=if_absent, generation=generation
+                index, docs, only_existing=only_existing, if_absent=if_absent, generation=generation, expected=expected
             )
         except IndexDroppedError as e:
             raise dropped_while_writing(index) from e
 
-    def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
+    def delete_documents(
+        self, index: str, doc_ids: list[str], expected: dict[str, str] | None = None
+    ) -> tuple[list[str], list[str]]:
         try:
-            return self._shard.delete_documents(index, doc_ids)
+            return self._shard.delete_documents(index, doc_ids, expected)
         except IndexNotFoundError:
             return [], list(dict.fromkeys(doc_ids))
 

@@ -393,10 +393,13 @@ class Shard:
         only_existing: bool = False,
         if_absent: bool = False,
         generation: int | None = None,
+        expected: dict[str, str] | None = None,
     ) -> list[str]:
         """Insert or replace documents with their chunks, in one transaction; returns the doc ids
         written. ``only_existing`` (updates) skips documents that are no longer there when the
-        transaction runs, so an update racing a delete cannot bring the document back.
+        transaction runs, so an update racing a delete cannot bring the document back; with it,
+        ``expected`` (doc id -> hash) skips a named document whose stored hash is another by then
+        (a compare-and-set: a write of another client since the caller read it stands).
         ``if_absent`` (new documents with content-derived ids) skips documents whose id is already
         stored, so identical concurrent writes store one document. ``generation`` (see the module
         docstring) makes a write for a dropped or replaced index fail with ``IndexDroppedError``,
@@ -458,6 +461,10 @@ class Shard:
                             ).fetchall()
                         )
                     docs = [d for d in docs if (d.doc_id in present) == only_existing]
+                    if expected:
+                        docs = [
+                            d for d in docs if expected.get(d.doc_id, present.get(d.doc_id)) == present.get(d.doc_id)
+                        ]
                 doc_ids = [d.doc_id for d in docs]
                 old_ids: list[int] = []
                 for part in chunked(doc_ids):
@@ -514,21 +521,29 @@ class Shard:
                     self._changed(index)
             return doc_ids
 
-    def delete_documents(self, index: str, doc_ids: list[str]) -> tuple[list[str], list[str]]:
+    def delete_documents(
+        self, index: str, doc_ids: list[str], expected: dict[str, str] | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Delete documents by id, in one transaction; returns (deleted, not found). ``expected``
+        (doc id -> hash): a named document whose stored hash is another is left (in neither list)."""
         unique = list(dict.fromkeys(doc_ids))
         with self._write_lock:
             self._require(index)
             with self._transaction() as db:
-                present: set[str] = set()
-                removed: list[int] = []
+                present: dict[str, str] = {}
                 for part in chunked(unique):
                     marks = ",".join("?" * len(part))
-                    present |= {
-                        r[0]
-                        for r in db.execute(
-                            f"SELECT doc_id FROM documents WHERE index_name = ? AND doc_id IN ({marks})", (index, *part)
-                        )
-                    }
+                    present.update(
+                        db.execute(
+                            f"SELECT doc_id, hash_value FROM documents WHERE index_name = ? AND doc_id IN ({marks})",
+                            (index, *part),
+                        ).fetchall()
+                    )
+                want = expected or {}
+                targets = [d for d in unique if d in present and want.get(d, present[d]) == present[d]]
+                removed: list[int] = []
+                for part in chunked(targets):
+                    marks = ",".join("?" * len(part))
                     removed += [
                         r[0]
                         for r in db.execute(
@@ -545,9 +560,9 @@ class Shard:
                     self._mirror.apply(index, removed, [], [])
                     self._mirror.after_write(index, len(removed), self.snapshot_every)
             finally:
-                if present or removed:
+                if targets or removed:
                     self._changed(index)
-        return [d for d in unique if d in present], [d for d in unique if d not in present]
+        return targets, [d for d in unique if d not in present]
 
     # --- reads --------------------------------------------------------------------------------
     def find_by_hash(self, index: str, hashes: list[str]) -> dict[str, str]:

@@ -110,7 +110,7 @@ def documents_router(services: Services) -> APIRouter:
     ) -> DeleteDocumentsResponse:
         allow(request, Role.WRITE, index_name)
         limits.document_count(len(body.doc_ids), "doc_ids")
-        return await docs.delete_documents(checked_index(index_name), body.doc_ids)
+        return await docs.delete_documents(checked_index(index_name), body.doc_ids, body.if_hash_values)
 
     @router.delete("/indexes/{index_name}")
     async def delete_index(index_name: str, request: Request) -> MessageResponse:

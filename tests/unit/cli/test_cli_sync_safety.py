@@ -19,6 +19,7 @@ from ragserve.cli.files import FileSelector, discover, left_out_roots
 from ragserve.cli.main import main
 from ragserve.cli.output import printable
 from ragserve.cli.sync import (
+    NO_CONDITIONS_NOTICE,
     NO_KEEP_NOTICE,
     SOURCE,
     FileRefused,
@@ -42,7 +43,9 @@ class MemoryIndex:
     def __init__(self, fail: dict[str, ApiError] | None = None):
         self.docs: dict[str, dict[str, Any]] = {}
         self.keep_refused = False
+        self.conditions_refused = False
         self.before_add: Any = None  # another client's write, landing just before the next add
+        self.before: dict[str, Any] = {}  # the same before the next "update" or "delete"
         self.fail = dict(fail or {})
         self.calls: dict[str, int] = {}
 
@@ -78,19 +81,45 @@ class MemoryIndex:
             out.append({**held, "hash_value": content_hash(held["text"], held["metadata"])})
         return out
 
-    def update_documents(self, index: str, documents: list[dict[str, Any]]) -> dict[str, Any]:
-        self._call("update")
-        gone = [d for d in documents if d["doc_id"] not in self.docs]
-        for d in documents:
-            if d["doc_id"] in self.docs:
-                self.put(d["doc_id"], d["text"], dict(d["metadata"]))
-        return {"not_found_documents": gone}
+    def _hash(self, doc_id: str) -> str:
+        d = self.docs[doc_id]
+        return content_hash(d["text"], d["metadata"])
 
-    def delete_documents(self, index: str, doc_ids: list[str]) -> dict[str, Any]:
+    def update_documents(self, index: str, documents: list[dict[str, Any]]) -> dict[str, Any]:
+        """As the server: a document whose stored hash is not its ``if_hash_value`` is left."""
+        self._call("update")
+        self._before("update")
+        gone = [d for d in documents if d["doc_id"] not in self.docs]
+        changed = []
+        for d in documents:
+            if d["doc_id"] not in self.docs:
+                continue
+            if d.get("if_hash_value", self._hash(d["doc_id"])) != self._hash(d["doc_id"]):
+                changed.append({**self.docs[d["doc_id"]], "hash_value": self._hash(d["doc_id"])})
+            else:
+                self.put(d["doc_id"], d["text"], dict(d["metadata"]))
+        return {"not_found_documents": gone, "conflicting_documents": changed}
+
+    def delete_documents(
+        self, index: str, doc_ids: list[str], if_hash_values: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """As the server: a document whose stored hash is not the one ``if_hash_values`` gives is
+        left. ``conditions_refused``: a server before the option (422 naming it)."""
         self._call("delete")
+        self._before("delete")
+        if if_hash_values and self.conditions_refused:
+            raise ApiError(422, "if_hash_values: Extra inputs are not permitted")
+        want = if_hash_values or {}
+        left = [i for i in doc_ids if i in self.docs and want.get(i, self._hash(i)) != self._hash(i)]
         for i in doc_ids:
-            self.docs.pop(i, None)
-        return {}
+            if i not in left:
+                self.docs.pop(i, None)
+        return {"conflicting_doc_ids": left}
+
+    def _before(self, name: str) -> None:
+        hook = self.before.pop(name, None)
+        if hook is not None:
+            hook()
 
     def stats(self, index: str) -> dict[str, Any]:
         raise ApiError(404, "no stats here")
@@ -217,6 +246,38 @@ def test_a_server_without_if_exists_gets_the_documents_without_it_and_a_notice(t
     (tmp_path / "b.md").write_text("# B\n\nbeta")
     again = s.run()  # --watch: asked once, remembered
     assert again.added == ["b.md"] and again.notices == [] and index.calls["add"] == 3
+
+
+def test_a_document_another_client_changes_before_the_syncs_update_or_delete_is_left(tmp_path: Path) -> None:
+    """Updates and deletes name the hash the run read (if_hash_value, if_hash_values): a sync
+    document another client rewrote meanwhile is neither overwritten nor deleted."""
+    (tmp_path / "a.md").write_text("# A\n\nalpha")
+    (tmp_path / "b.md").write_text("# B\n\nbeta")
+    index = MemoryIndex()
+    assert syncer(index, tmp_path).run().added == ["a.md", "b.md"]
+    (tmp_path / "a.md").write_text("# A\n\nalpha, edited")
+    os.utime(tmp_path / "a.md", (2_000_000_000, 2_000_000_000))
+    (tmp_path / "b.md").unlink()
+
+    def other_client(doc_id: str) -> Any:
+        return lambda: index.put(doc_id, "Rewritten by hand.", {**index.docs[doc_id]["metadata"], "by": "hand"})
+
+    index.before = {"update": other_client("a.md"), "delete": other_client("b.md")}
+    report = syncer(index, tmp_path, delete=True).run()
+    assert [p for p, _ in report.failed] == ["a.md"] and "changed by" in report.failed[0][1], report.failed
+    assert index.docs["a.md"]["text"] == index.docs["b.md"]["text"] == "Rewritten by hand."
+    assert any("left 1 document(s) of deleted files" in n and "'b.md'" in n for n in report.notices), report.notices
+
+
+def test_a_server_without_if_hash_values_gets_deletes_without_them_and_a_notice(tmp_path: Path) -> None:
+    (tmp_path / "a.md").write_text("# A\n\nalpha")
+    index = MemoryIndex()
+    index.conditions_refused = True
+    assert syncer(index, tmp_path).run().added == ["a.md"]
+    (tmp_path / "a.md").unlink()
+    report = syncer(index, tmp_path, delete=True).run()
+    assert report.ok and report.deleted == ["a.md"] and index.docs == {}
+    assert report.notices == [NO_CONDITIONS_NOTICE]
 
 
 # --- what is read ----------------------------------------------------------------------------------

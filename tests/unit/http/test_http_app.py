@@ -220,6 +220,44 @@ def test_document_api_errors(env) -> None:
     assert client.post("/load/kb", params={"path": "../../etc"}).status_code == 400
 
 
+def test_conditional_updates_and_deletes_over_http(env) -> None:
+    """``if_hash_value`` on an update and ``if_hash_values`` on a delete: a document whose hash is
+    another by then is left and listed as conflicting; a condition on an id not asked is a 422."""
+    client, _, _ = env
+    docs = [{"doc_id": "x1", "text": "Pump 1 is blue."}, {"doc_id": "x2", "text": "Pump 2 is red."}]
+    read = {
+        d["doc_id"]: d["hash_value"]
+        for d in client.post("/index", json={"index_name": "cas", "documents": docs}).json()
+    }
+    r = client.post(
+        "/indexes/cas/documents",
+        json={
+            "documents": [
+                {"doc_id": "x1", "text": "Pump 1 is green.", "if_hash_value": read["x1"]},
+                {"doc_id": "x2", "text": "Pump 2 is green.", "if_hash_value": read["x1"]},
+            ]
+        },
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [d["doc_id"] for d in body["updated_documents"]] == ["x1"]
+    assert [(d["doc_id"], d["text"]) for d in body["conflicting_documents"]] == [("x2", "Pump 2 is red.")]
+    r = client.post("/indexes/cas/documents/delete", json={"doc_ids": ["x1", "x2"], "if_hash_values": read})
+    assert r.json() == {"deleted_doc_ids": ["x2"], "not_found_doc_ids": [], "conflicting_doc_ids": ["x1"]}
+    r = client.post("/indexes/cas/documents/delete", json={"doc_ids": ["x1"], "if_hash_values": {"x9": "h"}})
+    assert r.status_code == 422 and "if_hash_values names 'x9'" in r.text, r.text
+    assert client.get("/indexes/cas/documents/x1").json()["text"] == "Pump 1 is green."
+    # without conditions, KAITO's shapes: no conflicting lists, the echo of a missing document as sent
+    r = client.post("/indexes/cas/documents", json={"documents": [{"doc_id": "gone", "text": "t", "metadata": {}}]})
+    assert r.json() == {
+        "updated_documents": [],
+        "unchanged_documents": [],
+        "not_found_documents": [{"doc_id": "gone", "text": "t", "metadata": {}}],
+    }
+    r = client.post("/indexes/cas/documents/delete", json={"doc_ids": ["x1", "gone"]})
+    assert r.json() == {"deleted_doc_ids": ["x1"], "not_found_doc_ids": ["gone"]}
+
+
 def test_models_embeddings_retrieve(env) -> None:
     client, _, _ = env
     m = client.get("/v1/models").json()

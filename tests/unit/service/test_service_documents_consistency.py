@@ -294,3 +294,52 @@ async def test_keep_existing_holds_against_a_write_landing_after_the_index_was_r
     assert out[0].text == "mine c" and (await svc.get_document("kb", "c")).text == "mine c"
     await assert_healthy(svc)
     pool.close()
+
+
+# --- if_hash_value / if_hash_values: compare-and-set updates and deletes ---------------------------
+async def test_updates_and_deletes_conditioned_on_a_hash_leave_what_another_client_changed(
+    tmp_path: Path, embedder
+) -> None:
+    svc = _service(tmp_path, embedder, _WriteBeforeWrite, num_shards=3)
+    pool = svc.pool
+    assert isinstance(pool, _WriteBeforeWrite)
+    first = await svc.add_documents("kb", [Document(text=f"document {c}", doc_id=c) for c in "abcdef"])
+    read = {r.doc_id: r.hash_value for r in first}
+
+    # the hash read before: updated; another hash: left and returned as stored; none: as before
+    out = await svc.update_documents(
+        "kb",
+        [
+            UpdateDocument(doc_id="a", text="a, mine", if_hash_value=read["a"]),
+            UpdateDocument(doc_id="b", text="b, mine", if_hash_value="not-its-hash"),
+            UpdateDocument(doc_id="zz", text="nowhere", if_hash_value=read["a"]),
+        ],
+    )
+    assert [d.doc_id for d in out.updated_documents] == ["a"]
+    assert [(d.doc_id, d.text) for d in out.conflicting_documents] == [("b", "document b")]
+    assert [d.doc_id for d in out.not_found_documents] == ["zz"]
+
+    # another client's write lands between the read and the write: it stands
+    async def other_client_writes_c() -> None:
+        await svc.update_documents("kb", [UpdateDocument(doc_id="c", text="c, the other client's")])
+
+    pool.before[ShardService.upsert_documents] = other_client_writes_c
+    out = await svc.update_documents("kb", [UpdateDocument(doc_id="c", text="c, mine", if_hash_value=read["c"])])
+    assert out.updated_documents == [] and [d.text for d in out.conflicting_documents] == ["c, the other client's"]
+    assert (await svc.get_document("kb", "c")).text == "c, the other client's"
+
+    # deletes alike, the shard deciding under its write lock
+    gone = await svc.delete_documents(
+        "kb", ["d", "e", "zz", "f"], {"d": read["d"], "e": "not-its-hash", "zz": read["d"]}
+    )
+    assert (gone.deleted_doc_ids, gone.conflicting_doc_ids, gone.not_found_doc_ids) == (["d", "f"], ["e"], ["zz"])
+
+    async def other_client_writes_e() -> None:
+        await svc.update_documents("kb", [UpdateDocument(doc_id="e", text="e, the other client's")])
+
+    pool.before[ShardService.delete_documents] = other_client_writes_e
+    gone = await svc.delete_documents("kb", ["e"], {"e": read["e"]})
+    assert (gone.deleted_doc_ids, gone.conflicting_doc_ids) == ([], ["e"])
+    assert (await svc.get_document("kb", "e")).text == "e, the other client's"
+    await assert_healthy(svc)
+    pool.close()
