@@ -556,6 +556,8 @@ class Syncer:
             sent_docs = {d["doc_id"]: d for d in [*adds, *updates]}
             sent = set(stored)
             cut = {d["metadata"].get("path") for i, d in sent_docs.items() if i not in sent}
+            # what went of whole files is in the index as sent (a retry of the batch conditions on it)
+            self._remember([sent_docs[i] for i in stored if sent_docs[i]["metadata"].get("path") not in cut])
             self._undo([sent_docs[i] for i in stored if sent_docs[i]["metadata"].get("path") in cut])
             raise
         self._delete(deletes, self._read_hashes(deletes), "stale pages")
@@ -640,11 +642,12 @@ class Syncer:
                 self._keep_available = False
                 self._notices.append(NO_KEEP_NOTICE)
             else:
+                # Another hash is another writer's document, another run of this sync's included:
+                # never counted as this run's (its undo would delete it).
                 taken = [
                     (d, rec)
-                    for d, rec in zip(docs, answer, strict=False)
+                    for d, rec in zip(docs, answer, strict=True)
                     if rec.get("hash_value") != content_hash(d["text"], d["metadata"])
-                    and not self.owns(str(rec.get("doc_id")), rec.get("metadata") or {})
                 ]
                 if taken:
                     raise _Taken(

@@ -342,6 +342,7 @@ class DocumentService:
         prepared: list[_Prepared] = []
         slot: list[int | None] = []  # per request position: its key in by_content, if it is new and id-less
         given: list[_Prepared] = []  # client-chosen ids, written as they are
+        kept: list[_Prepared] = []  # keep_existing: held with other content when read (checked again below)
         by_content: dict[int, _Prepared] = {}  # new id-less documents, by first request position
         seen: dict[str, int] = {}  # hash -> that first position
         for i, (d, h, texts) in enumerate(zip(docs, hashes, chunk_texts, strict=True)):
@@ -350,7 +351,7 @@ class DocumentService:
                 prep = _Prepared(d.doc_id, d.text, dict(d.metadata), h, texts)
                 old = existing_given.get(d.doc_id)
                 if old is not None and old.hash_value != h and keep_existing:
-                    prep = _Prepared(old.doc_id, old.text, dict(old.metadata), old.hash_value, [])
+                    kept.append(prep)
                 elif old is None or old.hash_value != h:
                     given.append(prep)
             elif h in existing_by_hash:
@@ -361,39 +362,56 @@ class DocumentService:
             prepared.append(prep)
             slot.append(key)
         to_embed = given + list(by_content.values())
+        chunks: dict[str, list[ChunkWrite]] = {}
+        generation: int | None = None
         if to_embed:
             chunks = await self._embed_chunks(to_embed)
-            dim = int(np.asarray(next(c for cs in chunks.values() for c in cs).vector).shape[-1])
-            generation = await self.pool.call(HOME_SHARD, ShardService.ensure_index, index=index, dim=dim)
+            generation = await self._ensure_index(index, chunks)
             writes = [self._as_write(p, chunks[p.doc_id]) for p in given]
             written, final = await asyncio.gather(
                 self._write(index, writes, generation=generation, if_absent=keep_existing),
                 self._insert_by_content(index, generation, dict(by_content), chunks),
             )
-            held: dict[str, _Prepared] = {}
-            if keep_existing and len(written) < len(writes):
-                held = await self._held_instead(index, generation, [w for w in writes if w.doc_id not in written])
+            kept += [p for p in given if p.doc_id not in written]  # keep_existing: another client's since
             prepared = [
-                held.get(p.doc_id, p) if key is None else replace(p, doc_id=final[key])
-                for p, key in zip(prepared, slot, strict=True)
+                p if key is None else replace(p, doc_id=final[key]) for p, key in zip(prepared, slot, strict=True)
             ]
+        if kept:
+            held = await self._held_instead(index, kept, chunks, generation)
+            prepared = [held.get(p.doc_id, p) if key is None else p for p, key in zip(prepared, slot, strict=True)]
         return [_record(p) for p in prepared]
 
-    async def _held_instead(self, index: str, generation: int, writes: list[DocumentWrite]) -> dict[str, _Prepared]:
-        """The documents stored under the ids of ``writes`` that a ``keep_existing`` write left out
-        (another client wrote them after this request read the index). One deleted again since is
-        written once more, as if-absent as before; by id, what the index holds."""
+    async def _ensure_index(self, index: str, chunks: dict[str, list[ChunkWrite]]) -> int:
+        """The generation of ``index``, created for the vectors' dimension when it does not exist."""
+        dim = int(np.asarray(next(c for cs in chunks.values() for c in cs).vector).shape[-1])
+        generation: int = await self.pool.call(HOME_SHARD, ShardService.ensure_index, index=index, dim=dim)
+        return generation
+
+    async def _held_instead(
+        self, index: str, pending: list[_Prepared], chunks: dict[str, list[ChunkWrite]], generation: int | None
+    ) -> dict[str, _Prepared]:
+        """What the index holds under the ids of ``pending``, documents a ``keep_existing`` request
+        found held by other content (when it read the index, or when its shard wrote), read again
+        now: a document still there is returned in their place; one gone since is written after
+        all (embedded then, if it was not), if-absent under the shard's write lock as before. By
+        id, the documents to answer with."""
         held: dict[str, _Prepared] = {}
         for _ in range(MAX_CONTENT_ID_ATTEMPTS):
-            found = await self._get_documents(index, [w.doc_id for w in writes])
+            found = await self._get_documents(index, [p.doc_id for p in pending])
             for doc_id, doc in found.items():
                 held[doc_id] = _Prepared(doc_id, doc.text, dict(doc.metadata), doc.hash_value, [])
-            writes = [w for w in writes if w.doc_id not in found]
-            if not writes:
+            pending = [p for p in pending if p.doc_id not in found]
+            if not pending:
                 return held
+            missing = [p for p in pending if p.doc_id not in chunks]
+            if missing:
+                chunks.update(await self._embed_chunks(missing))
+            if generation is None:
+                generation = await self._ensure_index(index, chunks)
+            writes = [self._as_write(p, chunks[p.doc_id]) for p in pending]
             written = await self._write(index, writes, generation=generation, if_absent=True)
-            writes = [w for w in writes if w.doc_id not in written]
-            if not writes:
+            pending = [p for p in pending if p.doc_id not in written]
+            if not pending:
                 return held
         raise ConflictError("documents were written and deleted by other clients meanwhile; retry the request")
 

@@ -44,6 +44,7 @@ class MemoryIndex:
         self.docs: dict[str, dict[str, Any]] = {}
         self.keep_refused = False
         self.conditions_refused = False
+        self.hooks: dict[str, Any] = {}  # "add:2": run just before the second add is applied
         self.before_add: Any = None  # another client's write, landing just before the next add
         self.before: dict[str, Any] = {}  # the same before the next "update" or "delete"
         self.fail = dict(fail or {})
@@ -51,6 +52,9 @@ class MemoryIndex:
 
     def _call(self, name: str) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
+        hook = self.hooks.pop(f"{name}:{self.calls[name]}", None)  # another client, just before this call
+        if hook is not None:
+            hook()
         error = self.fail.pop(f"{name}:{self.calls[name]}", None)
         if error is not None:
             raise error
@@ -233,6 +237,74 @@ def test_a_document_another_client_writes_under_a_new_files_id_meanwhile_is_kept
     again = syncer(index, tmp_path, limits=limits).run()
     assert [p for p, _ in again.failed] == ["big.txt"] and "already in the index" in again.failed[0][1]
     assert index.docs["big.txt#part3"]["text"] == "An upload of someone else."
+
+
+FOREIGN = ("An upload of someone else.", {"by": "upload"})
+
+
+def test_a_retried_update_never_overwrites_what_another_client_wrote_meanwhile(tmp_path: Path) -> None:
+    """A changed file's part deleted by someone and then written by another client before the sync
+    adds it back: the file fails, also when its batch is sent again file by file, and the other
+    client's document stays; in a batch of one file alike."""
+    limits = Limits(max_document_chars=200)
+    for with_small in (True, False):
+        root = tmp_path / str(with_small)
+        root.mkdir()
+        f = big(root)
+        if with_small:
+            (root / "small.md").write_text("# Small\n\nfine")
+        index = MemoryIndex()
+        assert syncer(index, root, limits=limits).run().ok
+        f.write_text(f.read_text().replace("pump", "PUMP"))
+        os.utime(f, (1e9, 1e9))
+        if with_small:
+            (root / "small.md").write_text("# Small\n\nchanged")
+        index.hooks["update:1"] = lambda index=index: index.docs.pop("big.txt#part3")
+        index.hooks["add:2"] = lambda index=index: index.put("big.txt#part3", *FOREIGN)
+        report = syncer(index, root, limits=limits).run()
+        assert [p for p, _ in report.failed] == ["big.txt"], report
+        assert report.updated == (["small.md"] if with_small else [])
+        assert index.docs["big.txt#part3"]["text"] == FOREIGN[0]
+        assert not any(i.startswith("big.txt") and i != "big.txt#part3" for i in index.docs)  # not half there
+
+
+def test_a_concurrent_run_of_the_same_sync_never_loses_the_other_runs_documents(tmp_path: Path) -> None:
+    """Run B of the same sync stores a newer version of a file while run A sends its own: A's
+    requests come back with B's documents (another hash), which A never takes for its own, so it
+    fails the file and its undo deletes nothing of B's."""
+    limits = Limits(max_document_chars=200, max_documents_per_request=2)
+    f = big(tmp_path)
+    index = MemoryIndex()
+    a = syncer(index, tmp_path, limits=limits)
+    old = f.read_text()
+    b_wrote: dict[str, str] = {}
+
+    def run_b() -> None:
+        f.write_text(old.replace("pump", "PUMP"))
+        assert syncer(index, tmp_path, limits=limits).run().added == ["big.txt"]
+        b_wrote.update({k: v["text"] for k, v in index.docs.items()})
+        f.write_text(old)
+
+    index.hooks["add:1"] = run_b  # after A read the index (empty), before its first request lands
+    report = a.run()
+    assert [p for p, _ in report.failed] == ["big.txt"] and "another run of this sync" in report.failed[0][1]
+    assert len(b_wrote) == 5 and {k: v["text"] for k, v in index.docs.items()} == b_wrote
+
+
+def test_the_undo_of_a_failed_file_leaves_a_part_another_client_rewrote(tmp_path: Path) -> None:
+    limits = Limits(max_document_chars=200, max_documents_per_request=2)
+    big(tmp_path)
+    index = MemoryIndex()
+
+    def foreign_writes() -> None:
+        index.put("big.txt#part1", *FOREIGN)  # replaces this run's part1 (another client, replace)
+        index.put("big.txt#part5", *FOREIGN)  # and takes part5
+
+    index.hooks["add:3"] = foreign_writes
+    report = syncer(index, tmp_path, limits=limits).run()
+    assert [p for p, _ in report.failed] == ["big.txt"]
+    assert sorted(index.docs) == ["big.txt#part1", "big.txt#part5"]
+    assert any("left 1 document(s) of files that failed" in n for n in report.notices), report.notices
 
 
 def test_a_server_without_if_exists_gets_the_documents_without_it_and_a_notice(tmp_path: Path) -> None:

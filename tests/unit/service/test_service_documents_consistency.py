@@ -13,7 +13,7 @@ import pytest
 
 from ragserve.api.documents import Document, UpdateDocument
 from ragserve.errors import BadRequestError, ConflictError
-from ragserve.ingest import DocumentChunker, hf_token_counter
+from ragserve.ingest import DocumentChunker, content_hash, hf_token_counter
 from ragserve.service.documents import DocumentService
 from ragserve.service.pool import LocalShardPool
 from ragserve.service.shard_service import ShardService, check_layout
@@ -341,5 +341,90 @@ async def test_updates_and_deletes_conditioned_on_a_hash_leave_what_another_clie
     gone = await svc.delete_documents("kb", ["e"], {"e": read["e"]})
     assert (gone.deleted_doc_ids, gone.conflicting_doc_ids) == ([], ["e"])
     assert (await svc.get_document("kb", "e")).text == "e, the other client's"
+    await assert_healthy(svc)
+    pool.close()
+
+
+async def _stored(svc: DocumentService, index: str) -> dict[str, tuple[str, str]]:
+    page = await svc.list_documents(index, limit=100, max_text_length=None)
+    return {d.doc_id: (d.text, d.hash_value) for d in page.documents}
+
+
+async def test_keep_existing_decides_again_what_it_found_held_when_it_read(tmp_path: Path, embedder) -> None:
+    """A document found held when the request read the index is decided again before answering:
+    deleted since, the request's document is written; its index dropped and re-created since, the
+    answer is what the new index holds (never a document of the dropped one)."""
+    svc = _service(tmp_path, embedder, _WriteBeforeWrite)
+    pool = svc.pool
+    assert isinstance(pool, _WriteBeforeWrite)
+    await svc.add_documents("kb", [Document(text="other client's", doc_id="a")])
+
+    async def delete_a() -> None:
+        await svc.delete_documents("kb", ["a"])
+
+    pool.before[ShardService.ensure_index] = delete_a
+    mine = [Document(text="mine a", doc_id="a"), Document(text="mine b", doc_id="b")]
+    out = await svc.add_documents("kb", mine, keep_existing=True)
+    now = await _stored(svc, "kb")
+    assert [(r.doc_id, r.text) for r in out] == [("a", "mine a"), ("b", "mine b")]
+    assert {k: v[0] for k, v in now.items()} == {"a": "mine a", "b": "mine b"}
+
+    await svc.add_documents("kb", [Document(text="other client's again", doc_id="c")])
+
+    async def recreate() -> None:
+        await svc.drop_index("kb")
+        await DocumentService.add_documents(svc, "kb", [Document(text="new index doc", doc_id="z")])
+
+    pool.before[ShardService.ensure_index] = recreate
+    out = await svc.add_documents(
+        "kb", [Document(text="mine c", doc_id="c"), Document(text="mine d", doc_id="d")], keep_existing=True
+    )
+    now = await _stored(svc, "kb")
+    assert [(r.doc_id, r.text) for r in out] == [("c", "mine c"), ("d", "mine d")]
+    assert {k: v[0] for k, v in now.items()} == {"z": "new index doc", "c": "mine c", "d": "mine d"}
+
+    # every document held when read: nothing embedded then; the index is dropped and re-created
+    # after that read, so the answer is read again and the document written after all
+    await svc.add_documents("kb", [Document(text="other client's c", doc_id="c")])
+
+    async def recreate_after_this_read() -> None:
+        pool.before[ShardService.get_documents] = recreate
+
+    pool.before[ShardService.get_documents] = recreate_after_this_read
+    out = await svc.add_documents("kb", [Document(text="mine c, again", doc_id="c")], keep_existing=True)
+    now = await _stored(svc, "kb")
+    assert [(r.doc_id, r.text) for r in out] == [("c", "mine c, again")]
+    assert {k: v[0] for k, v in now.items()} == {"z": "new index doc", "c": "mine c, again"}
+    await assert_healthy(svc)
+    pool.close()
+
+
+@pytest.mark.parametrize("num_shards", [2, 4])
+async def test_keep_existing_answers_what_is_stored_with_mixed_ids_and_racing_writes(
+    tmp_path: Path, embedder, num_shards: int
+) -> None:
+    svc = _service(tmp_path, embedder, _WriteBeforeWrite, num_shards=num_shards)
+    pool = svc.pool
+    assert isinstance(pool, _WriteBeforeWrite)
+    pre = [Document(text=f"pre {i}", doc_id=f"d{i}") for i in range(0, 12, 3)]
+    await svc.add_documents("kb", pre)
+    racers = [Document(text=f"racer {i}", doc_id=f"d{i}") for i in (1, 7)]
+
+    async def other() -> None:
+        await DocumentService.add_documents(svc, "kb", racers)
+
+    pool.before[ShardService.ensure_index] = other
+    mine = [Document(text=f"mine {i}", doc_id=f"d{i}") for i in range(12)]
+    mine.insert(2, Document(text="no id one"))
+    mine.insert(5, Document(text="pre 3"))  # id-less, the content of d3
+    mine.append(Document(text="no id one"))  # id-less, twice in one request
+    out = await svc.add_documents("kb", mine, keep_existing=True)
+    now = await _stored(svc, "kb")
+    held = {p.doc_id for p in [*pre, *racers]}
+    for d, r in zip(mine, out, strict=True):
+        assert now[r.doc_id] == (r.text, r.hash_value), (d, r)
+        if d.doc_id is not None:
+            assert (r.hash_value == content_hash(d.text, d.metadata)) == (d.doc_id not in held), (d, r)
+    assert all(now[p.doc_id][0] == p.text for p in [*pre, *racers])
     await assert_healthy(svc)
     pool.close()
