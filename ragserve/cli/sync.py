@@ -603,9 +603,10 @@ class Syncer:
             )
         return stored
 
-    def _delete(self, doc_ids: Sequence[str], hashes: Mapping[str, str], what: str) -> None:
+    def _delete(self, doc_ids: Sequence[str], hashes: Mapping[str, str], what: str) -> list[str]:
         """Delete documents of this sync, each only if it is still the one ``hashes`` says
-        (``if_hash_values``): one another client changed meanwhile is left, with a notice."""
+        (``if_hash_values``): one another client changed meanwhile is left, with a notice.
+        Returns the ids left."""
         step = self.limits.max_documents_per_request
         left: list[str] = []
         for i in range(0, len(doc_ids), step):
@@ -614,7 +615,7 @@ class Syncer:
             try:
                 answer = self.client.delete_documents(self.index, ids, want or None)
             except ApiError as e:
-                if not want or e.status not in (400, 422) or "if_hash_values" not in e.message:
+                if not want or not _refuses(e, "if_hash_values"):
                     raise
                 self._conditions_available = False
                 self._notices.append(NO_CONDITIONS_NOTICE)
@@ -626,6 +627,7 @@ class Syncer:
                 f"left {len(left)} document(s) of {what} that another client changed since this run read the "
                 f"index: {shown_ids}"
             )
+        return left
 
     def _add(self, docs: list[dict[str, Any]]) -> list[str]:
         """``POST /index`` of new documents with ``if_exists: keep``: returns their ids, all stored.
@@ -637,7 +639,7 @@ class Syncer:
             try:
                 answer = self.client.add_documents(self.index, docs, if_exists="keep")
             except ApiError as e:
-                if not _refuses_keep(e):
+                if not _refuses(e, "if_exists"):
                     raise
                 self._keep_available = False
                 self._notices.append(NO_KEEP_NOTICE)
@@ -655,8 +657,8 @@ class Syncer:
                         409,
                         f"document id {taken[0][0]['doc_id']!r} was written by "
                         f"{self._writer(str(taken[0][1].get('doc_id')), taken[0][1].get('metadata') or {})} while "
-                        "this run was sending "
-                        "it; it is left as it is (sync into another index, or delete that document first)",
+                        "this run was sending it; it is left as it is (sync into another index, or delete that "
+                        "document first)",
                     )
                 return ids
         self.client.add_documents(self.index, docs)
@@ -752,7 +754,7 @@ class Syncer:
             try:
                 info = self.client.submit_job(self.index, docs, if_exists="keep" if self._keep_available else None)
             except ApiError as e:
-                if not self._keep_available or not _refuses_keep(e):
+                if not self._keep_available or not _refuses(e, "if_exists"):
                     raise
                 self._keep_available = False
                 self._notices.append(NO_KEEP_NOTICE)
@@ -1000,11 +1002,11 @@ class Syncer:
             report.stale = sorted(gone)
             return
         ids = sorted(i for v in gone.values() for i in v)
-        self._delete(ids, self._read_hashes(ids), "deleted files")
+        left = set(self._delete(ids, self._read_hashes(ids), "deleted files"))
         for doc_id in ids:
             (self.remote or {}).pop(doc_id, None)
-        report.deleted = sorted(gone)
-        report.documents_deleted = len(ids)
+        report.deleted = sorted(path for path, doc_ids in gone.items() if not left.intersection(doc_ids))
+        report.documents_deleted = len(ids) - len(left)
 
 
 NO_KEEP_NOTICE = (
@@ -1019,14 +1021,14 @@ NO_CONDITIONS_NOTICE = (
 )
 
 
-def _refuses_keep(e: ApiError) -> bool:
-    """Whether ``e`` is a server before ``if_exists`` refusing the field (extra fields are a 422)."""
-    return e.status in (400, 422) and "if_exists" in e.message
+def _refuses(e: ApiError, option: str) -> bool:
+    """Whether ``e`` is a server before ``option`` refusing the field (extra fields are a 422)."""
+    return e.status in (400, 422) and option in e.message
 
 
 class _Taken(ApiError):
-    """New documents of which some were not stored: another client holds their ids (a 409).
-    ``stored``: the ids of the request that are in the index as sent."""
+    """Documents of which some were not stored: another client wrote their ids after this run read
+    the index (a 409). ``stored``: the ids of the request that are in the index as sent."""
 
     def __init__(self, stored: list[str], status: int, message: str):
         super().__init__(status, message)

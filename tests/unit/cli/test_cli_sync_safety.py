@@ -339,6 +339,7 @@ def test_a_document_another_client_changes_before_the_syncs_update_or_delete_is_
     assert [p for p, _ in report.failed] == ["a.md"] and "changed by" in report.failed[0][1], report.failed
     assert index.docs["a.md"]["text"] == index.docs["b.md"]["text"] == "Rewritten by hand."
     assert any("left 1 document(s) of deleted files" in n and "'b.md'" in n for n in report.notices), report.notices
+    assert report.deleted == [] and report.documents_deleted == 0
 
 
 def test_a_server_without_if_hash_values_gets_deletes_without_them_and_a_notice(tmp_path: Path) -> None:
