@@ -117,6 +117,9 @@ class Document(RequestModel):
 #: What ``POST /index`` and ``POST /jobs`` do with a given doc_id the index already holds with other
 #: content: replace it (KAITO's behaviour, the default), or keep it and leave the new document out.
 IfExists = Literal["replace", "keep"]
+#: What ``GET /ui/config`` lists as ``features``: the options above that a client (the CLI) may
+#: send, where KAITO's server and a ragserve before them would refuse or ignore them.
+DOCUMENT_FEATURES = ("if_exists", "if_hash_value")
 IF_EXISTS_DESCRIPTION = (
     "A document whose doc_id the index already holds with other text or metadata: 'replace' it (the "
     "default), or 'keep' the stored one and leave this one out (POST /index returns the stored document, "
@@ -160,6 +163,7 @@ class UpdateDocument(RequestModel):
     metadata: Metadata | None = None  # omitted: keep the stored metadata
     if_hash_value: str | None = Field(
         default=None,
+        min_length=1,
         max_length=256,
         exclude_if=lambda v: v is None,  # echoed in not_found_documents only when sent (KAITO's shape)
         description="Update only if the stored document's hash_value is this one (the one read before): "
@@ -192,7 +196,7 @@ class DeleteDocumentsRequest(RequestModel):
 
     model_config = ConfigDict(extra="forbid")
     doc_ids: list[str] = Field(min_length=1, description="Ids to delete; a repeated id counts once.")
-    if_hash_values: dict[str, Annotated[str, Field(max_length=256)]] | None = Field(
+    if_hash_values: dict[str, Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
         default=None,
         description="doc_id -> the hash_value read before: such a document is deleted only if it is still "
         "that one (one another client changed since is left, in conflicting_doc_ids). Every key must be in "

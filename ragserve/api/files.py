@@ -28,3 +28,8 @@ class UiConfig(BaseModel):
     auth_required: bool
     limits: dict[str, int]
     settings: dict[str, Any]
+    features: list[str] = Field(
+        default_factory=list,
+        description="What this server's document API takes beyond KAITO's: 'if_exists' (POST /index and "
+        "/jobs) and 'if_hash_value' (if_hash_value on updates, if_hash_values on deletes).",
+    )

@@ -58,7 +58,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -321,6 +321,7 @@ class Syncer:
         use_jobs: bool | None = None,
         jobs_threshold: int | None = None,
         job_poll_s: float = 0.5,
+        features: Collection[str] | None = None,
     ):
         self.client = client
         self.index = index
@@ -349,14 +350,19 @@ class Syncer:
         self.jobs_threshold = self.limits.max_documents_per_request if jobs_threshold is None else jobs_threshold
         self.job_poll_s = job_poll_s
         self._jobs_available = True  # False once the server answered POST /jobs with 404 (kept for --watch)
-        # New documents are sent with if_exists "keep" (a document another client writes under one of
-        # their ids while the run sends is never overwritten); False once a server without the option
-        # refused it (kept for --watch), with a notice for the run's report.
-        self._keep_available = True
-        # Deletes name the hash each document had when read (if_hash_values); False once a server
-        # without the option refused it (kept for --watch).
-        self._conditions_available = True
+        # What the server's document API takes beyond KAITO's (GET /ui/config "features"; None: asked
+        # at the first run): new documents go with if_exists "keep", and updates and deletes of this
+        # sync's documents name the hash read (if_hash_value, if_hash_values), so a document another
+        # client writes or changes meanwhile is never overwritten or deleted. A server that does not
+        # list them gets neither (it would refuse or ignore them), with a notice in each report.
+        self._features = None if features is None else frozenset(features)
         self._notices: list[str] = []
+
+    def _feature(self, name: str) -> bool:
+        if self._features is None:
+            config = self.client.config()
+            self._features = frozenset((config or {}).get("features") or ())
+        return name in self._features
 
     # --- what the index holds ------------------------------------------------------------------
     def _prefixes(self) -> list[str]:
@@ -582,17 +588,22 @@ class Syncer:
         """Update this sync's documents, each only if it is still the one this run read
         (``if_hash_value``); returns their ids, all stored. One deleted meanwhile is added back; one
         another client changed meanwhile is left and raises :class:`_Taken` (a 409 naming it)."""
+        conditions = self._feature("if_hash_value")
         read = self._read_hashes([d["doc_id"] for d in docs])
-        sent = [{**d, "if_hash_value": read[d["doc_id"]]} if d["doc_id"] in read else d for d in docs]
-        answer = self.client.update_documents(self.index, sent)
-        gone = {d["doc_id"] for d in answer.get("not_found_documents") or []}
+        # with conditions, one whose hash this run does not know is never updated blindly: added if absent
+        unknown = {d["doc_id"] for d in docs if d["doc_id"] not in read} if conditions else set()
+        sent = [
+            {**d, "if_hash_value": read[d["doc_id"]]} if conditions else d for d in docs if d["doc_id"] not in unknown
+        ]
+        answer = self.client.update_documents(self.index, sent) if sent else {}
+        gone = {d["doc_id"] for d in answer.get("not_found_documents") or []} | unknown
         changed = {str(d.get("doc_id")): d for d in answer.get("conflicting_documents") or []}
         stored = [d["doc_id"] for d in docs if d["doc_id"] not in gone and d["doc_id"] not in changed]
         if gone:  # deleted by someone else meanwhile: add them back
             try:
                 stored += self._add([d for d in docs if d["doc_id"] in gone])
-            except _Taken as e:
-                raise _Taken(stored + e.stored, e.status, e.message) from None
+            except ApiError as e:  # what this request stored goes with the error (see _send)
+                raise _Taken(stored + getattr(e, "stored", []), e.status, e.message) from None
         if changed:
             doc_id, rec = next(iter(changed.items()))
             raise _Taken(
@@ -608,18 +619,12 @@ class Syncer:
         (``if_hash_values``): one another client changed meanwhile is left, with a notice.
         Returns the ids left."""
         step = self.limits.max_documents_per_request
+        conditions = self._feature("if_hash_value")
         left: list[str] = []
         for i in range(0, len(doc_ids), step):
             ids = list(doc_ids[i : i + step])
-            want = {d: hashes[d] for d in ids if d in hashes} if self._conditions_available else {}
-            try:
-                answer = self.client.delete_documents(self.index, ids, want or None)
-            except ApiError as e:
-                if not want or not _refuses(e, "if_hash_values"):
-                    raise
-                self._conditions_available = False
-                self._notices.append(NO_CONDITIONS_NOTICE)
-                answer = self.client.delete_documents(self.index, ids)
+            want = {d: hashes[d] for d in ids if d in hashes} if conditions else {}
+            answer = self.client.delete_documents(self.index, ids, want or None)
             left += [str(d) for d in answer.get("conflicting_doc_ids") or []]
         if left:
             shown_ids = ", ".join(repr(d) for d in left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
@@ -635,46 +640,46 @@ class Syncer:
         as it is and raises :class:`_Taken` (a 409 naming it), which carries the ids that were
         stored, so ``_send`` deletes those of the files it cut in two and never the other client's."""
         ids = [d["doc_id"] for d in docs]
-        if self._keep_available:
-            try:
-                answer = self.client.add_documents(self.index, docs, if_exists="keep")
-            except ApiError as e:
-                if not _refuses(e, "if_exists"):
-                    raise
-                self._keep_available = False
-                self._notices.append(NO_KEEP_NOTICE)
-            else:
-                # Another hash is another writer's document, another run of this sync's included:
-                # never counted as this run's (its undo would delete it).
-                taken = [
-                    (d, rec)
-                    for d, rec in zip(docs, answer, strict=True)
-                    if rec.get("hash_value") != content_hash(d["text"], d["metadata"])
-                ]
-                if taken:
-                    raise _Taken(
-                        [i for i in ids if i not in {d["doc_id"] for d, _ in taken}],
-                        409,
-                        f"document id {taken[0][0]['doc_id']!r} was written by "
-                        f"{self._writer(str(taken[0][1].get('doc_id')), taken[0][1].get('metadata') or {})} while "
-                        "this run was sending it; it is left as it is (sync into another index, or delete that "
-                        "document first)",
-                    )
-                return ids
+        if self._feature("if_exists"):
+            answer = self.client.add_documents(self.index, docs, if_exists="keep")
+            # Another hash is another writer's document, another run of this sync's included:
+            # never counted as this run's (its undo would delete it).
+            taken = [
+                (d, rec)
+                for d, rec in zip(docs, answer, strict=True)
+                if rec.get("hash_value") != content_hash(d["text"], d["metadata"])
+            ]
+            if taken:
+                raise _Taken(
+                    [i for i in ids if i not in {d["doc_id"] for d, _ in taken}],
+                    409,
+                    f"document id {taken[0][0]['doc_id']!r} was written by "
+                    f"{self._writer(str(taken[0][1].get('doc_id')), taken[0][1].get('metadata') or {})} while "
+                    "this run was sending it; it is left as it is (sync into another index, or delete that "
+                    "document first)",
+                )
+            return ids
         self.client.add_documents(self.index, docs)
         return ids
 
     def _undo(self, docs: list[dict[str, Any]]) -> None:
         """Delete documents this run stored of files that failed, each only if it is still what
-        this run wrote (best effort: the error that failed them is what is reported)."""
+        this run wrote (best effort: the error that failed them is what is reported). One left
+        (another client changed it since) or not deleted (the delete failed) is remembered as this
+        run wrote it, so a later update of it names that hash and cannot overwrite the other's."""
+        left = {d["doc_id"] for d in docs}
         with contextlib.suppress(ApiError):
-            self._delete(
-                [d["doc_id"] for d in docs],
-                {d["doc_id"]: content_hash(d["text"], d["metadata"]) for d in docs},
-                "files that failed",
+            left = set(
+                self._delete(
+                    [d["doc_id"] for d in docs],
+                    {d["doc_id"]: content_hash(d["text"], d["metadata"]) for d in docs},
+                    "files that failed",
+                )
             )
+        self._remember([d for d in docs if d["doc_id"] in left])
         for d in docs:
-            (self.remote or {}).pop(d["doc_id"], None)
+            if d["doc_id"] not in left:
+                (self.remote or {}).pop(d["doc_id"], None)
 
     def _remember(self, docs: Sequence[dict[str, Any]]) -> None:
         """Documents now in the index as this sync's, for the rest of the run (and the next, with --watch)."""
@@ -751,14 +756,7 @@ class Syncer:
             return
         docs = [d for p in plans for d in p.adds]
         try:
-            try:
-                info = self.client.submit_job(self.index, docs, if_exists="keep" if self._keep_available else None)
-            except ApiError as e:
-                if not self._keep_available or not _refuses(e, "if_exists"):
-                    raise
-                self._keep_available = False
-                self._notices.append(NO_KEEP_NOTICE)
-                info = self.client.submit_job(self.index, docs)
+            info = self.client.submit_job(self.index, docs, if_exists="keep" if self._feature("if_exists") else None)
         except ApiError as e:
             if e.status in (404, 405):
                 if self.use_jobs:
@@ -979,6 +977,8 @@ class Syncer:
             report.fatal = report.fatal or e.message
         finally:
             self.progress.finish()
+        if self._features is not None and not {"if_exists", "if_hash_value"} <= self._features:
+            self._notices.insert(0, NO_CONDITIONS_NOTICE)
         report.notices += self._notices
         self._notices = []
         left = [shown(f.rel) for f in files if f.rel not in done and f.rel not in vanished]
@@ -1004,26 +1004,17 @@ class Syncer:
         ids = sorted(i for v in gone.values() for i in v)
         left = set(self._delete(ids, self._read_hashes(ids), "deleted files"))
         for doc_id in ids:
-            (self.remote or {}).pop(doc_id, None)
+            if doc_id not in left:  # one left keeps the hash read: it is not this sync's to delete now
+                (self.remote or {}).pop(doc_id, None)
         report.deleted = sorted(path for path, doc_ids in gone.items() if not left.intersection(doc_ids))
         report.documents_deleted = len(ids) - len(left)
 
 
-NO_KEEP_NOTICE = (
-    "the server does not take if_exists (an older ragserve): a document another client writes under a new "
-    "file's id while a run sends it is overwritten"
-)
-
-
 NO_CONDITIONS_NOTICE = (
-    "the server does not take if_hash_values (an older ragserve): a document another client changes while a "
-    "run deletes it is deleted"
+    "the server does not list if_exists and if_hash_value among its features (an older ragserve, or another "
+    "server): a document another client writes or changes under this sync's ids while a run sends can be "
+    "overwritten or deleted"
 )
-
-
-def _refuses(e: ApiError, option: str) -> bool:
-    """Whether ``e`` is a server before ``option`` refusing the field (extra fields are a 422)."""
-    return e.status in (400, 422) and option in e.message
 
 
 class _Taken(ApiError):

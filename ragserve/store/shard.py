@@ -422,10 +422,11 @@ class Shard:
                 stale = True
             create = held is None or stale
             if create:
-                if only_existing:
-                    return []
+                # dropped first: an update racing a drop is the drop's 409, not "no such document"
                 if generation is not None and generation <= self._dropped_through(index):
                     raise IndexDroppedError(index, generation)
+                if only_existing:
+                    return []
                 if not dims:
                     raise ValueError("cannot create an index from documents without chunks")
                 dim = next(iter(dims))

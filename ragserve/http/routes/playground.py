@@ -14,6 +14,7 @@ from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.types import Scope
 
+from ragserve.api.documents import DOCUMENT_FEATURES
 from ragserve.api.files import UiConfig, UploadResponse
 from ragserve.errors import UnsupportedMediaTypeError
 from ragserve.http.errors import DOCUMENT_ERRORS
@@ -77,6 +78,7 @@ def playground_router(services: Services) -> APIRouter:
             auth_required=bool(services.credentials()),
             limits={f.name: getattr(limits, f.name) for f in fields(limits)},
             settings=public_settings(services.settings, await services.chat.context_size()),
+            features=list(DOCUMENT_FEATURES),
         )
 
     @router.post(

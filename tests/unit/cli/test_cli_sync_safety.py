@@ -20,7 +20,6 @@ from ragserve.cli.main import main
 from ragserve.cli.output import printable
 from ragserve.cli.sync import (
     NO_CONDITIONS_NOTICE,
-    NO_KEEP_NOTICE,
     SOURCE,
     FileRefused,
     Limits,
@@ -42,8 +41,7 @@ class MemoryIndex:
 
     def __init__(self, fail: dict[str, ApiError] | None = None):
         self.docs: dict[str, dict[str, Any]] = {}
-        self.keep_refused = False
-        self.conditions_refused = False
+        self.features = ["if_exists", "if_hash_value"]  # GET /ui/config's; [] an older server
         self.hooks: dict[str, Any] = {}  # "add:2": run just before the second add is applied
         self.before_add: Any = None  # another client's write, landing just before the next add
         self.before: dict[str, Any] = {}  # the same before the next "update" or "delete"
@@ -62,6 +60,9 @@ class MemoryIndex:
     def put(self, doc_id: str, text: str, metadata: dict[str, Any]) -> None:
         self.docs[doc_id] = {"doc_id": doc_id, "text": text, "metadata": metadata}
 
+    def config(self) -> dict[str, Any]:
+        return {"features": list(self.features)}
+
     def iter_documents(self, index: str, **kw: Any) -> Iterator[dict[str, Any]]:
         for d in list(self.docs.values()):
             yield {**d, "hash_value": content_hash(d["text"], d["metadata"])}
@@ -75,7 +76,7 @@ class MemoryIndex:
         before, self.before_add = self.before_add, None
         if before is not None:
             before()
-        if if_exists is not None and self.keep_refused:
+        if if_exists is not None and "if_exists" not in self.features:
             raise ApiError(422, "if_exists: Extra inputs are not permitted")
         out = []
         for d in documents:
@@ -93,6 +94,8 @@ class MemoryIndex:
         """As the server: a document whose stored hash is not its ``if_hash_value`` is left."""
         self._call("update")
         self._before("update")
+        if any("if_hash_value" in d for d in documents) and "if_hash_value" not in self.features:
+            raise AssertionError("if_hash_value sent to a server that does not list it (it would ignore it)")
         gone = [d for d in documents if d["doc_id"] not in self.docs]
         changed = []
         for d in documents:
@@ -107,11 +110,10 @@ class MemoryIndex:
     def delete_documents(
         self, index: str, doc_ids: list[str], if_hash_values: dict[str, str] | None = None
     ) -> dict[str, Any]:
-        """As the server: a document whose stored hash is not the one ``if_hash_values`` gives is
-        left. ``conditions_refused``: a server before the option (422 naming it)."""
+        """As the server: a document whose stored hash is not the one ``if_hash_values`` gives is left."""
         self._call("delete")
         self._before("delete")
-        if if_hash_values and self.conditions_refused:
+        if if_hash_values and "if_hash_value" not in self.features:
             raise ApiError(422, "if_hash_values: Extra inputs are not permitted")
         want = if_hash_values or {}
         left = [i for i in doc_ids if i in self.docs and want.get(i, self._hash(i)) != self._hash(i)]
@@ -307,17 +309,65 @@ def test_the_undo_of_a_failed_file_leaves_a_part_another_client_rewrote(tmp_path
     assert any("left 1 document(s) of files that failed" in n for n in report.notices), report.notices
 
 
-def test_a_server_without_if_exists_gets_the_documents_without_it_and_a_notice(tmp_path: Path) -> None:
+def test_a_part_the_undo_left_is_never_overwritten_by_the_file_by_file_retry(tmp_path: Path) -> None:
+    """A batch fails (a part of big.txt taken by another client); the undo of big.txt leaves part 1,
+    which a hand edit changed just before it; sending the batch again file by file must not update
+    part 1 blindly: the retry names the hash this run wrote, meets the hand edit, and leaves it."""
+    limits = Limits(max_document_chars=200, max_documents_per_request=3)
+    f = big(tmp_path, parts=2)
+    (tmp_path / "small.md").write_text("# Small\n\nfine")
+    index = MemoryIndex()
+    assert syncer(index, tmp_path, limits=limits).run().ok
+    f.write_text(f.read_text().replace("pump", "PUMP"))
+    os.utime(f, (1e9, 1e9))
+    (tmp_path / "small.md").write_text("# Small\n\nchanged")
+    index.calls = {}
+    index.hooks["update:1"] = lambda: index.docs.pop("big.txt#part2")  # deleted by someone
+    index.hooks["add:1"] = lambda: index.put("big.txt#part2", *FOREIGN)  # and taken by another client
+    hand = ("Hand edit of part 1.", {"by": "hand"})
+    index.hooks["delete:1"] = lambda: index.put("big.txt#part1", *hand)  # lands before the undo
+    report = syncer(index, tmp_path, limits=limits).run()
+    assert index.docs["big.txt#part1"]["text"] == hand[0] and index.docs["big.txt#part2"]["text"] == FOREIGN[0]
+    assert [p for p, _ in report.failed] == ["big.txt"] and report.updated == ["small.md"], report
+
+
+def test_a_failed_add_back_inside_an_update_keeps_what_the_request_stored(tmp_path: Path) -> None:
+    """An update whose document was deleted meanwhile adds it back; that add failing (a 409) fails
+    its file only: the other file the update stored is kept, and not taken for another's on retry."""
+    (tmp_path / "a.md").write_text("# A\n\nalpha")
+    (tmp_path / "b.md").write_text("# B\n\nbeta")
+    index = MemoryIndex()
+    assert syncer(index, tmp_path).run().added == ["a.md", "b.md"]
+    for name, text in (("a.md", "# A\n\nalpha 2"), ("b.md", "# B\n\nbeta 2")):
+        (tmp_path / name).write_text(text)
+        os.utime(tmp_path / name, (2e9, 2e9))
+    index.calls = {}
+    index.hooks["update:1"] = lambda: index.docs.pop("a.md")  # another client deletes a.md's document
+    index.fail = {"add:1": ApiError(409, "documents were written and deleted by other clients meanwhile; retry")}
+    report = syncer(index, tmp_path).run()
+    assert report.updated == ["a.md", "b.md"] and report.failed == [], report  # a.md: the retry adds it
+    assert index.docs["b.md"]["text"].endswith("beta 2") and index.docs["a.md"]["text"].endswith("alpha 2")
+
+
+def test_a_server_not_listing_the_features_gets_plain_writes_and_a_notice(tmp_path: Path) -> None:
+    """A server whose GET /ui/config lists neither if_exists nor if_hash_value (an older ragserve,
+    KAITO's) would refuse or silently ignore them: the sync sends neither, and says so in each
+    report that wrote something (--watch asks once)."""
     (tmp_path / "a.md").write_text("# A\n\nalpha")
     index = MemoryIndex()
-    index.keep_refused = True
-    s = syncer(index, tmp_path)
+    index.features = []
+    s = syncer(index, tmp_path, delete=True)
     report = s.run()
     assert report.ok and report.added == ["a.md"] and "a.md" in index.docs
-    assert report.notices == [NO_KEEP_NOTICE]
+    assert report.notices == [NO_CONDITIONS_NOTICE]
+    (tmp_path / "a.md").write_text("# A\n\nalpha, edited")
+    os.utime(tmp_path / "a.md", (2_000_000_000, 2_000_000_000))
     (tmp_path / "b.md").write_text("# B\n\nbeta")
-    again = s.run()  # --watch: asked once, remembered
-    assert again.added == ["b.md"] and again.notices == [] and index.calls["add"] == 3
+    again = s.run()
+    assert again.added == ["b.md"] and again.updated == ["a.md"] and again.notices == [NO_CONDITIONS_NOTICE]
+    (tmp_path / "b.md").unlink()
+    third = s.run()
+    assert third.deleted == ["b.md"] and "b.md" not in index.docs
 
 
 def test_a_document_another_client_changes_before_the_syncs_update_or_delete_is_left(tmp_path: Path) -> None:
@@ -340,17 +390,6 @@ def test_a_document_another_client_changes_before_the_syncs_update_or_delete_is_
     assert index.docs["a.md"]["text"] == index.docs["b.md"]["text"] == "Rewritten by hand."
     assert any("left 1 document(s) of deleted files" in n and "'b.md'" in n for n in report.notices), report.notices
     assert report.deleted == [] and report.documents_deleted == 0
-
-
-def test_a_server_without_if_hash_values_gets_deletes_without_them_and_a_notice(tmp_path: Path) -> None:
-    (tmp_path / "a.md").write_text("# A\n\nalpha")
-    index = MemoryIndex()
-    index.conditions_refused = True
-    assert syncer(index, tmp_path).run().added == ["a.md"]
-    (tmp_path / "a.md").unlink()
-    report = syncer(index, tmp_path, delete=True).run()
-    assert report.ok and report.deleted == ["a.md"] and index.docs == {}
-    assert report.notices == [NO_CONDITIONS_NOTICE]
 
 
 # --- what is read ----------------------------------------------------------------------------------

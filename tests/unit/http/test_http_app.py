@@ -246,6 +246,9 @@ def test_conditional_updates_and_deletes_over_http(env) -> None:
     assert r.json() == {"deleted_doc_ids": ["x2"], "not_found_doc_ids": [], "conflicting_doc_ids": ["x1"]}
     r = client.post("/indexes/cas/documents/delete", json={"doc_ids": ["x1"], "if_hash_values": {"x9": "h"}})
     assert r.status_code == 422 and "if_hash_values names 'x9'" in r.text, r.text
+    r = client.post("/indexes/cas/documents/delete", json={"doc_ids": ["x1"], "if_hash_values": {"x1": ""}})
+    assert r.status_code == 422, r.text  # an empty hash is no hash: a mistake, not a condition never met
+    assert set(client.get("/ui/config").json()["features"]) == {"if_exists", "if_hash_value"}  # for the CLI
     assert client.get("/indexes/cas/documents/x1").json()["text"] == "Pump 1 is green."
     # without conditions, KAITO's shapes: no conflicting lists, the echo of a missing document as sent
     r = client.post("/indexes/cas/documents", json={"documents": [{"doc_id": "gone", "text": "t", "metadata": {}}]})

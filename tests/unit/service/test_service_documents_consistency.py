@@ -428,3 +428,18 @@ async def test_keep_existing_answers_what_is_stored_with_mixed_ids_and_racing_wr
     assert all(now[p.doc_id][0] == p.text for p in [*pre, *racers])
     await assert_healthy(svc)
     pool.close()
+
+
+async def test_an_update_racing_a_drop_is_the_drops_409_not_a_missing_document(tmp_path: Path, embedder) -> None:
+    """The index is dropped after the update read its generation: a 409 saying so (a client that
+    took "not found" for "deleted by someone" would add the document back and re-create the index)."""
+    svc = _service(tmp_path, embedder, _DropBeforeWrite)
+    pool = svc.pool
+    assert isinstance(pool, _DropBeforeWrite)
+    pool.service = svc
+    await svc.add_documents("kb", [Document(text="first document", doc_id="a")])
+    pool.armed = True
+    with pytest.raises(ConflictError, match="deleted"):
+        await svc.update_documents("kb", [UpdateDocument(doc_id="a", text="first document, edited")])
+    assert not await svc.index_exists("kb")
+    pool.close()
