@@ -56,7 +56,10 @@ def _service(tmp_path: Path, embedder: Any, pool_cls: type[LocalShardPool], num_
 
 
 # --- item 2 -------------------------------------------------------------------------------------
-async def test_a_write_racing_a_drop_fails_cleanly_and_leaves_no_rows(tmp_path: Path, embedder) -> None:
+@pytest.mark.parametrize("write", ["add", "update"])
+async def test_a_write_racing_a_drop_fails_cleanly_and_leaves_no_rows(tmp_path: Path, embedder, write: str) -> None:
+    """The index is dropped after the write read its generation: a 409 saying so, for an update too
+    (a client that took "not found" for "deleted by someone" would add it back and re-create the index)."""
     svc = _service(tmp_path, embedder, _DropBeforeWrite)
     pool = svc.pool
     assert isinstance(pool, _DropBeforeWrite)
@@ -64,7 +67,10 @@ async def test_a_write_racing_a_drop_fails_cleanly_and_leaves_no_rows(tmp_path: 
     await svc.add_documents("kb", [Document(text="first document", doc_id="a")])
     pool.armed = True
     with pytest.raises(ConflictError, match="deleted"):
-        await svc.add_documents("kb", [Document(text="second document", doc_id="b")])
+        if write == "add":
+            await svc.add_documents("kb", [Document(text="second document", doc_id="b")])
+        else:
+            await svc.update_documents("kb", [UpdateDocument(doc_id="a", text="first document, edited")])
     assert not await svc.index_exists("kb")
     # the name is reused: nothing of the dropped index or of the refused write comes back
     await svc.add_documents("kb", [Document(text="third document", doc_id="c")])
@@ -427,19 +433,4 @@ async def test_keep_existing_answers_what_is_stored_with_mixed_ids_and_racing_wr
             assert (r.hash_value == content_hash(d.text, d.metadata)) == (d.doc_id not in held), (d, r)
     assert all(now[p.doc_id][0] == p.text for p in [*pre, *racers])
     await assert_healthy(svc)
-    pool.close()
-
-
-async def test_an_update_racing_a_drop_is_the_drops_409_not_a_missing_document(tmp_path: Path, embedder) -> None:
-    """The index is dropped after the update read its generation: a 409 saying so (a client that
-    took "not found" for "deleted by someone" would add the document back and re-create the index)."""
-    svc = _service(tmp_path, embedder, _DropBeforeWrite)
-    pool = svc.pool
-    assert isinstance(pool, _DropBeforeWrite)
-    pool.service = svc
-    await svc.add_documents("kb", [Document(text="first document", doc_id="a")])
-    pool.armed = True
-    with pytest.raises(ConflictError, match="deleted"):
-        await svc.update_documents("kb", [UpdateDocument(doc_id="a", text="first document, edited")])
-    assert not await svc.index_exists("kb")
     pool.close()
