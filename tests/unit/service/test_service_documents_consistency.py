@@ -4,6 +4,7 @@ KAITO-shaped snapshots, atomic dedupe, repeated doc ids, updates that omit metad
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import os
 from pathlib import Path
@@ -233,19 +234,33 @@ async def test_an_update_without_metadata_keeps_the_stored_metadata(service: Doc
 
 
 # --- if_exists: keep ----------------------------------------------------------------------------
+_OTHER_CLIENT: contextvars.ContextVar[bool] = contextvars.ContextVar("other_client", default=False)
+
+
 class _WriteBeforeWrite(LocalShardPool):
     """A pool on which another client's write (or delete) lands just before a call of a shard method
-    reaches its shard (``before[method]``, once)."""
+    reaches its shard (``before[method]``, once): before *every* shard's call of that method, since
+    the request's calls to the other shards wait until the other client's calls have landed."""
 
     def __init__(self, shards: list[Any]):
         super().__init__(shards)
         self.before: dict[Any, Any] = {}
+        self._landing: dict[Any, asyncio.Task[Any]] = {}
 
     async def call(self, shard: int, method: Any, *args: Any, **kwargs: Any) -> Any:
-        before = self.before.pop(method, None)
-        if before is not None:
-            await before()
+        if not _OTHER_CLIENT.get():
+            before = self.before.pop(method, None)
+            if before is not None:
+                self._landing[method] = asyncio.ensure_future(self._as_other_client(before))
+            landing = self._landing.get(method)
+            if landing is not None:
+                await asyncio.shield(landing)
         return await super().call(shard, method, *args, **kwargs)
+
+    @staticmethod
+    async def _as_other_client(before: Any) -> None:
+        _OTHER_CLIENT.set(True)  # in this task's own context: its calls do not wait for it
+        await before()
 
 
 async def test_keep_existing_leaves_a_held_document_and_returns_it_as_stored(service: DocumentService) -> None:
