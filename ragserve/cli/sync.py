@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from ragserve.api.documents import DOCUMENT_FEATURES
 from ragserve.cli.client import ApiError, RagClient
 from ragserve.cli.files import FileSelector, LocalFile, discover, given_roots, scope_prefix, shown, sync_base
 from ragserve.config import Settings
@@ -634,6 +635,11 @@ class Syncer:
             )
         return left
 
+    def _delete_written(self, docs: Sequence[dict[str, Any]]) -> list[str]:
+        """Delete documents this run wrote of files that failed, each only if it is still as written."""
+        hashes = {d["doc_id"]: content_hash(d["text"], d["metadata"]) for d in docs}
+        return self._delete(list(hashes), hashes, "files that failed")
+
     def _add(self, docs: list[dict[str, Any]]) -> list[str]:
         """``POST /index`` of new documents with ``if_exists: keep``: returns their ids, all stored.
         A document another client wrote under one of the ids after this run read the index is left
@@ -650,8 +656,9 @@ class Syncer:
                 if rec.get("hash_value") != content_hash(d["text"], d["metadata"])
             ]
             if taken:
+                kept = {d["doc_id"] for d, _ in taken}
                 raise _Taken(
-                    [i for i in ids if i not in {d["doc_id"] for d, _ in taken}],
+                    [i for i in ids if i not in kept],
                     409,
                     f"document id {taken[0][0]['doc_id']!r} was written by "
                     f"{self._writer(str(taken[0][1].get('doc_id')), taken[0][1].get('metadata') or {})} while "
@@ -669,13 +676,7 @@ class Syncer:
         run wrote it, so a later update of it names that hash and cannot overwrite the other's."""
         left = {d["doc_id"] for d in docs}
         with contextlib.suppress(ApiError):
-            left = set(
-                self._delete(
-                    [d["doc_id"] for d in docs],
-                    {d["doc_id"]: content_hash(d["text"], d["metadata"]) for d in docs},
-                    "files that failed",
-                )
-            )
+            left = set(self._delete_written(docs))
         self._remember([d for d in docs if d["doc_id"] in left])
         for d in docs:
             if d["doc_id"] not in left:
@@ -879,11 +880,7 @@ class Syncer:
             else:
                 continue  # stopped before it was indexed: not processed, for the next run
             done.add(p.file.rel)
-        self._delete(
-            [d["doc_id"] for d in partial],
-            {d["doc_id"]: content_hash(d["text"], d["metadata"]) for d in partial},
-            "files that failed",
-        )
+        self._delete_written(partial)
         if status in ("failed", "cancelled") and not cancelled:
             report.notices.append(
                 f"ingestion job {info.get('id')} ended {status}" + (f": {info['error']}" if info.get("error") else "")
@@ -977,7 +974,7 @@ class Syncer:
             report.fatal = report.fatal or e.message
         finally:
             self.progress.finish()
-        if self._features is not None and not {"if_exists", "if_hash_value"} <= self._features:
+        if self._features is not None and not self._features.issuperset(DOCUMENT_FEATURES):
             self._notices.insert(0, NO_CONDITIONS_NOTICE)
         report.notices += self._notices
         self._notices = []

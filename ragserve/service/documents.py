@@ -472,7 +472,7 @@ class DocumentService:
             [self._as_write(p, chunks[p.doc_id]) for p in updated],
             generation=generation,
             only_existing=True,
-            expected={p.doc_id: expected[p.doc_id] for p in updated if p.doc_id in expected} or None,
+            expected=expected or None,  # sliced to each shard's writes by _write
         )
         by_id = {d.doc_id: d for d in docs}
         missed = [p for p in updated if p.doc_id not in written]  # deleted meanwhile, or changed
