@@ -26,6 +26,7 @@ all have imported, so a failed load changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -46,6 +47,13 @@ SNAPSHOTS = "snapshots"  # persist/load paths are relative to <storage_dir>/snap
 SNAPSHOT_FORMAT = 1
 LOCK_FILE = ".persist.lock"
 SCOPES = ".scopes"  # scoped keys' folders; no index name starts with "."
+#: Bounds on a snapshot folder, checked before the filesystem is touched (each a 400 saying so):
+#: folders below the snapshots folder (a deeper path only costs: each level is created and checked),
+#: bytes a name (the filesystem's NAME_MAX), and bytes of the folder's absolute path (SQLite opens a
+#: part file by a path of at most 512 bytes, and the longest name put in the folder is ~40 bytes).
+MAX_PATH_DEPTH = 32
+MAX_NAME_BYTES = 255
+MAX_FOLDER_BYTES = 460
 
 
 def scope_folder(principal: Principal) -> str:
@@ -112,11 +120,39 @@ class Snapshots:
         return (self.snapshots_dir / scope_folder(principal)).resolve()
 
     def _confine(self, root: Path, path: str | None, default: str) -> Path:
+        """``path`` (``default`` when empty) resolved inside ``root`` and within the folder bounds
+        (``MAX_PATH_DEPTH``, ``MAX_NAME_BYTES``, ``MAX_FOLDER_BYTES``); a 400 otherwise."""
+        raw = path or default
+        if len(raw) > 3 * MAX_FOLDER_BYTES:  # even URL-encoded, too long to resolve to a folder in bounds
+            raise BadRequestError(
+                f"path is {len(raw)} characters; a snapshot folder's path is at most {MAX_FOLDER_BYTES} bytes",
+                param="path",
+            )
         try:
             # Snapshots live apart from the live data: a path can never name a shard or model folder.
-            return confine(root, path, default=default)
+            folder = confine(root, path, default=default)
         except PathOutsideStorageError as e:
             raise BadRequestError(str(e), param="path") from e
+        names = folder.relative_to(root).parts
+        if len(names) > MAX_PATH_DEPTH:
+            raise BadRequestError(
+                f"path is {len(names)} folders deep; at most {MAX_PATH_DEPTH} are accepted", param="path"
+            )
+        for name in names:
+            if len(_utf8(name)) > MAX_NAME_BYTES:
+                raise BadRequestError(
+                    f"path holds a name of {len(_utf8(name))} bytes ({name[:40]!r}…); a folder's name is "
+                    f"at most {MAX_NAME_BYTES} bytes",
+                    param="path",
+                )
+        if len(_utf8(str(folder))) > MAX_FOLDER_BYTES:
+            raise BadRequestError(
+                f"the snapshot folder's full path would be {len(_utf8(str(folder)))} bytes on this server; "
+                f"at most {MAX_FOLDER_BYTES} are accepted (SQLite opens files by paths of up to 512 bytes): "
+                "choose a shorter path",
+                param="path",
+            )
+        return folder
 
     @staticmethod
     def _shown(root: Path, path: Path) -> str:
@@ -172,15 +208,42 @@ class Snapshots:
         if path:
             self._confine(root, path, index)  # the path itself must be a folder inside the snapshots folder
         dest = self._confine(root, f"{path}/{index}" if path else index, index)
+        # off the event loop: the check walks what lies below ``dest`` (rglob), however much that is
+        created = await asyncio.to_thread(self._prepare_target, root, dest)
         try:
-            self._check_snapshot_target(root, dest)
-            dest.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError) as e:
+            await self._write_snapshot(index, dest)
+        except BaseException:
+            await asyncio.to_thread(_remove_empty, created)  # nothing of a failed persist stays behind
+            raise
+        return f"Successfully persisted index {index} to {self._shown(root, dest)}."
+
+    def _prepare_target(self, root: Path, dest: Path) -> list[Path]:
+        """Check ``dest`` (``_check_snapshot_target``) and create it; the folders this call created,
+        shallowest first."""
+        self._check_snapshot_target(root, dest)
+        created: list[Path] = []
+        try:
+            root.mkdir(parents=True, exist_ok=True)  # the snapshots folder (or a scope's): the server's
+            for here in [*reversed(dest.relative_to(root).parents), dest.relative_to(root)][1:]:
+                try:
+                    (root / here).mkdir()
+                except FileExistsError:
+                    if not (root / here).is_dir():
+                        raise NotADirectoryError(f"{self._shown(root, root / here)!r} is a file") from None
+                else:
+                    created.append(root / here)
+        except NotADirectoryError as e:
+            _remove_empty(created)
             raise BadRequestError(f"path names a file, not a directory: {e}", param="path") from e
-        except OSError as e:  # a name too long for the filesystem, say: the client's path, not the server
+        except OSError as e:  # the filesystem refuses it (read-only, full): the client's path, not the server
+            _remove_empty(created)
             raise BadRequestError(
                 f"path {self._shown(root, dest)!r} cannot be a directory here: {e.strerror}", param="path"
             ) from e
+        return created
+
+    async def _write_snapshot(self, index: str, dest: Path) -> None:
+        """Export every shard's part into ``dest`` and commit its manifest (``persist``)."""
         tag = uuid.uuid4().hex[:12]
         manifest_tmp = dest / f".{MANIFEST}.{tag}.tmp"
         try:
@@ -208,7 +271,6 @@ class Snapshots:
                 if part.name not in kept:
                     part.unlink(missing_ok=True)
             raise
-        return f"Successfully persisted index {index} to {self._shown(root, dest)}."
 
     @staticmethod
     def _manifest_parts(snapshot: Path) -> set[str]:
@@ -340,6 +402,18 @@ class Snapshots:
             )
         )
         return f"Successfully loaded index {index} from {shown}."
+
+
+def _utf8(name: str) -> bytes:
+    return name.encode("utf-8", "surrogatepass")
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (shallowest first) that are still empty, deepest first: what a failed
+    persist created, unless another persist has put something there meanwhile."""
+    for folder in reversed(folders):
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _recorded_source(manifest_file: Path) -> object:

@@ -428,8 +428,10 @@ def test_a_scoped_keys_persist_cannot_tell_what_other_scopes_keep(scoped: TestCl
 
 def test_a_path_the_filesystem_cannot_hold_is_a_400(scoped: TestClient) -> None:
     for key in (TEAM, ADMIN):
-        r = scoped.post("/persist/team-a-docs", params={"path": "a" * 300}, headers=bearer(key))
-        assert r.status_code == 400 and "File name too long" in r.json()["detail"], r.text
+        for path in ("a" * 300, "a/" * 300, "/".join(["a" * 200] * 3)):
+            for route in ("/persist/team-a-docs", "/load/team-a-copy"):
+                r = scoped.post(route, params={"path": path}, headers=bearer(key))
+                assert r.status_code == 400 and "at most" in r.json()["detail"], r.text
 
 
 @pytest.mark.parametrize(
