@@ -493,8 +493,18 @@ def _html_to_markdown(html: str) -> tuple[str, str | None]:
     # wrap=True without a width: whitespace runs in text become one space, as a browser shows them;
     # without it markdownify normalises them with a pattern that is quadratic on a long run of spaces.
     # strip_pre="strip_one" for the same reason: the default strips <pre> text with another one.
+    # No backslash before "_" and "*" in text: the markdown is read (embedded, searched, quoted), not
+    # rendered, and escaping split identifiers (snake\_case) for search and doubled a page of "_"
+    # into twice the characters and tokens.
     converter = markdownify.MarkdownConverter(
-        heading_style="ATX", bullets="-", strip=["img"], wrap=True, wrap_width=None, strip_pre="strip_one"
+        heading_style="ATX",
+        bullets="-",
+        strip=["img"],
+        wrap=True,
+        wrap_width=None,
+        strip_pre="strip_one",
+        escape_underscores=False,
+        escape_asterisks=False,
     )
     return _tidy(converter.convert_soup(body)), title
 

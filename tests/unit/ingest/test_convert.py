@@ -32,6 +32,17 @@ def test_html_becomes_markdown_without_scripts_or_chrome() -> None:
     assert "var x" not in text and "menu" not in text
 
 
+def test_html_and_docx_text_keeps_underscores_and_asterisks_as_written() -> None:
+    """The markdown is searched and quoted, not rendered: no backslash splits an identifier, and a
+    run of "_" (a form's blank line, or a hostile page of them) is not doubled into "\\_" pairs."""
+    html = b"<p>Set max_connections * 2 in pg_hba.conf.</p><p>Name: " + b"_" * 5000 + b"</p>"
+    text = convert(html, "tuning.html").sections[0].text
+    assert "Set max_connections * 2 in pg_hba.conf." in text and "\\" not in text
+    assert len(text) < len(html)
+    doc = convert(make_docx([("", "Call read_config() with *args.")]), "api.docx").sections[0].text
+    assert "Call read_config() with *args." in doc
+
+
 def test_pdf_is_one_section_per_page_with_page_numbers() -> None:
     out = convert(make_pdf(["First page about pumps", "", "Third page about valves"], title="Plant manual"), "m.pdf")
     assert out.title == "Plant manual" and out.pages == 3
