@@ -411,7 +411,10 @@ class Settings(BaseSettings):
         ge=1,
         description="Characters of text one uploaded or attached file may convert to (413, file_too_large, "
         "before any of it is embedded): ~5 M tokens, OpenAI's bound on a vector store file. Embedding is "
-        "the cost: on two CPU cores ~45 s a megabyte, so the default is still ~15 min of one job runner.",
+        "the cost: on two CPU cores ~45 s a megabyte of prose, so the default is still ~15 min of one job runner. "
+        "The cost follows tokens, not characters: text dense in tokens (runs of punctuation, CJK, symbols) "
+        "embeds about 4 times slower a megabyte; usage meters it as embedding_tokens, which a key's "
+        "tokens_per_day bounds.",
     )
     max_unpacked_bytes: int = Field(
         default=64 * 1024 * 1024,
