@@ -172,7 +172,9 @@ class DocumentService:
         except ChunkingError as e:
             raise BadRequestError(f"{where}: {e}") from e
         if not chunks:
-            raise BadRequestError(f"{where}: text has no content to index")
+            raise BadRequestError(
+                f"{where}: text has no content to index (only whitespace, control or invisible characters)"
+            )
         return [c.text for c in chunks]
 
     @staticmethod

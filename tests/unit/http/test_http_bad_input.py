@@ -71,6 +71,21 @@ def test_metadata_that_cannot_be_stored_is_refused(client: TestClient, metadata:
     assert 400 <= r.status_code < 500, r.text
 
 
+@pytest.mark.parametrize("text", ["\\u0000\\u0000", "\\u200b\\u200d", "\\ufeff", "\\u202e \\n"])
+def test_text_a_reader_cannot_see_is_refused_like_blank_text(client: TestClient, text: str) -> None:
+    """NUL, zero-width, BOM or direction characters alone: a 400 saying so, as for spaces, and
+    nothing of the request is stored (the other document in it neither)."""
+    body = f'{{"index_name": "kb", "documents": [{{"text": "A visible one."}}, {{"text": "{text}"}}]}}'
+    r = raw_post(client, "/index", body)
+    assert r.status_code == 400 and "documents[1]: text has no content to index" in r.text, r.text
+    (stored,) = client.get("/indexes/kb/documents").json()["documents"]
+    r = raw_post(
+        client, "/indexes/kb/documents", f'{{"documents": [{{"doc_id": "{stored["doc_id"]}", "text": "{text}"}}]}}'
+    )
+    assert r.status_code == 400 and "no content to index" in r.text, r.text
+    assert client.get("/indexes/kb/documents").json()["documents"] == [stored]
+
+
 def test_lone_surrogates_in_text_and_queries_are_refused(client: TestClient) -> None:
     r = raw_post(client, "/index", '{"index_name": "kb", "documents": [{"text": "broken \\udc80 text"}]}')
     assert r.status_code == 422 and "documents.0.text" in r.text and "lone surrogate" in r.text

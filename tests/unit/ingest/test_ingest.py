@@ -179,6 +179,19 @@ def test_empty_text() -> None:
         SentenceChunker(words, chunk_size=10, chunk_overlap=10)
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["\x00" * 50, "\u200b\u200c\u200d\u2060" * 10, "\ufeff", "\u202e\u200f \n\t", "\U000e0041\U000e007f", "\xa0\u3000"],
+)
+def test_text_without_a_visible_character_has_nothing_to_index(text: str) -> None:
+    """Text of NUL, zero-width, direction or tag characters is refused as text of spaces is, in
+    both splitters; one visible character among them is indexed."""
+    chunker = DocumentChunker(words, chunk_size=10, chunk_overlap=2)
+    assert chunker.chunk(text, {}) == []
+    assert chunker.chunk(text, {"split_type": "code", "language": "python"}) == []
+    assert [c.text for c in chunker.chunk(text + "x", {})] != []
+
+
 # --- code -------------------------------------------------------------------------------------
 PYTHON = '''import os
 import sys
