@@ -76,8 +76,12 @@ PUBLIC_SETTINGS = (
 )
 
 
-def public_settings(settings: Settings, chat_context: ContextSize | None = None) -> dict[str, Any]:
-    """The settings in force that are safe to show: no key, no credential, no server path. With
+def public_settings(
+    settings: Settings, chat_context: ContextSize | None = None, *, addresses: bool = True
+) -> dict[str, Any]:
+    """The settings in force that are safe to show: no key, no credential, no server path; the
+    upstream addresses (``llm_url``, ``embedding_url``, credentials removed) only with ``addresses``
+    (an operator's view: they name hosts inside the deployment). With
     ``chat_context`` (``ChatService.context_size()``), also what a chat request without ``top_k``
     gets, after ``chat_context_prefill_s``: ``chat_context_in_force`` (its sources' tokens, about how
     many sources that is, and why) and ``chat_top_k_in_force`` (the candidates it retrieves); ``top_k``
@@ -88,8 +92,9 @@ def public_settings(settings: Settings, chat_context: ContextSize | None = None)
         if k == "chat_context_prefill_s" and chat_context is not None:
             out["chat_context_in_force"] = chat_context.describe(settings.chunk_size)
             out["chat_top_k_in_force"] = chat_context.top_k
-    out["llm_url"] = _safe_url(settings.llm_url)
-    out["embedding_url"] = _safe_url(settings.embedding_url)
+    if addresses:
+        out["llm_url"] = _safe_url(settings.llm_url)
+        out["embedding_url"] = _safe_url(settings.embedding_url)
     return out
 
 

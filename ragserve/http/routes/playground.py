@@ -68,8 +68,10 @@ def playground_router(services: Services) -> APIRouter:
     @router.get("/ui/config", tags=["playground"])
     async def ui_config(request: Request) -> UiConfig:
         """The settings in force (never keys), the request limits, the served models; also the context
-        a chat without ``top_k`` gets (``chat_context_in_force``, ``chat_top_k_in_force``)."""
-        allow(request, Role.READ)
+        a chat without ``top_k`` gets (``chat_context_in_force``, ``chat_top_k_in_force``). The
+        upstream addresses only to a key that administers every index (or with no keys configured)."""
+        principal = allow(request, Role.READ)
+        operator = principal.sees_all and principal.role >= Role.ADMIN
         llm = services.chat.llm
         return UiConfig(
             model=llm.model_id,
@@ -77,7 +79,7 @@ def playground_router(services: Services) -> APIRouter:
             embedding_model=services.embeddings.model,
             auth_required=bool(services.credentials()),
             limits={f.name: getattr(limits, f.name) for f in fields(limits)},
-            settings=public_settings(services.settings, await services.chat.context_size()),
+            settings=public_settings(services.settings, await services.chat.context_size(), addresses=operator),
             features=list(DOCUMENT_FEATURES),
         )
 

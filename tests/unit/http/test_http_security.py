@@ -506,3 +506,12 @@ def test_require_unscoped(principal: Principal, role: Role, code: str | None) ->
         with pytest.raises(ForbiddenError) as err:
             principal.require_unscoped(role, "uploaded files")
         assert err.value.code == code
+
+
+def test_only_an_operator_sees_the_upstream_addresses(scoped: TestClient) -> None:
+    """/ui/config names the upstream LLM's address (a host inside the deployment) to a key that
+    administers every index, never to a scoped or read-only one (a hostile review's finding)."""
+    for key, shown in ((ADMIN, True), (WRITER, False), (READER, False), (TEAM, False)):
+        r = scoped.get("/ui/config", headers=bearer(key))
+        assert r.status_code == 200, r.text
+        assert ("llm_url" in r.json()["settings"]) is shown and ("127.0.0.1" in r.text) is shown, (key, r.text)
