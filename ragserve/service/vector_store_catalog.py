@@ -48,7 +48,25 @@ CREATE TABLE IF NOT EXISTS store_files (
     UNIQUE (store_id, file_id)
 );
 CREATE INDEX IF NOT EXISTS store_files_by_job ON store_files (job_id);
+-- What a detach or a store's deletion still has to remove from the index (a file's documents; with
+-- file_id NULL, the store's whole index), written in the transaction that forgets the file or the
+-- store and deleted once removed: a crash between the two leaves a row that the next start resumes.
+CREATE TABLE IF NOT EXISTS removals (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    store_id TEXT NOT NULL,
+    file_id TEXT
+);
 """
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A removal still owed (``removals``): ``file_id`` None is the store's whole index."""
+
+    seq: int
+    store_id: str
+    file_id: str | None
+
 
 Order = Literal["asc", "desc"]
 
@@ -164,8 +182,9 @@ class VectorStoreCatalog:
         with self._tx() as c:
             c.execute("UPDATE stores SET last_active_at = ? WHERE id = ?", (int(time.time()), store_id))
 
-    def delete_store(self, store_id: str) -> list[StoreFileRecord] | None:
-        """Forget the store and its files; returns the files it had (None: no such store)."""
+    def delete_store(self, store_id: str) -> tuple[list[StoreFileRecord], Removal] | None:
+        """Forget the store and its files, recording the removal of its index; returns the files it
+        had and that removal (None: no such store)."""
         with self._tx() as c:
             if c.execute("SELECT 1 FROM stores WHERE id = ?", (store_id,)).fetchone() is None:
                 return None
@@ -174,7 +193,19 @@ class VectorStoreCatalog:
             ]
             c.execute("DELETE FROM store_files WHERE store_id = ?", (store_id,))
             c.execute("DELETE FROM stores WHERE id = ?", (store_id,))
-        return files
+            seq = c.execute("INSERT INTO removals (store_id, file_id) VALUES (?, NULL)", (store_id,)).lastrowid
+        assert seq is not None
+        return files, Removal(seq, store_id, None)
+
+    def pending_removals(self) -> list[Removal]:
+        """The removals not done yet, oldest first."""
+        with self._lock:
+            rows = self._conn.execute("SELECT seq, store_id, file_id FROM removals ORDER BY seq").fetchall()
+        return [Removal(*r) for r in rows]
+
+    def removal_done(self, seq: int) -> None:
+        with self._tx() as c:
+            c.execute("DELETE FROM removals WHERE seq = ?", (seq,))
 
     # --- files ----------------------------------------------------------------------------------
     @staticmethod
@@ -251,8 +282,9 @@ class VectorStoreCatalog:
             ).fetchone()
         return _file(row) if row else None
 
-    def detach(self, store_id: str, file_id: str) -> StoreFileRecord | None:
-        """Forget an attached file; returns what it was (None: it was not attached)."""
+    def detach(self, store_id: str, file_id: str) -> tuple[StoreFileRecord, Removal] | None:
+        """Forget an attached file, recording the removal of its documents; returns what it was and
+        that removal (None: it was not attached)."""
         with self._tx() as c:
             row = c.execute(
                 f"SELECT {_FILE_COLS} FROM store_files WHERE store_id = ? AND file_id = ?", (store_id, file_id)
@@ -260,7 +292,9 @@ class VectorStoreCatalog:
             if row is None:
                 return None
             c.execute("DELETE FROM store_files WHERE store_id = ? AND file_id = ?", (store_id, file_id))
-        return _file(row)
+            seq = c.execute("INSERT INTO removals (store_id, file_id) VALUES (?, ?)", (store_id, file_id)).lastrowid
+        assert seq is not None
+        return _file(row), Removal(seq, store_id, file_id)
 
     def stores_of_file(self, file_id: str) -> list[str]:
         with self._lock:

@@ -57,7 +57,7 @@ from ragserve.service.documents import DocumentService
 from ragserve.service.file_store import FileStore
 from ragserve.service.files import clean_name, convert_file, replace_path
 from ragserve.service.limits import RequestLimits
-from ragserve.service.vector_store_catalog import Order, StoreFileRecord, StoreRecord, VectorStoreCatalog
+from ragserve.service.vector_store_catalog import Order, Removal, StoreFileRecord, StoreRecord, VectorStoreCatalog
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,7 @@ class VectorStoreService:
         # one item of a file at a time (job_concurrency > 1 may run an older and a newer attach of
         # the same file at once): this process owns the runner (docs/architecture.md §8c)
         self._file_locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = weakref.WeakValueDictionary()
+        self._removing: set[asyncio.Task[None]] = set()  # removals waiting for a file's running item
 
     # --- helpers --------------------------------------------------------------------------------
     def _default_chunking(self) -> _Chunking:
@@ -321,16 +322,66 @@ class VectorStoreService:
         return await self._store_out(rec)
 
     async def delete(self, store_id: str) -> VectorStoreDeleted:
-        """Forget the store first (a file job that runs on finds no store and writes nothing), then
-        cancel its jobs and drop its index."""
-        files = await asyncio.to_thread(self.catalog.delete_store, store_id)
-        if files is None:
+        """Forget the store first, with the removal of its index recorded in the same transaction (a
+        file job that runs on finds no store and writes nothing), then cancel its jobs and drop its
+        index; a crash between leaves the removal to the next start (``resume_removals``)."""
+        forgotten = await asyncio.to_thread(self.catalog.delete_store, store_id)
+        if forgotten is None:
             raise NotFoundError(f"No vector store found with id '{store_id}'.", param="vector_store_id")
+        files, removal = forgotten
         for job_id in sorted({f.job_id for f in files if f.job_id}):
             await asyncio.to_thread(self.jobs.cancel, job_id)
-        with contextlib.suppress(NotFoundError):  # no file was ever indexed
-            await self.documents.drop_index(store_id)
+        await self._remove_soon(removal)
         return VectorStoreDeleted(id=store_id)
+
+    async def _remove_soon(self, removal: Removal) -> None:
+        """``_remove`` now, or, while an item of the file runs (it may take minutes; it removes what it
+        wrote itself once it finds the file detached), on a task of its own once that item is done:
+        the request that detached the file does not wait for it. Until it is done the removal stays
+        recorded, so a stop before it leaves it to the next start."""
+        if removal.file_id is None or not self._file_lock(removal.store_id, removal.file_id).locked():
+            await self._remove(removal)
+            return
+        task = asyncio.create_task(self._remove(removal), name=f"remove-{removal.store_id}-{removal.file_id}")
+        self._removing.add(task)
+        task.add_done_callback(self._removed)
+
+    def _removed(self, task: asyncio.Task[None]) -> None:
+        self._removing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a vector store removal failed; it is tried again at the next start", exc_info=task.exception())
+
+    async def _remove(self, removal: Removal) -> None:
+        """Do a recorded removal, then forget it. A file's documents are removed under its lock (an
+        item of it that runs finishes first), and not when the file was attached again meanwhile:
+        the newer attach's item replaces them (removing them after it ran left the file
+        ``completed`` with nothing indexed)."""
+        if removal.file_id is None:
+            with contextlib.suppress(NotFoundError):  # no file was ever indexed
+                await self.documents.drop_index(removal.store_id)
+        else:
+            async with self._file_lock(removal.store_id, removal.file_id):
+                again = await asyncio.to_thread(self.catalog.get_file, removal.store_id, removal.file_id)
+                if again is None:
+                    with contextlib.suppress(NotFoundError):  # the store's index is gone too
+                        await self._delete_documents(removal.store_id, removal.file_id)
+        await asyncio.to_thread(self.catalog.removal_done, removal.seq)
+
+    async def resume_removals(self) -> int:
+        """Do the removals a stopped process left owed (a crash between forgetting a file or a store
+        and removing its documents); how many were done. One that fails stays for the next start."""
+        done = 0
+        for removal in await asyncio.to_thread(self.catalog.pending_removals):
+            try:
+                await self._remove(removal)
+                done += 1
+            except Exception:
+                log.exception(
+                    "vector store %s: removing %s failed; it is tried again at the next start",
+                    removal.store_id,
+                    removal.file_id or "its index",
+                )
+        return done
 
     # --- files ----------------------------------------------------------------------------------
     async def attach(
@@ -411,10 +462,10 @@ class VectorStoreService:
         """Forget the file first (its job item, if it still runs, then writes nothing), then delete
         its documents from the store's index. The File itself stays (DELETE /v1/files/{id})."""
         await self._store(store_id)
-        rec = await asyncio.to_thread(self.catalog.detach, store_id, file_id)
-        if rec is None:
+        forgotten = await asyncio.to_thread(self.catalog.detach, store_id, file_id)
+        if forgotten is None:
             raise NotFoundError(f"No file '{file_id}' in vector store '{store_id}'.", param="file_id")
-        await self._delete_documents(store_id, file_id)
+        await self._remove_soon(forgotten[1])
         return VectorStoreFileDeleted(id=file_id)
 
     async def file_content(self, store_id: str, file_id: str) -> FileContentPage:
@@ -429,6 +480,13 @@ class VectorStoreService:
         ]
         return FileContentPage(data=[SearchContent(text=t) for _, _, t in sorted(parts, key=lambda p: p[:2])])
 
+    async def _file_exists(self, file_id: str) -> bool:
+        try:
+            await self.files.get(file_id)
+        except NotFoundError:
+            return False
+        return True
+
     async def _delete_documents(self, index: str, file_id: str) -> None:
         gone = [d.doc_id for d in await self.documents.matching_documents(index, {"file_id": file_id})]
         if gone:
@@ -438,9 +496,9 @@ class VectorStoreService:
         """A File was deleted (DELETE /v1/files/{id}): detach it from every store that has it, as
         OpenAI does, so no store serves text of a file that is gone."""
         for store_id in await asyncio.to_thread(self.catalog.stores_of_file, file_id):
-            rec = await asyncio.to_thread(self.catalog.detach, store_id, file_id)
-            if rec is not None:
-                await self._delete_documents(store_id, file_id)
+            forgotten = await asyncio.to_thread(self.catalog.detach, store_id, file_id)
+            if forgotten is not None:
+                await self._remove_soon(forgotten[1])
 
     # --- batches --------------------------------------------------------------------------------
     async def create_batch(self, store_id: str, req: CreateFileBatchRequest, owner: str = "") -> VectorStoreFileBatch:
@@ -533,12 +591,14 @@ class VectorStoreService:
         writing, and what was written then is removed, so a deleted store or file never keeps text.
         Items of the same file run one at a time, so an older attach never writes after a newer one
         or removes what the newer one wrote."""
-        key = (str(item.payload["store_id"]), str(item.payload["file_id"]))
-        lock = self._file_locks.get(key)
-        if lock is None:
-            lock = self._file_locks[key] = asyncio.Lock()
-        async with lock:
+        async with self._file_lock(str(item.payload["store_id"]), str(item.payload["file_id"])):
             return await self._index_file(job, item)
+
+    def _file_lock(self, store_id: str, file_id: str) -> asyncio.Lock:
+        lock = self._file_locks.get((store_id, file_id))
+        if lock is None:
+            lock = self._file_locks[(store_id, file_id)] = asyncio.Lock()
+        return lock
 
     async def _index_file(self, job: Job, item: JobItem) -> dict[str, Any]:
         p = item.payload
@@ -547,6 +607,13 @@ class VectorStoreService:
         async def current() -> bool:
             rec = await asyncio.to_thread(self.catalog.get_file, store_id, file_id)
             return rec is not None and rec.job_id == job.id
+
+        async def leave_nothing() -> None:  # detached, or its store deleted: nothing of it stays
+            if await asyncio.to_thread(self.catalog.get_store, store_id) is None:
+                with contextlib.suppress(NotFoundError):
+                    await self.documents.drop_index(store_id)
+            else:
+                await self._delete_documents(store_id, file_id)
 
         if not await current():
             return {"skipped": "detached"}
@@ -571,12 +638,18 @@ class VectorStoreService:
         chunker: DocumentChunker | None = None
         if sizes:
             chunker = self.documents.chunker.resized(sizes["max_chunk_size_tokens"], sizes["chunk_overlap_tokens"])
-        doc_ids, _ = await replace_path(self.documents, store_id, rel, new, name, chunker)
+        try:
+            doc_ids, _ = await replace_path(self.documents, store_id, rel, new, name, chunker)
+        except BaseException:
+            # stopped mid-write (its job cancelled: the store deleted, say, whose index the write made
+            # again): what it wrote goes too, and the clean-up itself is not cancelled
+            if not await asyncio.shield(current()):
+                await asyncio.shield(leave_nothing())
+            raise
         if not await current():  # detached or deleted while it was indexed: leave nothing behind
-            if await asyncio.to_thread(self.catalog.get_store, store_id) is None:
-                with contextlib.suppress(NotFoundError):
-                    await self.documents.drop_index(store_id)
-            else:
-                await self._delete_documents(store_id, file_id)
+            await asyncio.shield(leave_nothing())
             return {"skipped": "detached"}
+        if not await self._file_exists(file_id):  # the File was deleted while it was indexed
+            await asyncio.shield(self._delete_documents(store_id, file_id))
+            raise ServiceError(f"file {file_id!r} was deleted while it was indexed", code="invalid_file")
         return {"doc_ids": doc_ids, "usage_bytes": sum(len(d["text"].encode("utf-8")) for d in new)}

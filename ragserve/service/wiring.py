@@ -57,8 +57,10 @@ class Ingestion:
     runner: JobRunner | None = None
 
     async def start(self) -> None:
-        """Start the runner (it takes back the jobs a stopped process left running) and its notifier."""
+        """Finish the vector stores' removals a stopped process left owed, then start the runner (it
+        takes back the jobs a stopped process left running) and its notifier."""
         if self.runner is not None:
+            await self.vector_stores.resume_removals()
             await self.runner.start()
 
     async def stop(self) -> None:

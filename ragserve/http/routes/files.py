@@ -140,11 +140,15 @@ def files_router(services: Services) -> APIRouter:
     @router.delete(FILES_PATH + "/{file_id}")
     async def delete_file(file_id: str, request: Request) -> FileDeleted:
         """Delete the file, first from every vector store that has it (as OpenAI does): no store
-        keeps serving text of a file that is gone."""
+        keeps serving text of a file that is gone. Once more after the delete: an attach that
+        checked the file before it went may have landed meanwhile (its item, if it read the file
+        in time, finds it gone after writing and removes what it wrote)."""
         allow_files(request)
         await store.get(file_id)  # a 404 before anything changes
         await services.vector_stores.file_deleted(file_id)
-        return await store.delete(file_id)
+        deleted = await store.delete(file_id)
+        await services.vector_stores.file_deleted(file_id)
+        return deleted
 
     @router.get(
         FILES_PATH + "/{file_id}/content",

@@ -87,9 +87,16 @@ def test_files_attach_reattach_detach_and_delete_with_the_store(catalog: VectorS
     assert [f.file_id for f in page] == ["file-1"] and more
     page, more = catalog.list_files("vs_a", 1, "asc", after="file-1")
     assert [f.file_id for f in page] == ["file-2"] and not more
-    assert catalog.detach("vs_a", "file-2") is not None and catalog.detach("vs_a", "file-2") is None
+    detached = catalog.detach("vs_a", "file-2")
+    assert detached is not None and catalog.detach("vs_a", "file-2") is None
     gone = catalog.delete_store("vs_a")
-    assert gone is not None and [f.file_id for f in gone] == ["file-1"]
+    assert gone is not None and [f.file_id for f in gone[0]] == ["file-1"]
+    # each forgetting recorded what is still to be removed, in its own transaction, until done
+    owed = catalog.pending_removals()
+    assert [(r.store_id, r.file_id) for r in owed] == [("vs_a", "file-2"), ("vs_a", None)]
+    assert owed == [detached[1], gone[1]]
+    catalog.removal_done(owed[0].seq)
+    assert catalog.pending_removals() == [gone[1]]
     assert catalog.get_store("vs_a") is None and catalog.delete_store("vs_a") is None
     assert not catalog.attach("vs_a", [("file-9", {}, None)], "job_4")  # a deleted store takes nothing
     assert catalog.stores_of_file("file-1") == ["vs_b"]

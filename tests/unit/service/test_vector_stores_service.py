@@ -213,3 +213,176 @@ async def test_a_store_s_file_jobs_run_in_the_turn_of_the_key_that_attached_them
     await vs.create_batch(created.id, CreateFileBatchRequest(file_ids=[f.id]), owner="team-d")
     owners = [j.owner for j in reversed(jobs.list_jobs(limit=10).data)]
     assert owners == ["team-a", "team-b", "team-c", "team-d"]
+
+
+# --- removals (a hostile consistency review, 2026-11-29) -----------------------------------------
+async def indexed(vs: Any, store_id: str, file_id: str | None = None) -> int:
+    if not await vs.documents.index_exists(store_id):
+        return 0
+    where = {"file_id": file_id} if file_id else None
+    page = await vs.documents.list_documents(store_id, limit=10, offset=0, max_text_length=0, metadata_filter=where)
+    return int(page.total_items)
+
+
+async def run_queued(ing: Ingestion) -> None:
+    """Claim and run every queued item here, as the runner would."""
+    jobs = ing.jobs.store
+    while (claimed := jobs.claim("here", 60.0)) is not None:
+        job, item = claimed
+        try:
+            result = await ing.vector_stores.index_file_item(job, item)
+        except Exception as e:
+            jobs.fail_item(job.id, item.key, {"code": "failed", "message": str(e)}, attempt=item.attempts)
+        else:
+            jobs.complete_item(job.id, item.key, result, attempt=item.attempts)
+
+
+@pytest.mark.parametrize("what", ["detach", "file deleted", "store deleted"])
+async def test_a_crash_between_forgetting_and_removing_is_finished_at_the_next_start(
+    ingestion: Ingestion, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    """The catalog forgets the file (or the store) and records the removal in one transaction; a
+    crash before the documents go leaves the removal recorded, and the next start does it (before,
+    the text stayed searchable for good and no retry could reach it)."""
+    from ragserve.api.vector_stores import CreateVectorStoreRequest
+
+    vs = ingestion.vector_stores
+    f = await ingestion.files.put("refunds.md", "assistants", io.BytesIO(TEXT))
+    store = await vs.create(CreateVectorStoreRequest(name="crash", file_ids=[f.id]))
+    await run_queued(ingestion)
+    assert await indexed(vs, store.id, f.id) > 0
+
+    async def killed(*_: Any, **__: Any) -> Any:
+        raise SystemExit("killed between the two writes")
+
+    monkeypatch.setattr(vs.documents, "delete_documents", killed)
+    monkeypatch.setattr(vs.documents, "drop_index", killed)
+    with pytest.raises(SystemExit):
+        if what == "detach":
+            await vs.detach(store.id, f.id)
+        elif what == "file deleted":
+            await vs.file_deleted(f.id)
+        else:
+            await vs.delete(store.id)
+    monkeypatch.undo()
+    assert await indexed(vs, store.id) > 0 and len(vs.catalog.pending_removals()) == 1
+    assert await vs.resume_removals() == 1  # what the next start does first
+    assert await indexed(vs, store.id) == 0 and vs.catalog.pending_removals() == []
+    if what == "store deleted":
+        assert not await vs.documents.index_exists(store.id)
+
+
+async def test_a_detach_does_not_remove_what_a_newer_attach_indexed_meanwhile(ingestion: Ingestion) -> None:
+    """Detach, then attach again at once, the new item running before the detach's removal: the
+    file stays indexed (the removal had deleted the new documents: ``completed`` with nothing)."""
+    from ragserve.api.vector_stores import CreateVectorStoreRequest
+
+    vs = ingestion.vector_stores
+    f = await ingestion.files.put("refunds.md", "assistants", io.BytesIO(TEXT))
+    store = await vs.create(CreateVectorStoreRequest(name="again", file_ids=[f.id]))
+    await run_queued(ingestion)
+    remove = vs._remove
+
+    async def late_removal(removal: Any) -> None:  # the attach and its item land first
+        await vs.attach(store.id, f.id, {"v": "new"}, None)
+        await run_queued(ingestion)
+        await remove(removal)
+
+    vs._remove = late_removal  # type: ignore[method-assign]
+    await vs.detach(store.id, f.id)
+    shown = await vs.get_file(store.id, f.id)
+    assert shown.status == "completed" and await indexed(vs, store.id, f.id) > 0
+
+
+async def test_a_detach_while_the_file_is_indexed_does_not_wait_and_leaves_nothing(ingestion: Ingestion) -> None:
+    from ragserve.api.vector_stores import CreateVectorStoreRequest
+
+    vs = ingestion.vector_stores
+    f = await ingestion.files.put("refunds.md", "assistants", io.BytesIO(TEXT))
+    store = await vs.create(CreateVectorStoreRequest(name="busy", file_ids=[f.id]))
+    entered, release = asyncio.Event(), asyncio.Event()
+    read = vs.files.read
+
+    async def paused_read(file_id: str) -> bytes:
+        entered.set()
+        await release.wait()
+        return await read(file_id)
+
+    vs.files.read = paused_read  # type: ignore[method-assign]
+    running = asyncio.create_task(run_queued(ingestion))
+    await asyncio.wait_for(entered.wait(), timeout=30)
+    await asyncio.wait_for(vs.detach(store.id, f.id), timeout=5)  # answered while the item runs
+    assert len(vs.catalog.pending_removals()) == 1
+    release.set()
+    await running
+    for _ in range(100):
+        if not vs.catalog.pending_removals():
+            break
+        await asyncio.sleep(0.02)
+    assert vs.catalog.pending_removals() == [] and await indexed(vs, store.id, f.id) == 0
+
+
+async def test_a_file_deleted_while_an_attach_reads_it_leaves_no_text(ingestion: Ingestion) -> None:
+    """DELETE /v1/files lands between an attach's check of the file and its item's write: the item
+    finds the File gone after writing, removes what it wrote and fails (the text of a deleted file
+    stayed searchable, the store file ``completed``)."""
+    from ragserve.api.vector_stores import CreateVectorStoreRequest
+
+    vs = ingestion.vector_stores
+    f = await ingestion.files.put("refunds.md", "assistants", io.BytesIO(TEXT))
+    store = await vs.create(CreateVectorStoreRequest(name="gone"))
+    read = vs.files.read
+
+    async def read_then_deleted(file_id: str) -> bytes:  # the delete runs right after the read
+        data = await read(file_id)
+        await ingestion.files.delete(file_id)
+        return data
+
+    stores_of_file = vs.catalog.stores_of_file
+    vs.catalog.stores_of_file = lambda file_id: []  # type: ignore[method-assign]  # the attach's row lands after the sweep
+    vs.files.read = read_then_deleted  # type: ignore[method-assign]
+    await vs.attach(store.id, f.id, None, None)
+    await run_queued(ingestion)
+    vs.catalog.stores_of_file = stores_of_file  # type: ignore[method-assign]
+    shown = await vs.get_file(store.id, f.id)
+    assert shown.status == "failed" and "deleted" in (shown.last_error.message if shown.last_error else "")
+    assert await indexed(vs, store.id, f.id) == 0
+
+
+async def test_a_store_deleted_while_its_item_writes_keeps_no_index(
+    ingestion: Ingestion, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is deleted while its item embeds; the item's write makes the index again, and the
+    item is cancelled before its own check: the clean-up still runs (an index of a deleted store was
+    left for good)."""
+    from ragserve.api.vector_stores import CreateVectorStoreRequest
+
+    vs = ingestion.vector_stores
+    f = await ingestion.files.put("refunds.md", "assistants", io.BytesIO(TEXT))
+    store = await vs.create(CreateVectorStoreRequest(name="dropped", file_ids=[f.id]))
+    add = vs.documents.add_documents
+    written = asyncio.Event()
+
+    async def add_then_hang(*args: Any, **kwargs: Any) -> Any:
+        if not written.is_set():
+            await vs.delete(store.id)  # the store goes while the item is writing
+            out = await add(*args, **kwargs)  # ... and the write makes its index again
+            written.set()
+            await asyncio.sleep(3600)  # cancelled here, as the runner's watcher cancels it
+            return out
+        return await add(*args, **kwargs)
+
+    monkeypatch.setattr(vs.documents, "add_documents", add_then_hang)
+    claimed = ingestion.jobs.store.claim("here", 60.0)
+    assert claimed is not None
+    item = asyncio.create_task(vs.index_file_item(*claimed))
+    await asyncio.wait_for(written.wait(), timeout=30)
+    assert await vs.documents.index_exists(store.id)
+    item.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await item
+    for _ in range(100):
+        if not await vs.documents.index_exists(store.id):
+            break
+        await asyncio.sleep(0.02)
+    assert not await vs.documents.index_exists(store.id)
