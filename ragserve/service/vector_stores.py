@@ -346,6 +346,15 @@ class VectorStoreService:
         self._removing.add(task)
         task.add_done_callback(self._removed)
 
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Let the removals that waited for a file's item finish (stop the runner first: its items
+        end, and their locks free); one still waiting after ``timeout_s`` stays recorded for the
+        next start."""
+        if self._removing:
+            _, late = await asyncio.wait(set(self._removing), timeout=timeout_s)
+            for task in late:
+                task.cancel()
+
     def _removed(self, task: asyncio.Task[None]) -> None:
         self._removing.discard(task)
         if not task.cancelled() and task.exception() is not None:

@@ -66,6 +66,7 @@ class Ingestion:
     async def stop(self) -> None:
         if self.runner is not None:
             await self.runner.stop()
+            await self.vector_stores.stop()
 
     def close(self) -> None:
         if self.runner is not None:  # the owner: close the stores' files
