@@ -403,10 +403,16 @@ def _every_step(text: str, query: str) -> float:
 def test_every_step_is_linear_on_a_megabyte_of_each_shape(unit: str) -> None:
     """A megabyte costs about four times a quarter of one (a quadratic step: sixteen times), and
     a few seconds at most. The ratio holds whatever slows the process down alike (a loaded
-    machine, coverage tracing in CI); the bound catches a step that is slow at every size."""
+    machine, coverage tracing in CI); the bound catches a step that is slow at every size. A pause
+    that hits one measurement (a garbage collection of the worker's heap, page faults on a machine
+    short of memory: 0.62 s once for a megabyte that takes 0.05) is not the step's: the best of two
+    tries is what is compared; a quadratic step is slow in both."""
     query = ("pump " + unit) * 2000  # a long question of the same shape (its terms are read up to a bound)
     quarter = _every_step(unit * (MB // 4 // len(unit)), query)
     whole = _every_step(unit * (MB // len(unit)), query)
+    if whole >= 8 * max(quarter, 0.05):
+        quarter = min(quarter, _every_step(unit * (MB // 4 // len(unit)), query))
+        whole = min(whole, _every_step(unit * (MB // len(unit)), query))
     assert whole < 15.0
     assert whole < 8 * max(quarter, 0.05), (quarter, whole)
 
