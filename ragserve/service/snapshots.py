@@ -139,15 +139,15 @@ class Snapshots:
                 f"path is {len(names)} folders deep; at most {MAX_PATH_DEPTH} are accepted", param="path"
             )
         for name in names:
-            if len(_utf8(name)) > MAX_NAME_BYTES:
+            if (size := len(_utf8(name))) > MAX_NAME_BYTES:
                 raise BadRequestError(
-                    f"path holds a name of {len(_utf8(name))} bytes ({name[:40]!r}…); a folder's name is "
+                    f"path holds a name of {size} bytes ({name[:40]!r}…); a folder's name is "
                     f"at most {MAX_NAME_BYTES} bytes",
                     param="path",
                 )
-        if len(_utf8(str(folder))) > MAX_FOLDER_BYTES:
+        if (size := len(_utf8(str(folder)))) > MAX_FOLDER_BYTES:
             raise BadRequestError(
-                f"the snapshot folder's full path would be {len(_utf8(str(folder)))} bytes on this server; "
+                f"the snapshot folder's full path would be {size} bytes on this server; "
                 f"at most {MAX_FOLDER_BYTES} are accepted (SQLite opens files by paths of up to 512 bytes): "
                 "choose a shorter path",
                 param="path",
@@ -224,14 +224,16 @@ class Snapshots:
         created: list[Path] = []
         try:
             root.mkdir(parents=True, exist_ok=True)  # the snapshots folder (or a scope's): the server's
-            for here in [*reversed(dest.relative_to(root).parents), dest.relative_to(root)][1:]:
+            names = dest.relative_to(root).parts
+            for depth in range(1, len(names) + 1):  # shallowest first
+                here = root.joinpath(*names[:depth])
                 try:
-                    (root / here).mkdir()
+                    here.mkdir()
                 except FileExistsError:
-                    if not (root / here).is_dir():
-                        raise NotADirectoryError(f"{self._shown(root, root / here)!r} is a file") from None
+                    if not here.is_dir():
+                        raise NotADirectoryError(f"{self._shown(root, here)!r} is a file") from None
                 else:
-                    created.append(root / here)
+                    created.append(here)
         except NotADirectoryError as e:
             _remove_empty(created)
             raise BadRequestError(f"path names a file, not a directory: {e}", param="path") from e

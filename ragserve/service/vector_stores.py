@@ -366,8 +366,7 @@ class VectorStoreService:
         the newer attach's item replaces them (removing them after it ran left the file
         ``completed`` with nothing indexed)."""
         if removal.file_id is None:
-            with contextlib.suppress(NotFoundError):  # no file was ever indexed
-                await self.documents.drop_index(removal.store_id)
+            await self._drop_index(removal.store_id)
         else:
             async with self._file_lock(removal.store_id, removal.file_id):
                 again = await asyncio.to_thread(self.catalog.get_file, removal.store_id, removal.file_id)
@@ -375,6 +374,11 @@ class VectorStoreService:
                     with contextlib.suppress(NotFoundError):  # the store's index is gone too
                         await self._delete_documents(removal.store_id, removal.file_id)
         await asyncio.to_thread(self.catalog.removal_done, removal.seq)
+
+    async def _drop_index(self, store_id: str) -> None:
+        """Drop a deleted store's index, if any file of it was ever indexed."""
+        with contextlib.suppress(NotFoundError):
+            await self.documents.drop_index(store_id)
 
     async def resume_removals(self) -> int:
         """Do the removals a stopped process left owed (a crash between forgetting a file or a store
@@ -619,8 +623,7 @@ class VectorStoreService:
 
         async def leave_nothing() -> None:  # detached, or its store deleted: nothing of it stays
             if await asyncio.to_thread(self.catalog.get_store, store_id) is None:
-                with contextlib.suppress(NotFoundError):
-                    await self.documents.drop_index(store_id)
+                await self._drop_index(store_id)
             else:
                 await self._delete_documents(store_id, file_id)
 

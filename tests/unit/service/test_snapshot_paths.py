@@ -56,13 +56,10 @@ async def test_the_longest_path_in_bounds_persists_and_loads(service: DocumentSe
     """The bounds refuse only what cannot work: a folder at the byte bound holds a snapshot."""
     await service.add_documents("kb", docs("kaito", "rag"))
     snapshots = (service.storage_dir / "snapshots").resolve()
-    room = MAX_FOLDER_BYTES - len(str(snapshots)) - len("/kb") - 1
-    names, left = [], room
-    while left > 0:
-        names.append("n" * min(left - (1 if names else 0), 200) if left > 1 else "")
-        left -= len(names[-1]) + (1 if len(names) > 1 else 0)
-    path = "/".join(n for n in names if n)
-    assert len(str(snapshots / path / "kb")) <= MAX_FOLDER_BYTES
+    room = MAX_FOLDER_BYTES - len(str(snapshots)) - len("/") - len("/kb")  # the path's own bytes
+    full, rest = divmod(room + 1, 200)  # folders of 199 bytes, each but the last with its "/"
+    path = "/".join(["n" * 199] * full + (["n" * (rest - 1)] if rest > 1 else []))
+    assert MAX_FOLDER_BYTES - 1 <= len(str(snapshots / path / "kb")) <= MAX_FOLDER_BYTES
     await service.persist("kb", path)
     await service.load("copy", f"{path}/kb")
     assert (await service.list_documents("copy")).total_items == 2
